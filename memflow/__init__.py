@@ -1,0 +1,62 @@
+"""memflow: plan how to train deep networks when GPU memory is the limit.
+
+Capture a PyTorch model as a graph of units with memory estimates, simulate a training step on
+every GPU of a cluster (time and memory over time), search by MCMC for the placement, split and
+per-unit memory policy (keep, recompute, offload, compress) that fits and runs fastest, and
+export the result as PyTorch training code.
+
+>>> import memflow
+>>> g = memflow.zoo.graph("mlp", batch_size=8)
+>>> cluster = memflow.Cluster.preset("1xV100-16GB")
+>>> result = memflow.simulate(g, memflow.Strategy.single_device(g), cluster)
+>>> bool(result.feasible)
+True
+
+The names below load on first use, so ``import memflow`` stays fast.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "OpGraph": "memflow.graph",
+    "from_torch": "memflow.graph.capture",
+    "Cluster": "memflow.hardware",
+    "estimate": "memflow.memory",
+    "Strategy": "memflow.strategy",
+    "simulate": "memflow.sim",
+    "SimResult": "memflow.sim",
+    "MCMCSearch": "memflow.search",
+}
+_SUBMODULES = ("graph", "hardware", "memory", "strategy", "sim", "search", "plan", "export",
+               "zoo", "compress", "errors", "cli")
+
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .graph import OpGraph
+    from .graph.capture import from_torch
+    from .hardware import Cluster
+    from .memory import estimate
+    from .search import MCMCSearch
+    from .sim import SimResult, simulate
+    from .strategy import Strategy
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"memflow.{name}")
+    else:
+        raise AttributeError(f"module 'memflow' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

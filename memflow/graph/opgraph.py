@@ -1,0 +1,361 @@
+"""OpGraph: a model as a chain of units with the memory and compute numbers of one training step.
+
+The graph is two tables (see ``docs/data-model.md`` for every column):
+
+* ``units`` — one row per unit, indexed by unit name, in forward execution order;
+* ``tensors`` — one row per activation storage that outlives the op that made it: forward
+  outputs consumed by a later unit (or returned by the model) and tensors autograd saves for
+  backward. Parameters and buffers are not activations and never appear here.
+
+``input_bytes``, ``output_bytes`` and ``saved_bytes`` of a unit are *derived* from ``tensors``
+(never given twice), so they always agree with the tensor-level truth that the memory ledger
+uses. ``edges`` (``src``, ``dst``, ``bytes``) is derived the same way.
+"""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import networkx as nx
+import numpy as np
+import pandas as pd
+
+from .._jsonio import read_json, write_json
+from ..errors import GraphError
+
+__all__ = ["OpGraph", "INPUT", "UNIT_COLUMNS", "TENSOR_COLUMNS"]
+
+INPUT = "<input>"
+"""Producer name of the model's inputs in ``graph.tensors``."""
+
+FORMAT = "memflow.graph/1"
+
+# Columns a unit table must or may carry, with the default used when it is absent.
+# None means required.
+UNIT_COLUMNS: dict[str, Any] = {
+    "module": "",            # module path the unit's ops belong to ("<root>" for the model itself)
+    "kind": "Unit",          # module class name
+    "role": "module",        # "module": a whole module call; "glue": a module's own code between child units
+    "call": 1,               # k-th span of the same module in execution order (1-based)
+    "params": 0,
+    "param_bytes": 0,
+    "trainable_bytes": 0,    # bytes of parameters that require grad (gradient and optimizer state follow these)
+    "buffer_bytes": 0,
+    "fwd_flops": None,
+    "bwd_flops": None,
+    "fwd_bytes_moved": 0,
+    "bwd_bytes_moved": 0,
+    "fwd_ops": 0,
+    "bwd_ops": 0,
+    "fwd_tmp_bytes": 0,
+    "bwd_tmp_bytes": 0,
+    "dtype": "float32",
+    "max_parameter_degree": 1,
+    "max_attribute_degree": 1,
+}
+DERIVED_UNIT_COLUMNS = ("input_bytes", "output_bytes", "saved_bytes")
+
+TENSOR_COLUMNS: dict[str, Any] = {
+    "bytes": None,
+    "producer": None,         # unit name, or "<input>"
+    "consumers": None,        # list of unit names reading it in forward, in execution order
+    "savers": (),             # list of unit names whose ops saved it for backward, in execution order
+    "is_output": False,       # returned by the model (kept until backward starts)
+    "requires_grad": True,    # a gradient flows back into it
+    "per_sample": True,       # its size scales with the batch
+    "dtype": "float32",
+    "shape": (),
+}
+
+_INT_COLUMNS = ("params", "param_bytes", "trainable_bytes", "buffer_bytes", "fwd_bytes_moved",
+                "bwd_bytes_moved", "fwd_ops", "bwd_ops", "fwd_tmp_bytes", "bwd_tmp_bytes",
+                "max_parameter_degree", "max_attribute_degree", "call")
+_FLOAT_COLUMNS = ("fwd_flops", "bwd_flops")
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+class OpGraph:
+    """A captured model: units in execution order and the activation tensors between them.
+
+    Build one with :func:`memflow.from_torch` (or :func:`memflow.zoo.graph`); build a synthetic
+    one for experiments and tests directly from two DataFrames.
+
+    Examples
+    --------
+    A three-unit chain where each unit saves its input:
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> units = pd.DataFrame({"fwd_flops": [1e9, 2e9, 1e9], "bwd_flops": [2e9, 4e9, 2e9]},
+    ...                      index=["a", "b", "c"])
+    >>> tensors = pd.DataFrame({
+    ...     "bytes": [100, 200, 300, 400],
+    ...     "producer": ["<input>", "a", "b", "c"],
+    ...     "consumers": [["a"], ["b"], ["c"], []],
+    ...     "savers": [["a"], ["b"], ["c"], []],
+    ...     "is_output": [False, False, False, True],
+    ... })
+    >>> g = OpGraph(units, tensors)
+    >>> g.units[["input_bytes", "output_bytes", "saved_bytes"]]
+          input_bytes  output_bytes  saved_bytes
+    unit
+    a             100           200          100
+    b             200           300          200
+    c             300           400          300
+    >>> g.edges
+      src dst  bytes
+    0   a   b    200
+    1   b   c    300
+    """
+
+    def __init__(self, units: pd.DataFrame, tensors: pd.DataFrame,
+                 meta: Mapping[str, Any] | None = None):
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.units = self._check_units(units)
+        self.tensors = self._check_tensors(tensors)
+        self._derive()
+        self._edges: pd.DataFrame | None = None
+
+    # ------------------------------------------------------------------ checking
+    @staticmethod
+    def _check_units(units: pd.DataFrame) -> pd.DataFrame:
+        if not isinstance(units, pd.DataFrame):
+            raise GraphError(f"units must be a pandas DataFrame, got {type(units).__name__}")
+        if len(units) == 0:
+            raise GraphError("units is empty: a graph needs at least one unit")
+        units = units.copy()
+        units.index = units.index.map(str)
+        units.index.name = "unit"
+        dup = units.index[units.index.duplicated()].unique().tolist()
+        if dup:
+            raise GraphError(f"unit names must be unique; repeated: {dup[:5]}")
+        if INPUT in units.index:
+            raise GraphError(f"{INPUT!r} is reserved for the model's inputs and cannot name a unit")
+        for col, default in UNIT_COLUMNS.items():
+            if col not in units.columns:
+                if default is None:
+                    raise GraphError(f"units table lacks the required column {col!r}")
+                units[col] = units.index if col == "module" else default
+        for col in _INT_COLUMNS:
+            units[col] = pd.to_numeric(units[col], errors="raise").astype(np.int64)
+        for col in _FLOAT_COLUMNS:
+            units[col] = pd.to_numeric(units[col], errors="raise").astype(np.float64)
+        for col in _INT_COLUMNS + _FLOAT_COLUMNS:
+            bad = units.index[units[col] < 0].tolist()
+            if bad:
+                raise GraphError(f"unit {bad[0]!r}: {col} is negative ({units.at[bad[0], col]}); "
+                                 "it must be >= 0")
+        for col in ("max_parameter_degree", "max_attribute_degree", "call"):
+            bad = units.index[units[col] < 1].tolist()
+            if bad:
+                raise GraphError(f"unit {bad[0]!r}: {col} must be >= 1")
+        units = units.drop(columns=[c for c in DERIVED_UNIT_COLUMNS if c in units.columns])
+        return units
+
+    def _check_tensors(self, tensors: pd.DataFrame) -> pd.DataFrame:
+        if not isinstance(tensors, pd.DataFrame):
+            raise GraphError(f"tensors must be a pandas DataFrame, got {type(tensors).__name__}")
+        tensors = tensors.copy().reset_index(drop=True)
+        tensors.index.name = "tensor"
+        for col, default in TENSOR_COLUMNS.items():
+            if col not in tensors.columns:
+                if default is None:
+                    raise GraphError(f"tensors table lacks the required column {col!r}")
+                tensors[col] = [list(default) if isinstance(default, tuple) else default] * len(tensors)
+        tensors["bytes"] = pd.to_numeric(tensors["bytes"], errors="raise").astype(np.int64)
+        tensors["producer"] = tensors["producer"].astype(str)
+        tensors["consumers"] = tensors["consumers"].map(_as_list)
+        tensors["savers"] = tensors["savers"].map(_as_list)
+        tensors["shape"] = tensors["shape"].map(lambda s: [int(x) for x in s])
+        for col in ("is_output", "requires_grad", "per_sample"):
+            tensors[col] = tensors[col].astype(bool)
+        neg = tensors.index[tensors["bytes"] < 0].tolist()
+        if neg:
+            raise GraphError(f"tensor {neg[0]}: bytes is negative")
+        order = {name: i for i, name in enumerate(self.units.index)}
+        order[INPUT] = -1
+        for t, row in zip(tensors.index, tensors.itertuples(index=False)):
+            if row.producer not in order:
+                raise GraphError(f"tensor {t}: producer {row.producer!r} is not a unit of this "
+                                 f"graph (nor {INPUT!r})")
+            for field in ("consumers", "savers"):
+                for name in getattr(row, field):
+                    if name not in order or name == INPUT:
+                        raise GraphError(f"tensor {t}: {field[:-1]} {name!r} is not a unit of "
+                                         "this graph")
+                    if order[name] < order[row.producer]:
+                        raise GraphError(
+                            f"tensor {t}: {field[:-1]} {name!r} runs before its producer "
+                            f"{row.producer!r}; units must be in execution order")
+        return tensors
+
+    def _derive(self) -> None:
+        order = {name: i for i, name in enumerate(self.units.index)}
+        t = self.tensors
+
+        def pick(names: list[str], which) -> str | None:
+            return which(names, key=order.__getitem__) if names else None
+
+        t["first_saver"] = pd.Series([pick(s, min) for s in t["savers"]], index=t.index,
+                                     dtype=object)
+        t["last_consumer"] = pd.Series([pick(s, max) for s in t["consumers"]], index=t.index,
+                                       dtype=object)
+        inp = pd.Series(0, index=self.units.index, dtype=np.int64)
+        out = inp.copy()
+        saved = inp.copy()
+        for row in t.itertuples(index=False):
+            readers = set(row.consumers)
+            for name in readers - {row.producer}:
+                inp[name] += row.bytes
+            if row.producer != INPUT and (row.is_output or readers - {row.producer}):
+                out[row.producer] += row.bytes
+            if isinstance(row.first_saver, str):
+                saved[row.first_saver] += row.bytes
+        self.units["input_bytes"] = inp
+        self.units["output_bytes"] = out
+        self.units["saved_bytes"] = saved
+
+    # ------------------------------------------------------------------ views
+    @property
+    def names(self) -> list[str]:
+        """Unit names in execution order."""
+        return self.units.index.tolist()
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    def __iter__(self):
+        return iter(self.units.index)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.units.index
+
+    @property
+    def edges(self) -> pd.DataFrame:
+        """Data flow between units: ``src``, ``dst``, ``bytes`` (model inputs excluded)."""
+        if self._edges is None:
+            rows: dict[tuple[str, str], int] = {}
+            for row in self.tensors.itertuples(index=False):
+                if row.producer == INPUT:
+                    continue
+                for dst in dict.fromkeys(row.consumers):
+                    if dst != row.producer:
+                        rows[(row.producer, dst)] = rows.get((row.producer, dst), 0) + row.bytes
+            order = {name: i for i, name in enumerate(self.units.index)}
+            items = sorted(rows.items(), key=lambda kv: (order[kv[0][0]], order[kv[0][1]]))
+            self._edges = pd.DataFrame(
+                {"src": [k[0] for k, _ in items], "dst": [k[1] for k, _ in items],
+                 "bytes": np.array([v for _, v in items], dtype=np.int64)})
+        return self._edges
+
+    def to_networkx(self) -> nx.DiGraph:
+        """The units as a networkx ``DiGraph``: unit columns as node attributes, ``bytes`` on edges.
+
+        >>> import memflow
+        >>> g = memflow.zoo.graph("chain", n=4)      # doctest: +SKIP
+        >>> nx.is_directed_acyclic_graph(g.to_networkx())  # doctest: +SKIP
+        True
+        """
+        dg = nx.DiGraph(**{k: v for k, v in self.meta.items() if isinstance(v, (str, int, float))})
+        for name, row in self.units.iterrows():
+            dg.add_node(name, **row.to_dict())
+        for row in self.edges.itertuples(index=False):
+            dg.add_edge(row.src, row.dst, bytes=int(row.bytes))
+        return dg
+
+    @property
+    def totals(self) -> pd.Series:
+        """Whole-model sums of the unit columns that add up (params, bytes, FLOPs)."""
+        cols = ["params", "param_bytes", "trainable_bytes", "buffer_bytes", "input_bytes",
+                "output_bytes", "saved_bytes", "fwd_flops", "bwd_flops", "fwd_ops", "bwd_ops"]
+        s = self.units[cols].sum()
+        s["units"] = len(self.units)
+        return s
+
+    def summary(self) -> pd.DataFrame:
+        """One row per unit kind with the sums that matter for memory and time, plus a total row."""
+        cols = ["params", "param_bytes", "saved_bytes", "output_bytes", "fwd_flops", "bwd_flops"]
+        by = self.units.groupby("kind", sort=False)[cols].sum()
+        by.insert(0, "units", self.units.groupby("kind", sort=False).size())
+        by = by.sort_values("saved_bytes", ascending=False)
+        total = by.sum().to_frame("total").T
+        out = pd.concat([by, total])
+        out.index.name = "kind"
+        return out
+
+    def __repr__(self) -> str:
+        tot = self.totals
+        name = self.meta.get("model", "model")
+        return (f"<OpGraph {name}: {len(self)} units, {int(tot['params']):,} params, "
+                f"saved {_fmt_bytes(tot['saved_bytes'])}, "
+                f"{tot['fwd_flops'] / 1e9:,.2f} GFLOP forward>")
+
+    def _repr_html_(self) -> str:
+        cols = ["kind", "params", "output_bytes", "saved_bytes", "fwd_flops", "fwd_tmp_bytes"]
+        head = self.units[cols].head(12)
+        more = len(self.units) - len(head)
+        styled = head.style.format({c: _fmt_bytes for c in cols if c.endswith("bytes")}
+                                   | {"fwd_flops": lambda v: f"{v / 1e9:,.3f} G",
+                                      "params": "{:,}"})
+        tail = f"<p>… and {more} more units (see <code>.units</code>)</p>" if more > 0 else ""
+        return (f"<div><b>{html.escape(repr(self))}</b>"
+                f"{self.summary().to_html(float_format=lambda v: f'{v:,.4g}')}"
+                f"{styled.to_html()}{tail}</div>")
+
+    # ------------------------------------------------------------------ files
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description from which :meth:`from_dict` rebuilds the same graph."""
+        units = self.units.drop(columns=list(DERIVED_UNIT_COLUMNS)).reset_index()
+        tensors = self.tensors.drop(columns=["first_saver", "last_consumer"])
+        return {"format": FORMAT, "meta": self.meta,
+                "units": units.to_dict(orient="list"),
+                "tensors": tensors.to_dict(orient="list")}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "OpGraph":
+        if not isinstance(doc, Mapping) or not str(doc.get("format", "")).startswith("memflow.graph"):
+            raise GraphError("not a memflow graph document (its 'format' is not 'memflow.graph/…')")
+        units = pd.DataFrame(doc["units"]).set_index("unit")
+        return cls(units, pd.DataFrame(doc["tensors"]), doc.get("meta"))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the graph as JSON (atomically)."""
+        return write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "OpGraph":
+        """Read a graph written by :meth:`save`."""
+        doc = read_json(path, kind="memflow.graph")
+        try:
+            return cls.from_dict(doc)
+        except (KeyError, TypeError) as exc:
+            raise GraphError(f"{path}: graph document is incomplete ({exc})") from None
+
+    # ------------------------------------------------------------------ helpers
+    def index_of(self, names: Iterable[str]) -> np.ndarray:
+        """Positions of ``names`` in execution order; unknown names raise naming the first."""
+        pos = {n: i for i, n in enumerate(self.units.index)}
+        out = []
+        for n in names:
+            if n not in pos:
+                close = [u for u in pos if n in u][:3]
+                hint = f"; did you mean {close}?" if close else ""
+                raise GraphError(f"{n!r} is not a unit of this graph{hint}")
+            out.append(pos[n])
+        return np.asarray(out, dtype=np.int64)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
