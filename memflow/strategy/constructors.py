@@ -1,0 +1,158 @@
+"""Ready-made strategies: one device, data, model, hybrid, pipeline and tensor parallelism.
+
+Every constructor takes the graph (for its units, their cost and their largest splits) and the
+devices to use: a :class:`memflow.Cluster` (all its devices), a number ``n`` (``gpu0`` …
+``gpu{n-1}``) or a list of device names.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import StrategyError
+from .strategy import Strategy
+
+__all__ = ["device_list", "balanced_split", "single_device", "data_parallel", "model_parallel",
+           "hybrid", "pipeline", "tensor_parallel"]
+
+Devices = Any  # Cluster | int | Sequence[str]
+
+
+def device_list(devices: Devices) -> list[str]:
+    """Device names from a cluster, a count or a list.
+
+    >>> device_list(3)
+    ['gpu0', 'gpu1', 'gpu2']
+    """
+    if hasattr(devices, "devices") and hasattr(devices.devices, "index"):
+        return [str(d) for d in devices.devices.index]
+    if isinstance(devices, (int, np.integer)):
+        if devices < 1:
+            raise StrategyError(f"need at least one device, got {devices}")
+        return [f"gpu{i}" for i in range(int(devices))]
+    if isinstance(devices, str):
+        return [devices]
+    out = [str(d) for d in devices]
+    if not out:
+        raise StrategyError("need at least one device, got an empty list")
+    return out
+
+
+def balanced_split(cost: np.ndarray, parts: int) -> np.ndarray:
+    """Contiguous chunk index per item so that the chunks' costs are about equal.
+
+    Each item goes to the chunk where the middle of its cost falls; every chunk gets at least
+    one item when there are enough items.
+
+    >>> balanced_split(np.array([1., 1., 1., 1., 4.]), 2).tolist()
+    [0, 0, 0, 0, 1]
+    """
+    n = len(cost)
+    if parts > n:
+        raise StrategyError(f"cannot split {n} units into {parts} non-empty contiguous parts; "
+                            f"use at most {n} parts")
+    cost = np.asarray(cost, np.float64) + 1e-12 * max(float(np.sum(cost)), 1.0)
+    mid = np.cumsum(cost) - cost / 2
+    chunk = np.minimum((mid / cost.sum() * parts).astype(np.int64), parts - 1)
+    # force non-empty chunks: chunk k starts no later than item n-parts+k and no earlier than k
+    chunk = np.maximum(chunk, np.arange(n) - (n - parts))
+    chunk = np.minimum(chunk, np.arange(n))
+    return np.maximum.accumulate(chunk)
+
+
+def _cost(graph) -> np.ndarray:
+    u = graph.units
+    return (u["fwd_flops"] + u["bwd_flops"]).to_numpy(np.float64)
+
+
+def single_device(graph, device: str = "gpu0", *, name: str = "single device") -> Strategy:
+    """Every unit on ``device``, everything kept.
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0, 1.0], "bwd_flops": [2.0, 2.0]},
+    ...                          index=["a", "b"]),
+    ...             pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["a"]]}))
+    >>> single_device(g).devices
+    (('gpu0',), ('gpu0',))
+    """
+    return Strategy(graph.names, devices=[(str(device),)] * len(graph), name=name)
+
+
+def data_parallel(graph, devices: Devices, *, name: str = "data parallel") -> Strategy:
+    """Every unit replicated on all devices, the batch split between them (DDP)."""
+    devs = tuple(device_list(devices))
+    return Strategy(graph.names, devices=[devs] * len(graph), sample=[len(devs)] * len(graph),
+                    name=name)
+
+
+def model_parallel(graph, devices: Devices, *, name: str = "model parallel") -> Strategy:
+    """Contiguous runs of units, one run per device, balanced by FLOPs (no pipelining)."""
+    return hybrid(graph, devices, dp=1, mp=len(device_list(devices)), name=name)
+
+
+def hybrid(graph, devices: Devices, *, dp: int, mp: int, name: str | None = None) -> Strategy:
+    """``dp`` data-parallel replicas, each split over ``mp`` devices by contiguous runs.
+
+    Replica ``r``'s ``s``-th run is on device ``r * mp + s`` (model parallelism over adjacent
+    devices, which share the fastest links).
+    """
+    devs = device_list(devices)
+    if dp * mp != len(devs):
+        raise StrategyError(f"hybrid: dp × mp = {dp} × {mp} = {dp * mp} but {len(devs)} devices "
+                            "were given; choose dp and mp whose product is the device count")
+    chunk = balanced_split(_cost(graph), mp)
+    placed = [tuple(devs[r * mp + int(c)] for r in range(dp)) for c in chunk]
+    return Strategy(graph.names, devices=placed, sample=[dp] * len(graph),
+                    name=name or f"hybrid dp={dp} mp={mp}")
+
+
+def pipeline(graph, devices: Devices, *, stages: int, microbatches: int, dp: int = 1,
+             schedule: str = "1f1b", name: str | None = None) -> Strategy:
+    """``stages`` pipeline stages balanced by FLOPs, ``dp`` replicas of the pipeline."""
+    s = hybrid(graph, devices, dp=dp, mp=stages)
+    stage = balanced_split(_cost(graph), stages)
+    return Strategy(s.units, devices=s.devices, sample=s.sample, stage=stage,
+                    microbatches=microbatches, schedule=schedule,
+                    name=name or f"pipeline {stages} stages × {microbatches} microbatches"
+                    + (f", dp={dp}" if dp > 1 else ""))
+
+
+def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 1,
+                    microbatches: int = 1, schedule: str = "1f1b",
+                    name: str | None = None) -> Strategy:
+    """Megatron-style tensor × pipeline × data parallelism.
+
+    Device ``(r * pp + s) * tp + t`` is tensor rank ``t`` of stage ``s`` of replica ``r``.
+    Units that hold parameters and can be split ``tp`` ways over their parameter dimension
+    (blocks, embeddings, large linears) get ``parameter=tp``; the rest run on tensor rank 0
+    of their stage. The simulator charges each split unit an all-reduce of its output in
+    forward and of its input gradient in backward.
+    """
+    devs = device_list(devices)
+    if tp * pp * dp != len(devs):
+        raise StrategyError(f"tensor_parallel: tp × pp × dp = {tp * pp * dp} but {len(devs)} "
+                            "devices were given; choose degrees whose product is the count")
+    u = graph.units
+    split = ((u["max_parameter_degree"].to_numpy() >= tp) & (u["params"].to_numpy() > 0)
+             & (tp > 1))
+    stage = balanced_split(_cost(graph), pp)
+    placed, param = [], []
+    for i in range(len(graph)):
+        ranks = range(tp) if split[i] else range(1)
+        placed.append(tuple(devs[(r * pp + int(stage[i])) * tp + t]
+                            for r in range(dp) for t in ranks))
+        param.append(tp if split[i] else 1)
+    return Strategy(graph.names, devices=placed, sample=[dp] * len(graph), parameter=param,
+                    stage=stage if pp > 1 else None, microbatches=microbatches,
+                    schedule=schedule, name=name or f"tp={tp} pp={pp} dp={dp}")
+
+
+def _attach() -> None:
+    # The constructors are also classmethods of Strategy, where users look for them.
+    for fn in (single_device, data_parallel, model_parallel, hybrid, pipeline, tensor_parallel):
+        setattr(Strategy, fn.__name__, staticmethod(fn))
+
+
+_attach()

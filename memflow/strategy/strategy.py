@@ -1,0 +1,352 @@
+"""The Strategy value object: per unit a parallel configuration and a memory policy.
+
+A strategy is plain data held in numpy arrays (one entry per unit, in the graph's order), so the
+search can copy and modify one cheaply: :meth:`Strategy.with_policy` and
+:meth:`Strategy.with_config` return a new strategy sharing every array they do not touch.
+
+Parts of a unit are numbered sample-major, then attribute, then parameter (innermost), so the
+parameter (tensor-parallel) group of a unit is a run of adjacent devices — as Megatron-LM places
+tensor parallelism inside a node.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .._jsonio import dumps, read_json, write_json
+from ..errors import FileFormatError, StrategyError
+
+__all__ = ["Strategy", "POLICIES", "SCHEDULES", "KEEP", "RECOMPUTE", "OFFLOAD", "COMPRESS"]
+
+POLICIES = ("keep", "recompute", "offload", "compress")
+"""Memory policies, in the order of their integer codes."""
+KEEP, RECOMPUTE, OFFLOAD, COMPRESS = range(4)
+SCHEDULES = ("gpipe", "1f1b")
+FORMAT = "memflow.strategy/1"
+DEFAULT_ERROR_BOUND = 1e-3
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+def parse_policy(unit: str, spec: Any) -> tuple[int, float]:
+    """``(code, error_bound)`` of a policy given as a name, ``"compress:1e-3"``, a
+    ``("compress", 1e-3)`` pair or a ``{"policy": ..., "error_bound": ...}`` mapping.
+
+    >>> parse_policy("fc", "compress:1e-2")
+    (3, 0.01)
+    >>> parse_policy("fc", "swap")
+    Traceback (most recent call last):
+    ...
+    memflow.errors.StrategyError: unit 'fc': unknown memory policy 'swap'; valid: keep, recompute, offload, compress (optionally 'compress:<error bound>')
+    """
+    bound: Any = None
+    if isinstance(spec, Mapping):
+        spec, bound = spec.get("policy"), spec.get("error_bound")
+    elif isinstance(spec, (tuple, list)):
+        spec, bound = (spec[0], spec[1]) if len(spec) == 2 else (spec[0], None)
+    if isinstance(spec, str) and ":" in spec:
+        spec, bound = spec.split(":", 1)
+    if spec not in POLICIES:
+        raise StrategyError(f"unit {unit!r}: unknown memory policy {spec!r}; valid: "
+                            f"{', '.join(POLICIES)} (optionally 'compress:<error bound>')")
+    code = POLICIES.index(spec)
+    if code != COMPRESS:
+        return code, math.nan
+    try:
+        eb = DEFAULT_ERROR_BOUND if bound is None else float(bound)
+    except (TypeError, ValueError):
+        raise StrategyError(f"unit {unit!r}: error bound {bound!r} is not a number") from None
+    if not eb > 0:
+        raise StrategyError(f"unit {unit!r}: compress needs an error bound > 0, got {eb}")
+    return code, eb
+
+
+class Strategy:
+    """Per-unit parallel configuration and memory policy for one training step.
+
+    Build one with a constructor (:meth:`single_device`, :meth:`data_parallel`,
+    :meth:`model_parallel`, :meth:`hybrid`, :meth:`tensor_parallel`, :meth:`pipeline`) and
+    modify it with :meth:`with_policy` / :meth:`with_config`; each returns a new strategy.
+
+    >>> s = Strategy(["a", "b", "c"], devices=[("gpu0",)] * 3)
+    >>> s = s.with_policy({"a": "recompute", "b": "recompute", "c": "compress:0.01"})
+    >>> s.table[["unit", "policy", "error_bound", "devices", "segment"]]
+      unit     policy  error_bound devices  segment
+    0    a  recompute          NaN (gpu0,)        0
+    1    b  recompute          NaN (gpu0,)        0
+    2    c   compress         0.01 (gpu0,)       -1
+    >>> Strategy.from_json(s.to_json()) == s
+    True
+    """
+
+    __slots__ = ("units", "policy", "error_bound", "sample", "parameter", "attribute",
+                 "devices", "stage", "microbatches", "schedule", "name", "_cache")
+
+    def __init__(self, units: Sequence[str], *, devices: Sequence[Sequence[str]],
+                 policy: Sequence[int] | np.ndarray | None = None,
+                 error_bound: Sequence[float] | np.ndarray | None = None,
+                 sample: Sequence[int] | np.ndarray | None = None,
+                 parameter: Sequence[int] | np.ndarray | None = None,
+                 attribute: Sequence[int] | np.ndarray | None = None,
+                 stage: Sequence[int] | np.ndarray | None = None,
+                 microbatches: int = 1, schedule: str = "1f1b", name: str = "strategy"):
+        n = len(units)
+        self.units: tuple[str, ...] = tuple(str(u) for u in units)
+
+        def arr(v, default, dtype):
+            a = np.full(n, default, dtype) if v is None else np.array(v, dtype=dtype)
+            if a.shape != (n,):
+                raise StrategyError(f"expected one value per unit ({n}), got shape {a.shape}")
+            return _frozen(a)
+
+        self.policy = arr(policy, KEEP, np.int8)
+        self.error_bound = arr(error_bound, np.nan, np.float64)
+        self.sample = arr(sample, 1, np.int64)
+        self.parameter = arr(parameter, 1, np.int64)
+        self.attribute = arr(attribute, 1, np.int64)
+        self.stage = arr(stage, -1, np.int64)
+        if len(devices) != n:
+            raise StrategyError(f"expected one device tuple per unit ({n}), got {len(devices)}")
+        self.devices: tuple[tuple[str, ...], ...] = tuple(tuple(map(str, d)) for d in devices)
+        if schedule not in SCHEDULES:
+            raise StrategyError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
+        if int(microbatches) < 1:
+            raise StrategyError(f"microbatches must be >= 1, got {microbatches}")
+        self.microbatches = int(microbatches)
+        self.schedule = schedule
+        self.name = str(name)
+        self._cache: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ copies
+    def _replace(self, **fields: Any) -> "Strategy":
+        new = object.__new__(Strategy)
+        for slot in self.__slots__[:-1]:
+            object.__setattr__(new, slot, fields.get(slot, getattr(self, slot)))
+        new._cache = {}
+        return new
+
+    def _positions(self, units: Iterable[str]) -> list[int]:
+        pos = self._cache.get("pos")
+        if pos is None:
+            pos = self._cache["pos"] = {u: i for i, u in enumerate(self.units)}
+        out = []
+        for u in units:
+            if u not in pos:
+                close = [v for v in self.units if u in v][:3]
+                raise StrategyError(f"{u!r} is not a unit of this strategy"
+                                    + (f"; did you mean {close}?" if close else ""))
+            out.append(pos[u])
+        return out
+
+    def with_policy(self, policies: Mapping[str, Any] | None = None, /, **by_policy: Any) -> "Strategy":
+        """A copy with the memory policy of some units changed.
+
+        ``policies`` maps unit -> policy (see :func:`parse_policy`); or give lists of units by
+        policy name: ``s.with_policy(recompute=["b", "c"])``.
+
+        >>> s = Strategy(["a", "b"], devices=[("gpu0",)] * 2).with_policy(offload=["b"])
+        >>> s.policies
+        ['keep', 'offload']
+        """
+        items = list((policies or {}).items())
+        for pol, units in by_policy.items():
+            items += [(u, pol) for u in ([units] if isinstance(units, str) else units)]
+        pos = self._positions(u for u, _ in items)
+        policy, bound = self.policy.copy(), self.error_bound.copy()
+        for i, (u, spec) in zip(pos, items):
+            policy[i], bound[i] = parse_policy(u, spec)
+        return self._replace(policy=_frozen(policy), error_bound=_frozen(bound))
+
+    def with_config(self, units: str | Iterable[str] | Mapping[str, Mapping[str, Any]], *,
+                    sample: int | None = None, parameter: int | None = None,
+                    attribute: int | None = None, devices: Sequence[str] | None = None,
+                    stage: int | None = None) -> "Strategy":
+        """A copy with the parallel configuration of ``units`` changed.
+
+        ``units`` is a unit, a list of units (all get the same keywords) or a mapping unit ->
+        keywords. Degrees left out keep their value; ``devices`` must list one device per part.
+
+        >>> s = Strategy(["a", "b"], devices=[("gpu0",)] * 2)
+        >>> s.with_config("b", sample=2, devices=["gpu0", "gpu1"]).devices
+        (('gpu0',), ('gpu0', 'gpu1'))
+        """
+        if isinstance(units, Mapping):
+            items = list(units.items())
+        else:
+            kw = dict(sample=sample, parameter=parameter, attribute=attribute,
+                      devices=devices, stage=stage)
+            items = [(u, kw) for u in ([units] if isinstance(units, str) else units)]
+        pos = self._positions(u for u, _ in items)
+        arrays = {k: getattr(self, k).copy() for k in ("sample", "parameter", "attribute",
+                                                       "stage")}
+        devs = list(self.devices)
+        for i, (_, kw) in zip(pos, items):
+            for k in arrays:
+                if kw.get(k) is not None:
+                    arrays[k][i] = int(kw[k])
+            if kw.get("devices") is not None:
+                devs[i] = tuple(map(str, kw["devices"]))
+        return self._replace(devices=tuple(devs), **{k: _frozen(v) for k, v in arrays.items()})
+
+    def with_schedule(self, *, microbatches: int | None = None, schedule: str | None = None,
+                      name: str | None = None) -> "Strategy":
+        """A copy with the global pipeline settings (or the name) changed."""
+        if schedule is not None and schedule not in SCHEDULES:
+            raise StrategyError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
+        if microbatches is not None and int(microbatches) < 1:
+            raise StrategyError(f"microbatches must be >= 1, got {microbatches}")
+        return self._replace(
+            microbatches=self.microbatches if microbatches is None else int(microbatches),
+            schedule=schedule or self.schedule, name=self.name if name is None else str(name))
+
+    def validate(self, graph, cluster=None) -> "Strategy":
+        """Check this strategy against ``graph`` (and ``cluster``); see :func:`memflow.strategy.validate`."""
+        from .validate import validate
+        return validate(self, graph, cluster)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def policies(self) -> list[str]:
+        """Policy names per unit."""
+        return [POLICIES[c] for c in self.policy]
+
+    @property
+    def degree(self) -> np.ndarray:
+        """Number of parts per unit (sample × parameter × attribute)."""
+        return self.sample * self.parameter * self.attribute
+
+    @property
+    def segment(self) -> np.ndarray:
+        """Recompute segment id per unit (-1 when not recomputed).
+
+        A segment is a maximal run of consecutive recomputed units with the same placement and
+        pipeline stage, as one ``torch.utils.checkpoint`` call would run them.
+        """
+        seg = self._cache.get("segment")
+        if seg is None:
+            layout = self.layout_ids
+            rec = self.policy == RECOMPUTE
+            start = rec.copy()
+            start[1:] &= ~(rec[:-1] & (layout[1:] == layout[:-1]) & (self.stage[1:] == self.stage[:-1]))
+            seg = np.where(rec, np.cumsum(start) - 1, -1)
+            seg = self._cache["segment"] = _frozen(seg.astype(np.int64))
+        return seg
+
+    @property
+    def layouts(self) -> list[tuple]:
+        """Distinct placements ``(sample, parameter, attribute, devices)``, by first use."""
+        if "layouts" not in self._cache:
+            self._intern_layouts()
+        return self._cache["layouts"]
+
+    @property
+    def layout_ids(self) -> np.ndarray:
+        """Index into :attr:`layouts` per unit."""
+        if "layout_ids" not in self._cache:
+            self._intern_layouts()
+        return self._cache["layout_ids"]
+
+    def _intern_layouts(self) -> None:
+        index: dict[tuple, int] = {}
+        ids = np.empty(len(self.units), np.int64)
+        for i, key in enumerate(zip(self.sample.tolist(), self.parameter.tolist(),
+                                    self.attribute.tolist(), self.devices)):
+            ids[i] = index.setdefault(key, len(index))
+        self._cache["layouts"] = list(index)
+        self._cache["layout_ids"] = _frozen(ids)
+
+    @property
+    def device_names(self) -> list[str]:
+        """Every device the strategy uses, in order of first use."""
+        return list(dict.fromkeys(d for devs in self.devices for d in devs))
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """One row per unit: policy, error_bound, degrees, devices, stage, segment."""
+        return pd.DataFrame({
+            "unit": list(self.units), "policy": self.policies,
+            "error_bound": np.array(self.error_bound), "sample": np.array(self.sample),
+            "parameter": np.array(self.parameter), "attribute": np.array(self.attribute),
+            "devices": list(self.devices), "stage": np.array(self.stage),
+            "segment": np.array(self.segment)})
+
+    # ------------------------------------------------------------------ equality, display
+    def _key(self) -> tuple:
+        return (self.units, self.policy.tobytes(),
+                np.nan_to_num(self.error_bound, nan=-1.0).tobytes(), self.sample.tobytes(),
+                self.parameter.tobytes(), self.attribute.tobytes(), self.devices,
+                self.stage.tobytes(), self.microbatches, self.schedule, self.name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Strategy) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    def __repr__(self) -> str:
+        counts = pd.Series(self.policies).value_counts()
+        pol = ", ".join(f"{k} {v}" for k, v in counts.items())
+        return (f"<Strategy {self.name!r}: {len(self)} units on {len(self.device_names)} "
+                f"devices, {pol}, microbatches={self.microbatches} ({self.schedule})>")
+
+    def _repr_html_(self) -> str:
+        return f"<div><b>{html.escape(repr(self))}</b>{self.table.head(30).to_html()}</div>"
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description; :meth:`from_dict` rebuilds an equal strategy."""
+        return {"format": FORMAT, "name": self.name, "microbatches": self.microbatches,
+                "schedule": self.schedule, "units": list(self.units),
+                "policy": self.policies,
+                "error_bound": [None if math.isnan(x) else x for x in self.error_bound.tolist()],
+                "sample": self.sample.tolist(), "parameter": self.parameter.tolist(),
+                "attribute": self.attribute.tolist(),
+                "devices": [list(d) for d in self.devices], "stage": self.stage.tolist()}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "Strategy":
+        """Rebuild a strategy from :meth:`to_dict`'s output."""
+        if not isinstance(doc, Mapping) or not str(doc.get("format", "")).startswith("memflow.strategy"):
+            raise FileFormatError("not a memflow strategy document (its 'format' is not "
+                                  "'memflow.strategy/…')")
+        try:
+            units = doc["units"]
+            codes = [parse_policy(u, p)[0] for u, p in zip(units, doc["policy"])]
+            return cls(units, devices=doc["devices"], policy=codes,
+                       error_bound=[np.nan if x is None else x for x in doc["error_bound"]],
+                       sample=doc["sample"], parameter=doc["parameter"],
+                       attribute=doc["attribute"], stage=doc["stage"],
+                       microbatches=doc["microbatches"], schedule=doc["schedule"],
+                       name=doc["name"])
+        except KeyError as exc:
+            raise FileFormatError(f"strategy document lacks the field {exc}") from None
+
+    def to_json(self, path: str | Path | None = None) -> str | Path:
+        """JSON text, or, given ``path``, the file written atomically (its path returned)."""
+        if path is not None:
+            return write_json(path, self.to_dict())
+        return dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> "Strategy":
+        """Read a strategy from JSON text or from a file written by :meth:`to_json`."""
+        text = str(source)
+        if isinstance(source, Path) or not text.lstrip().startswith("{"):
+            return cls.from_dict(read_json(source, kind="memflow.strategy"))
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise FileFormatError(f"strategy JSON is not valid at line {exc.lineno}, column "
+                                  f"{exc.colno} ({exc.msg})") from None

@@ -1,0 +1,99 @@
+"""Check a strategy against its graph and cluster, with errors that name the unit and the fix."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import StrategyError
+from .strategy import COMPRESS, RECOMPUTE, Strategy
+
+__all__ = ["validate"]
+
+
+def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
+    """Raise :class:`~memflow.errors.StrategyError` if ``strategy`` cannot run; else return it.
+
+    Checks: the units are the graph's, in order; each unit's degrees multiply to its number of
+    devices, which are distinct (and, given ``cluster``, exist); degrees stay within the
+    unit's largest splits; the batch divides into sample parts × micro-batches; recompute only
+    where the graph allows it (a ``recomputable`` column, when capture provides one);
+    compress has an error bound; pipeline stages are all set or all -1, and never decrease.
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0], "bwd_flops": [2.0]}, index=["fc"]),
+    ...             pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["fc"]]}))
+    >>> validate(Strategy(["fc"], devices=[("gpu0", "gpu1")], sample=[1]), g)
+    Traceback (most recent call last):
+    ...
+    memflow.errors.StrategyError: unit 'fc': sample × parameter × attribute = 1 × 1 × 1 = 1 but 2 devices are listed; list one device per part
+    """
+    names = graph.names
+    if list(strategy.units) != names:
+        unknown = [u for u in strategy.units if u not in set(names)]
+        if unknown:
+            raise StrategyError(f"unit {unknown[0]!r} is not a unit of the graph; "
+                                f"the graph's units start {names[:3]}")
+        missing = [u for u in names if u not in set(strategy.units)]
+        if missing:
+            raise StrategyError(f"unit {missing[0]!r} of the graph has no configuration; "
+                                "build the strategy from this graph (e.g. Strategy.single_device(graph))")
+        raise StrategyError("the strategy lists the graph's units in another order; "
+                            "units must follow the graph's execution order")
+    known = set(map(str, cluster.devices.index)) if cluster is not None else None
+    u = graph.units
+    max_p = u["max_parameter_degree"].to_numpy()
+    max_a = u["max_attribute_degree"].to_numpy()
+    for i, name in enumerate(names):
+        s, p, a = int(strategy.sample[i]), int(strategy.parameter[i]), int(strategy.attribute[i])
+        devs = strategy.devices[i]
+        if min(s, p, a) < 1:
+            raise StrategyError(f"unit {name!r}: degrees must be >= 1, got sample={s}, "
+                                f"parameter={p}, attribute={a}")
+        if s * p * a != len(devs):
+            raise StrategyError(f"unit {name!r}: sample × parameter × attribute = {s} × {p} × "
+                                f"{a} = {s * p * a} but {len(devs)} devices are listed; "
+                                "list one device per part")
+        if len(set(devs)) != len(devs):
+            raise StrategyError(f"unit {name!r}: a device appears twice in {devs}; "
+                                "the parts of a unit need distinct devices")
+        if known is not None:
+            bad = [d for d in devs if d not in known]
+            if bad:
+                raise StrategyError(f"unit {name!r}: device {bad[0]!r} is not in the cluster; "
+                                    f"valid devices: {sorted(known)[:8]}")
+        if p > max_p[i]:
+            raise StrategyError(f"unit {name!r}: parameter degree {p} is above its "
+                                f"max_parameter_degree {int(max_p[i])}; valid: 1..{int(max_p[i])}")
+        if a > max_a[i]:
+            raise StrategyError(f"unit {name!r}: attribute degree {a} is above its "
+                                f"max_attribute_degree {int(max_a[i])}; valid: 1..{int(max_a[i])}")
+    batch = graph.meta.get("batch_size")
+    if batch:
+        too = np.flatnonzero(strategy.sample * strategy.microbatches > int(batch))
+        if len(too):
+            i = int(too[0])
+            raise StrategyError(
+                f"unit {names[i]!r}: sample degree {int(strategy.sample[i])} × "
+                f"{strategy.microbatches} micro-batches exceeds the batch of {batch}; "
+                f"valid: sample × microbatches <= {batch}")
+    if "recomputable" in u.columns:
+        bad = np.flatnonzero((strategy.policy == RECOMPUTE) & ~u["recomputable"].to_numpy(bool))
+        if len(bad):
+            raise StrategyError(f"unit {names[int(bad[0])]!r} cannot be recomputed (its forward "
+                                "is not replayable); valid policies: keep, offload, compress")
+    bad = np.flatnonzero((strategy.policy == COMPRESS) & ~(strategy.error_bound > 0))
+    if len(bad):
+        raise StrategyError(f"unit {names[int(bad[0])]!r}: compress needs an error bound > 0")
+    stage = strategy.stage
+    if (stage >= 0).any():
+        if (stage < 0).any():
+            i = int(np.flatnonzero(stage < 0)[0])
+            raise StrategyError(f"unit {names[i]!r} has no pipeline stage while others do; "
+                                "give every unit a stage >= 0, or none")
+        drop = np.flatnonzero(np.diff(stage) < 0)
+        if len(drop):
+            i = int(drop[0]) + 1
+            raise StrategyError(f"unit {names[i]!r}: stage {int(stage[i])} comes after stage "
+                                f"{int(stage[i - 1])}; stages must not decrease along the units")
+    return strategy
+
