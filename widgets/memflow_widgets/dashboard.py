@@ -1,0 +1,169 @@
+"""SearchDashboard: run, watch, pause, steer and export an MCMC search from a notebook.
+
+The search runs through a :class:`~memflow_widgets.runner.SearchRunner` on the kernel's event
+loop, in chunks short enough that every click is handled within a fraction of a second. Every
+flush (~0.2 s) the dashboard streams the new history rows (through a
+:class:`~memflow_widgets.feed.HistoryFeed`) into the acceptance and cost charts, updates the
+counters, and — when the best strategy improved, at most every ``best_seconds`` — redraws the
+best strategy's memory over time on every GPU. While paused, the unit table pins units in the
+search. The dashboard holds the search, the runner and widgets; the search holds all state.
+"""
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+import ipywidgets
+import numpy as np
+from bokeh.layouts import row
+from bokeh.models import ColumnDataSource, HoverTool, Range1d
+from bokeh.plotting import figure
+from jupyter_bokeh import BokehModel
+
+from .export_panel import ExportPanel
+from .feed import HistoryFeed
+from .memory import MemoryTimeline
+from .pins import PinTable
+from .render import StaticFallback, static_html
+from .runner import SearchRunner
+
+__all__ = ["SearchDashboard"]
+
+
+def _progress_charts(window: int) -> tuple[Any, ColumnDataSource, ColumnDataSource]:
+    acceptance = ColumnDataSource({"iteration": np.empty(0, np.int64), "rate": np.empty(0)})
+    cost = ColumnDataSource({"iteration": np.empty(0, np.int64), "cost": np.empty(0),
+                             "best_cost": np.empty(0)})
+    a_fig = figure(width=420, height=220, title=f"acceptance rate (last {window} proposals)",
+                   x_axis_label="iteration", y_range=Range1d(0, 1), tools="xpan,reset,save")
+    a_fig.line("iteration", "rate", source=acceptance, color="#4c72b0", line_width=2)
+    c_fig = figure(width=520, height=220, title="cost", x_axis_label="iteration",
+                   x_range=a_fig.x_range, y_axis_type="log", tools="xpan,reset,save")
+    c_fig.line("iteration", "cost", source=cost, color="#aaaaaa", legend_label="current")
+    best = c_fig.line("iteration", "best_cost", source=cost, color="#c44e52", line_width=2,
+                      legend_label="best")
+    c_fig.add_tools(HoverTool(renderers=[best], mode="vline", tooltips=[
+        ("iteration", "@iteration"), ("cost", "@cost{0.0000}"), ("best", "@best_cost{0.0000}")]))
+    c_fig.legend.location = "top_right"
+    for fig in (a_fig, c_fig):
+        fig.toolbar.logo = None
+    return row(a_fig, c_fig), acceptance, cost
+
+
+class SearchDashboard(StaticFallback, ipywidgets.VBox):
+    """A live, pausable view of a :class:`memflow.MCMCSearch`.
+
+    Buttons: Start, Pause (stops at the next step boundary), Resume, Step (runs ``steps``
+    proposals by hand while paused). Counters: iteration, proposals/s, acceptance rate, best
+    cost. Charts: acceptance rate and current/best cost over iterations; memory over time of
+    the best strategy on every GPU with its capacity. Below: the unit table (pins) and the
+    export of the best strategy.
+
+    Parameters
+    ----------
+    search:
+        a :class:`memflow.MCMCSearch` (anything with its ``step``, ``history``, ``best``,
+        ``best_result``, ``acceptance_rate``, ``pin``, ``unpin``, ``pins`` and ``graph``).
+    max_iterations:
+        the runner stops (``done``) after this many proposals; None runs until paused.
+    window:
+        proposals in the rolling acceptance rate.
+    best_seconds:
+        the memory chart of the best strategy is redrawn at most this often while running.
+    """
+
+    def __init__(self, search: Any, *, max_iterations: int | None = None, window: int = 200,
+                 chunk_seconds: float = 0.03, flush_seconds: float = 0.2,
+                 best_seconds: float = 1.0, rollover: int = 50_000,
+                 export_path: str = "best_strategy.json") -> None:
+        self.search = search
+        self.runner = SearchRunner(search, chunk_seconds=chunk_seconds,
+                                   flush_seconds=flush_seconds, max_iterations=max_iterations)
+        self.feed = HistoryFeed(window=window)
+        self.window = window
+        self.rollover = rollover
+        self.best_seconds = best_seconds
+        self._drawn = (float("nan"), 0.0)   # (best cost drawn in the memory chart, when)
+
+        self.start_button = ipywidgets.Button(description="Start", icon="play",
+                                              button_style="success")
+        self.pause_button = ipywidgets.Button(description="Pause", icon="pause")
+        self.resume_button = ipywidgets.Button(description="Resume", icon="play")
+        self.step_button = ipywidgets.Button(description="Step", icon="step-forward")
+        self.steps = ipywidgets.BoundedIntText(value=1, min=1, max=1_000_000,
+                                               description="steps",
+                                               layout=ipywidgets.Layout(width="150px"))
+        self.start_button.on_click(lambda _: self.runner.start())
+        self.pause_button.on_click(lambda _: self.runner.pause())
+        self.resume_button.on_click(lambda _: self.runner.resume())
+        self.step_button.on_click(lambda _: self._step())
+        self.counters = ipywidgets.HTML()
+        self.iteration = ipywidgets.HTML(layout=ipywidgets.Layout(min_width="130px"))
+
+        self.progress_root, self.acceptance_source, self.cost_source = _progress_charts(window)
+        self.progress = BokehModel(self.progress_root)
+        self.memory = MemoryTimeline(search.best_result)
+        self.pins = PinTable(search)
+        self.export = ExportPanel(search, path=export_path)
+        buttons = ipywidgets.HBox([self.start_button, self.pause_button, self.resume_button,
+                                   self.step_button, self.steps, self.iteration])
+        super().__init__([
+            buttons, self.counters, self.progress,
+            ipywidgets.HTML("<b>Best strategy so far</b>: memory over one step on every GPU"),
+            self.memory, self.pins, self.export])
+        self.runner.add_listener(self._on_flush)
+        self._on_flush(self.runner)
+
+    # ------------------------------------------------------------------ actions
+    def _step(self) -> None:
+        try:
+            self.runner.step(self.steps.value)
+        except Exception as exc:  # shown in the counters: a click must not raise into the void
+            self.counters.value = (f"<span style='color:#d62728'>Step failed: "
+                                   f"{html.escape(str(exc))}</span>")
+
+    # ------------------------------------------------------------------ flush
+    def _on_flush(self, runner: SearchRunner) -> None:
+        batch = self.feed.take(self.search.history.iloc[self.feed.seen:])
+        if batch is not None:
+            self.cost_source.stream(batch["cost"], rollover=self.rollover)
+            self.acceptance_source.stream(batch["acceptance"], rollover=self.rollover)
+        self._draw_best(force=not runner.running)
+        state = runner.state
+        self.start_button.disabled = state != "idle"
+        self.pause_button.disabled = state != "running"
+        self.resume_button.disabled = state not in ("paused", "done", "failed")
+        self.step_button.disabled = runner.running
+        self.pins.set_enabled(not runner.running)
+        if not runner.running:
+            self.pins.refresh()
+        self.iteration.value = f"iteration <b data-counter='iteration'>{self.feed.seen:,}</b>"
+        self.counters.value = self._counters_html()
+
+    def _draw_best(self, *, force: bool) -> None:
+        cost = self.feed.best_cost
+        drawn, when = self._drawn
+        now = time.perf_counter()
+        changed = not (cost == drawn or (cost != cost and drawn != drawn))
+        if changed and (force or now - when >= self.best_seconds):
+            self.memory.update(self.search.best_result)
+            self._drawn = (cost, now)
+
+    def _counters_html(self) -> str:
+        r = self.runner
+        state = r.state if r.error is None else f"{r.state} ({type(r.error).__name__}: {r.error})"
+        rate = self.search.acceptance_rate(self.window) if self.feed.seen else float("nan")
+        best = self.feed.best_cost
+        best_text = f"{best:.5g}" if best == best else "–"
+        color = "#d62728" if r.state == "failed" else "#333333"
+        return (f"<span style='color:{color}'>state <b data-counter='state'>"
+                f"{html.escape(state)}</b></span> · "
+                f"<b data-counter='rate'>{r.rate:,.0f}</b> proposals/s · acceptance "
+                f"<b data-counter='acceptance'>{rate:.1%}</b> · best cost "
+                f"<b data-counter='best'>{best_text}</b>")
+
+    # ------------------------------------------------------------------ static picture
+    def static_html(self) -> str:
+        return (f"<div><p>iteration {self.feed.seen:,} · {self._counters_html()}</p>"
+                f"{static_html(self.progress_root)}{self.memory.static_html()}</div>")

@@ -1,0 +1,87 @@
+"""How views reach the page: BokehJS loaded inline, live widgets, and a static fallback.
+
+Every view is an ipywidgets box around one or more bokeh layouts (through jupyter_bokeh's
+``BokehModel``). When widgets are live (JupyterLab, Voila) the widget view is drawn; when they
+are not (nbconvert, a notebook viewer), the same display also carries ``text/html``: a short
+table of the numbers that matter plus a static bokeh embed of the same charts, which draws
+wherever BokehJS was loaded by :func:`setup` earlier in the notebook.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ipywidgets
+from bokeh.embed import components
+from bokeh.models import LayoutDOM
+from jupyter_bokeh import BokehModel
+
+__all__ = ["setup", "static_html", "StaticFallback", "BokehView"]
+
+
+def setup(*, banner: bool = False) -> None:
+    """Load BokehJS into the notebook from the installed bokeh, so charts draw offline.
+
+    Call it once per notebook, before the first view. Bokeh's default loads BokehJS from a CDN,
+    which fails silently without a network; this inlines it instead. Its output also carries
+    BokehJS into notebooks exported by nbconvert, where the views' static embeds need it.
+    """
+    from bokeh.io import output_notebook
+    from bokeh.resources import INLINE
+
+    output_notebook(resources=INLINE, hide_banner=not banner)
+
+
+def static_html(root: LayoutDOM, summary: str = "") -> str:
+    """``summary`` (HTML shown even where scripts do not run) followed by a bokeh embed of ``root``.
+
+    >>> from bokeh.plotting import figure
+    >>> html = static_html(figure(), "<p>numbers</p>")
+    >>> html.startswith("<div><p>numbers</p>") and "<script" in html
+    True
+    """
+    # The embed is a picture: the Python callbacks of the live view are rightly absent from it,
+    # so bokeh's warning about them would only be noise in the notebook.
+    log = logging.getLogger("bokeh.embed.util")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        script, div = components(root)
+    finally:
+        log.setLevel(level)
+    return f"<div>{summary}{div}{script}</div>"
+
+
+class StaticFallback:
+    """Mixin for widgets: their display also carries ``text/html`` from :meth:`static_html`, which
+    notebook viewers and nbconvert show when no widget state is saved."""
+
+    def static_html(self) -> str:
+        """A static picture of the widget as HTML."""
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        data = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]
+        data["text/html"] = self.static_html()
+        return data
+
+
+class BokehView(StaticFallback, ipywidgets.VBox):
+    """A box whose first child draws the bokeh layout ``root``; ``controls`` follow below it.
+
+    Subclasses keep references to memflow objects and to bokeh/ipywidgets models only, and give
+    :meth:`summary_html` for the static fallback.
+    """
+
+    def __init__(self, root: LayoutDOM, controls: tuple[ipywidgets.Widget, ...] = (),
+                 **kwargs: Any) -> None:
+        self.root = root
+        self.chart = BokehModel(root)
+        super().__init__([self.chart, *controls], **kwargs)
+
+    def summary_html(self) -> str:
+        """A small HTML table of this view's key numbers (shown where charts cannot draw)."""
+        return ""
+
+    def static_html(self) -> str:
+        return static_html(self.root, self.summary_html())

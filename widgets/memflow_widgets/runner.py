@@ -1,0 +1,205 @@
+"""SearchRunner: drive a search on the kernel's event loop in short chunks, pausable at any step.
+
+A notebook cell that loops over ``search.step()`` holds the kernel: no click is handled until
+it ends. The runner instead runs the search as an asyncio task on the kernel's own loop, a few
+steps at a time (sized so a chunk lasts about ``chunk_seconds``), yielding to the loop between
+chunks, so a click on Pause is handled within a fraction of a second and the search stops at the
+next step boundary. Listeners are told every ``flush_seconds`` (to batch chart updates) and on
+every change of state. This module knows nothing of widgets, so it is tested without a browser.
+
+States: ``idle`` → ``running`` ⇄ (``pausing`` →) ``paused``; ``done`` when the iteration budget
+is spent; ``failed`` when a step raised (the exception is in :attr:`SearchRunner.error`).
+
+>>> import asyncio
+>>> class Count:                       # anything with step(n) can be run
+...     def __init__(self): self.n = 0
+...     def step(self, n=1): self.n += n
+>>> async def demo():
+...     runner = SearchRunner(Count(), max_iterations=500)
+...     runner.start()
+...     await runner.wait()
+...     return runner.state, runner.search.n
+>>> asyncio.run(demo())
+('done', 500)
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable, Literal
+
+__all__ = ["SearchRunner", "State"]
+
+State = Literal["idle", "running", "pausing", "paused", "done", "failed"]
+Listener = Callable[["SearchRunner"], None]
+
+
+class SearchRunner:
+    """Runs ``search.step(n)`` in chunks on an asyncio loop; see the module docstring.
+
+    Parameters
+    ----------
+    search:
+        an object with ``step(n)``, normally a :class:`memflow.MCMCSearch`.
+    chunk_seconds:
+        target duration of one chunk of steps: the longest a click waits.
+    flush_seconds:
+        how often listeners are told while running (chart updates are batched to this).
+    max_iterations:
+        stop (state ``done``) after this many steps run by this runner; None runs until paused.
+    """
+
+    def __init__(self, search: Any, *, chunk_seconds: float = 0.03, flush_seconds: float = 0.2,
+                 max_iterations: int | None = None) -> None:
+        if not callable(getattr(search, "step", None)):
+            raise TypeError(f"SearchRunner: search must have a step(n) method; "
+                            f"got {type(search).__name__}")
+        self.search = search
+        self.chunk_seconds = chunk_seconds
+        self.flush_seconds = flush_seconds
+        self.max_iterations = max_iterations
+        self.state: State = "idle"
+        self.error: BaseException | None = None
+        self.steps = 0            # steps this runner has run
+        self.rate = 0.0           # proposals per second over the last flush period
+        self.listeners: list[Listener] = []
+        self._chunk = 1
+        self._pause_requested = False
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._mark = (time.perf_counter(), 0)   # (time, steps) at the last rate measurement
+
+    # ------------------------------------------------------------------ control
+    @property
+    def running(self) -> bool:
+        """True while the search task is alive (``running`` or ``pausing``)."""
+        return self.state in ("running", "pausing")
+
+    def start(self) -> None:
+        """Start (or resume) the search on the running event loop; returns at once.
+
+        Called on the loop's thread (a notebook cell, a widget callback, a coroutine) it uses that
+        loop; from elsewhere it uses the loop of the previous call.
+        """
+        if self.state == "pausing":          # the task is still alive: just keep it going
+            self._pause_requested = False
+            self._set_state("running")
+            return
+        if self.running:
+            return
+        if self._budget_left() == 0:
+            self._set_state("done")
+            return
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if self._loop is None or self._loop.is_closed():
+                raise RuntimeError("SearchRunner.start: no asyncio event loop is running here; "
+                                   "call it from a notebook cell or a coroutine") from None
+        self._pause_requested = False
+        self.error = None
+        self._set_state("running")
+        # call_soon_threadsafe wakes the loop even when this runs from a comm callback that the
+        # loop would not otherwise notice until the next message (seen with ipykernel 7).
+        self._loop.call_soon_threadsafe(self._spawn)
+
+    resume = start
+
+    def pause(self) -> None:
+        """Ask the search to stop at the next step boundary (state ``pausing``, then ``paused``)."""
+        if self.state == "running":
+            self._pause_requested = True
+            self._set_state("pausing")
+
+    def step(self, n: int = 1) -> None:
+        """Run ``n`` steps now, synchronously; only while the search is not running."""
+        if self.running:
+            raise RuntimeError("SearchRunner.step: pause the search before stepping it by hand")
+        if n < 1:
+            raise ValueError(f"SearchRunner.step: n must be >= 1, got {n}")
+        t0 = time.perf_counter()
+        try:
+            self.search.step(n)
+        except Exception as exc:
+            self.error = exc
+            self._set_state("failed")
+            raise
+        self.steps += n
+        self.rate = n / max(time.perf_counter() - t0, 1e-9)
+        self._set_state("paused" if self.state != "idle" else "idle")
+
+    async def wait(self) -> State:
+        """Wait until the search task has ended (paused, done or failed); return the state."""
+        while self.running:
+            task = self._task
+            if task is not None and not task.done():
+                await asyncio.shield(task)
+            else:                              # scheduled by start() but not yet created
+                await asyncio.sleep(0.001)
+        return self.state
+
+    # ------------------------------------------------------------------ listeners
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(runner)`` every ``flush_seconds`` while running and on each change of
+        state. A listener that raises does not stop the search (the error goes to ``error``)."""
+        self.listeners.append(listener)
+
+    def _notify(self) -> None:
+        now = time.perf_counter()
+        t, s = self._mark
+        if now - t > 1e-3 and self.steps > s:
+            self.rate = (self.steps - s) / (now - t)
+        self._mark = (now, self.steps)
+        for listener in list(self.listeners):
+            try:
+                listener(self)
+            except Exception as exc:  # a broken chart must not kill the search
+                self.error = exc
+
+    def _set_state(self, state: State) -> None:
+        self.state = state
+        self._notify()
+
+    # ------------------------------------------------------------------ the task
+    def _budget_left(self) -> int | None:
+        return None if self.max_iterations is None else max(0, self.max_iterations - self.steps)
+
+    def _spawn(self) -> None:
+        if self._task is None or self._task.done():
+            assert self._loop is not None
+            self._mark = (time.perf_counter(), self.steps)
+            self._task = self._loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        last_flush = time.perf_counter()
+        try:
+            while not self._pause_requested:
+                left = self._budget_left()
+                if left == 0:
+                    break
+                n = self._chunk if left is None else min(self._chunk, left)
+                t0 = time.perf_counter()
+                self.search.step(n)
+                dt = time.perf_counter() - t0
+                self.steps += n
+                self._resize_chunk(n, dt)
+                if t0 + dt - last_flush >= self.flush_seconds:
+                    self._notify()
+                    last_flush = time.perf_counter()
+                await asyncio.sleep(0)   # let the kernel handle clicks and comm messages
+        except Exception as exc:
+            self.error = exc
+            self._set_state("failed")
+            return
+        self._set_state("done" if self._budget_left() == 0 else "paused")
+
+    def _resize_chunk(self, n: int, dt: float) -> None:
+        # Aim each chunk at chunk_seconds; grow at most 2x at a time so one slow step (a big
+        # re-simulation) cannot make the next chunk overshoot by much.
+        per_step = dt / n if n else 0.0
+        want = int(self.chunk_seconds / per_step) if per_step > 0 else 2 * self._chunk
+        self._chunk = max(1, min(want, 2 * self._chunk))
+
+    def __repr__(self) -> str:
+        return (f"<SearchRunner {self.state}: {self.steps} steps, {self.rate:,.0f} proposals/s, "
+                f"chunk {self._chunk}>")
