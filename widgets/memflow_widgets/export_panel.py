@@ -1,7 +1,7 @@
 """ExportPanel: write the search's best strategy to a file, from a button.
 
-The strategy is written as JSON by the strategy's own ``to_json`` (so ``memflow.Strategy``'s
-``from_json`` reads it back); the file name is typed in the panel.
+The strategy is written as JSON, atomically, by the strategy's own ``to_json(path)`` (so
+``memflow.Strategy.from_json(path)`` reads it back); the file name is typed in the panel.
 """
 from __future__ import annotations
 
@@ -31,8 +31,7 @@ class ExportPanel(ipywidgets.HBox):
         """Write the best strategy to :attr:`path`; return the path (None if it failed)."""
         target = Path(self.path.value.strip() or "best_strategy.json").expanduser()
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(self.search.best.to_json())
+            self.search.best.to_json(target)
         except Exception as exc:   # a bad path or a strategy that cannot be written: say which
             self.status.value = (f"<span style='color:#d62728'>export to "
                                  f"{html.escape(str(target))} failed: "

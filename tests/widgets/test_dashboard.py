@@ -1,0 +1,131 @@
+"""SearchDashboard driven headlessly: buttons, counters, charts, pins, step, export."""
+import json
+
+import numpy as np
+import pytest
+
+import memflow
+from memflow_widgets import SearchDashboard
+
+from widget_helpers import run, until
+from widget_stand_ins import StandInSearch
+
+
+def buttons(dash):
+    return {b.description: not b.disabled for b in
+            (dash.start_button, dash.pause_button, dash.resume_button, dash.step_button)}
+
+
+def test_buttons_follow_the_state(search):
+    dash = SearchDashboard(search, flush_seconds=0.02)
+    assert buttons(dash) == {"Start": True, "Pause": False, "Resume": False, "Step": True}
+
+    async def scenario():
+        dash.start_button.click()
+        await until(lambda: dash.feed.seen > 20)
+        running = buttons(dash)
+        pins_locked = all(r.pin.disabled for r in dash.pins.rows)
+        dash.pause_button.click()
+        await dash.runner.wait()
+        return running, pins_locked
+
+    running, pins_locked = run(scenario())
+    assert running == {"Start": False, "Pause": True, "Resume": False, "Step": False}
+    assert pins_locked
+    assert buttons(dash) == {"Start": False, "Pause": False, "Resume": True, "Step": True}
+    assert not any(r.pin.disabled for r in dash.pins.rows)
+
+
+def test_pause_pin_resume_keeps_pins_in_every_later_strategy(graph):
+    search = StandInSearch(graph, step_seconds=0.0002)
+    dash = SearchDashboard(search, flush_seconds=0.02)
+
+    async def scenario():
+        dash.start_button.click()
+        await until(lambda: dash.feed.seen >= 200)
+        dash.pause_button.click()
+        await dash.runner.wait()
+        paused_at = len(search.strategies)
+        assert paused_at == dash.runner.steps == dash.feed.seen     # a step boundary, all drawn
+        assert "paused" in dash.counters.value
+        dash.pins.rows[3].pin.value = True
+        dash.pins.rows[6].pin.value = True
+        assert search.pins == {"layer3": "recompute", "layer6": "recompute"}
+        dash.resume_button.click()
+        await until(lambda: dash.feed.seen >= paused_at + 200)
+        dash.pause_button.click()
+        await dash.runner.wait()
+        return paused_at
+
+    paused_at = run(scenario())
+    after = search.strategies[paused_at:]
+    assert len(after) >= 200
+    for s in after:
+        policies = dict(zip(s.units, s.policies))
+        assert policies["layer3"] == policies["layer6"] == "recompute"
+    assert set(search.history["unit"].iloc[paused_at:]).isdisjoint({"layer3", "layer6"})
+
+
+def test_charts_and_counters_receive_the_history(search):
+    dash = SearchDashboard(search, flush_seconds=0.02, max_iterations=300)
+
+    async def scenario():
+        dash.start_button.click()
+        await dash.runner.wait()
+
+    run(scenario())
+    assert dash.runner.state == "done"
+    cost = dash.cost_source.data
+    assert len(cost["iteration"]) == 300                     # few enough rows: none thinned
+    assert list(cost["iteration"]) == list(range(300))
+    np.testing.assert_allclose(cost["best_cost"], search.history["best_cost"])
+    rate = np.asarray(dash.acceptance_source.data["rate"])
+    assert ((0 <= rate) & (rate <= 1)).all()
+    assert "data-counter='iteration'>300<" in dash.iteration.value
+    assert f"{search.acceptance_rate(200):.1%}" in dash.counters.value
+    assert "done" in dash.counters.value
+    # the memory chart shows the best strategy found
+    assert dash.memory.result is search.best_result
+
+
+def test_step_button_runs_the_asked_steps(search):
+    dash = SearchDashboard(search)
+    dash.steps.value = 7
+    dash.step_button.click()
+    assert len(search.history) == 7 and dash.feed.seen == 7
+    assert len(dash.cost_source.data["iteration"]) == 7
+    assert "data-counter='iteration'>7<" in dash.iteration.value
+
+
+def test_a_failing_search_is_shown(graph):
+    dash = SearchDashboard(StandInSearch(graph, fail_at=40))
+
+    async def scenario():
+        dash.start_button.click()
+        await dash.runner.wait()
+
+    run(scenario())
+    assert "failed (RuntimeError: stand-in search failed on purpose)" in dash.counters.value
+    assert buttons(dash)["Resume"]
+    dash.steps.value = 1
+    dash.step_button.click()                       # still failing: said, not raised
+    assert "Step failed" in dash.counters.value
+
+
+def test_export_writes_the_best_strategy(search, tmp_path):
+    dash = SearchDashboard(search, export_path=str(tmp_path / "out" / "best.json"))
+    dash.step_button.click()
+    dash.export.button.click()
+    written = tmp_path / "out" / "best.json"
+    assert memflow.Strategy.from_json(written) == search.best
+    assert "wrote <code>" in dash.export.status.value
+    dash.export.path.value = str(tmp_path)        # a folder: refused, and said so
+    dash.export.button.click()
+    assert "failed" in dash.export.status.value
+
+
+def test_static_picture(search):
+    dash = SearchDashboard(search)
+    dash.step_button.click()
+    html = dash._repr_mimebundle_()["text/html"]
+    assert "iteration 1" in html and html.count("<script") == 2

@@ -1,0 +1,144 @@
+"""SearchRunner: chunks on the event loop, pause at a step boundary, resume, budget, failure."""
+import asyncio
+import time
+
+import pytest
+
+from memflow_widgets import SearchRunner
+
+from widget_helpers import run, until
+from widget_stand_ins import StandInSearch
+
+
+class Recorder:
+    """A search that records the size of every step() call."""
+
+    def __init__(self, seconds_per_step: float = 0.0):
+        self.calls: list[int] = []
+        self.seconds_per_step = seconds_per_step
+
+    def step(self, n: int = 1) -> None:
+        if self.seconds_per_step:
+            time.sleep(self.seconds_per_step * n)
+        self.calls.append(n)
+
+
+def test_pause_stops_at_a_step_boundary_and_resume_continues():
+    search = Recorder(seconds_per_step=0.0005)
+    runner = SearchRunner(search, chunk_seconds=0.01)
+
+    async def scenario():
+        runner.start()
+        await until(lambda: runner.steps >= 200)
+        runner.pause()
+        assert runner.state == "pausing"
+        t0 = time.perf_counter()
+        assert await runner.wait() == "paused"
+        latency = time.perf_counter() - t0
+        done = sum(search.calls)
+        assert done == runner.steps                    # every step the runner counts, ran whole
+        await asyncio.sleep(0.05)
+        assert sum(search.calls) == done               # nothing runs while paused
+        runner.resume()
+        await until(lambda: runner.steps >= done + 100)
+        runner.pause()
+        await runner.wait()
+        return latency
+
+    latency = run(scenario())
+    assert latency < 0.1                               # one chunk (~10 ms), not a whole run
+    assert max(search.calls) > 1                       # chunks grew past one step
+
+
+def test_chunks_stay_near_the_target_duration():
+    search = Recorder(seconds_per_step=0.001)
+    runner = SearchRunner(search, chunk_seconds=0.02, max_iterations=300)
+    run(_start_and_wait(runner))
+    assert runner.state == "done" and sum(search.calls) == 300
+    assert max(search.calls) <= 40                     # ≤ 2x the ~20 steps that fit 20 ms
+
+
+async def _start_and_wait(runner):
+    runner.start()
+    return await runner.wait()
+
+
+def test_budget_ends_in_done_and_start_again_stays_done():
+    runner = SearchRunner(Recorder(), max_iterations=50)
+    assert run(_start_and_wait(runner)) == "done"
+    assert runner.steps == 50
+    run(_start_and_wait(runner))
+    assert runner.steps == 50 and runner.state == "done"
+
+
+def test_listeners_hear_state_changes_and_flushes():
+    seen: list[str] = []
+    runner = SearchRunner(Recorder(seconds_per_step=0.001), flush_seconds=0.02,
+                          max_iterations=150)
+    runner.add_listener(lambda r: seen.append(r.state))
+    run(_start_and_wait(runner))
+    assert seen[0] == "running" and seen[-1] == "done"
+    assert seen.count("running") >= 3                  # periodic flushes while running
+    assert runner.rate > 0
+
+
+def test_a_failing_step_is_reported_not_raised(graph):
+    runner = SearchRunner(StandInSearch(graph, fail_at=30))
+    assert run(_start_and_wait(runner)) == "failed"
+    assert "failed on purpose" in str(runner.error)
+    assert runner.steps < 30 + 1
+
+
+def test_a_failing_listener_does_not_stop_the_search():
+    runner = SearchRunner(Recorder(), max_iterations=20)
+    runner.add_listener(lambda r: 1 / 0)
+    assert run(_start_and_wait(runner)) == "done"
+    assert isinstance(runner.error, ZeroDivisionError)
+
+
+def test_step_by_hand_only_when_not_running():
+    search = Recorder(seconds_per_step=0.0005)
+    runner = SearchRunner(search)
+    runner.step(3)
+    assert search.calls == [3] and runner.state == "idle"
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        runner.step(0)
+
+    async def scenario():
+        runner.start()
+        await until(lambda: runner.steps > 10)
+        with pytest.raises(RuntimeError, match="pause the search before stepping"):
+            runner.step()
+        runner.pause()
+        await runner.wait()
+        runner.step(2)
+        assert runner.state == "paused"
+
+    run(scenario())
+
+
+def test_pause_then_resume_before_the_chunk_ends_keeps_running():
+    runner = SearchRunner(Recorder(seconds_per_step=0.001), chunk_seconds=0.05)
+
+    async def scenario():
+        runner.start()
+        await until(lambda: runner.steps > 0)
+        runner.pause()
+        runner.resume()                     # still the same task: it just keeps going
+        assert runner.state == "running"
+        n = runner.steps
+        await until(lambda: runner.steps > n + 20)
+        runner.pause()
+        return await runner.wait()
+
+    assert run(scenario()) == "paused"
+
+
+def test_start_needs_an_event_loop():
+    with pytest.raises(RuntimeError, match="no asyncio event loop is running"):
+        SearchRunner(Recorder()).start()
+
+
+def test_a_search_without_step_is_refused():
+    with pytest.raises(TypeError, match="search must have a step"):
+        SearchRunner(object())

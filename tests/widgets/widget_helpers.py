@@ -1,0 +1,38 @@
+"""Helpers of the headless widget tests: a small real graph and asyncio waiting."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+import pandas as pd
+
+from memflow.graph import OpGraph
+
+
+def chain_graph(n: int = 10) -> OpGraph:
+    """A chain of ``n`` linear units, unit i saving (i+1) KiB: a real OpGraph, no capture."""
+    names = [f"layer{i}" for i in range(n)]
+    units = pd.DataFrame({"fwd_flops": [1e9] * n, "bwd_flops": [2e9] * n, "kind": ["Linear"] * n,
+                          "params": [1000] * n, "param_bytes": [4000] * n}, index=names)
+    tensors = pd.DataFrame({
+        "bytes": [1024 * (i + 1) for i in range(n + 1)],
+        "producer": ["<input>"] + names,
+        "consumers": [[u] for u in names] + [[]],
+        "savers": [[u] for u in names] + [[]],
+        "is_output": [False] * n + [True]})
+    return OpGraph(units, tensors, {"model": "chain"})
+
+
+def run(coro):
+    """Run a coroutine on a fresh event loop (the kernel's loop in a notebook)."""
+    return asyncio.run(coro)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Yield to the loop until ``predicate()`` holds; fail after ``timeout`` seconds."""
+    end = time.perf_counter() + timeout
+    while not predicate():
+        if time.perf_counter() > end:
+            raise AssertionError(f"condition not reached within {timeout} s")
+        await asyncio.sleep(0.005)
