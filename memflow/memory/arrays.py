@@ -1,0 +1,99 @@
+"""A graph's numbers as numpy arrays and plain lists, made once per graph and cached.
+
+The memory plan, ``memflow.estimate`` and the simulator read these instead of the DataFrames.
+Unit references are positions in execution order; the model's inputs are producer ``-1``.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph.opgraph import INPUT
+
+__all__ = ["GraphArrays", "graph_arrays"]
+
+_HALF = {"float16", "bfloat16", "torch.float16", "torch.bfloat16", "half"}
+
+
+@dataclass(frozen=True)
+class GraphArrays:
+    """Per-unit and per-tensor arrays of one :class:`~memflow.graph.OpGraph`."""
+
+    names: tuple[str, ...]
+    param_bytes: np.ndarray
+    trainable_bytes: np.ndarray
+    buffer_bytes: np.ndarray
+    fwd_flops: np.ndarray
+    bwd_flops: np.ndarray
+    fwd_bytes_moved: np.ndarray
+    bwd_bytes_moved: np.ndarray
+    fwd_ops: np.ndarray
+    bwd_ops: np.ndarray
+    fwd_tmp: np.ndarray
+    bwd_tmp: np.ndarray
+    half: np.ndarray            # unit computes in fp16/bf16
+    recomputable: np.ndarray
+    # tensors
+    bytes: np.ndarray
+    producer: np.ndarray        # unit position, -1 for the model's inputs
+    is_output: np.ndarray
+    requires_grad: np.ndarray
+    per_sample: np.ndarray
+    readers: tuple[tuple[int, ...], ...]   # distinct forward readers other than the producer
+    savers: tuple[tuple[int, ...], ...]    # distinct savers, in execution order
+    batch_size: int | None
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+
+_CACHE: "weakref.WeakKeyDictionary[object, GraphArrays]" = weakref.WeakKeyDictionary()
+
+
+def graph_arrays(graph) -> GraphArrays:
+    """The arrays of ``graph`` (cached for the graph object's lifetime).
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0, 1.0], "bwd_flops": [2.0, 2.0]},
+    ...                          index=["a", "b"]),
+    ...             pd.DataFrame({"bytes": [8, 16], "producer": ["<input>", "a"],
+    ...                           "consumers": [["a"], ["b"]], "savers": [["a"], ["a", "b"]]}))
+    >>> ga = graph_arrays(g)
+    >>> ga.producer.tolist(), ga.readers, ga.savers
+    ([-1, 0], ((0,), (1,)), ((0,), (0, 1)))
+    """
+    cached = _CACHE.get(graph)
+    if cached is not None:
+        return cached
+    u, t = graph.units, graph.tensors
+    pos = {name: i for i, name in enumerate(u.index)}
+    pos[INPUT] = -1
+
+    def col(name, dtype=np.float64):
+        return np.ascontiguousarray(u[name].to_numpy(dtype))
+
+    producer = np.array([pos[p] for p in t["producer"]], np.int64)
+    readers, savers = [], []
+    for p, cons, sav in zip(producer.tolist(), t["consumers"], t["savers"]):
+        readers.append(tuple(sorted({pos[c] for c in cons} - {p})))
+        savers.append(tuple(sorted({pos[s] for s in sav})))
+    recomputable = (u["recomputable"].to_numpy(bool) if "recomputable" in u.columns
+                    else np.ones(len(u), bool))
+    out = GraphArrays(
+        names=tuple(u.index), param_bytes=col("param_bytes"),
+        trainable_bytes=col("trainable_bytes"), buffer_bytes=col("buffer_bytes"),
+        fwd_flops=col("fwd_flops"), bwd_flops=col("bwd_flops"),
+        fwd_bytes_moved=col("fwd_bytes_moved"), bwd_bytes_moved=col("bwd_bytes_moved"),
+        fwd_ops=col("fwd_ops"), bwd_ops=col("bwd_ops"), fwd_tmp=col("fwd_tmp_bytes"),
+        bwd_tmp=col("bwd_tmp_bytes"),
+        half=np.array([str(d) in _HALF for d in u["dtype"]], bool), recomputable=recomputable,
+        bytes=t["bytes"].to_numpy(np.float64), producer=producer,
+        is_output=t["is_output"].to_numpy(bool), requires_grad=t["requires_grad"].to_numpy(bool),
+        per_sample=t["per_sample"].to_numpy(bool), readers=tuple(readers),
+        savers=tuple(savers), batch_size=graph.meta.get("batch_size"))
+    _CACHE[graph] = out
+    return out

@@ -1,0 +1,117 @@
+"""``memflow.estimate``: training-step memory of one device, by category, and its peak.
+
+The step is replayed in program order (forward, backward with its recomputations, offloads,
+prefetches, optimizer step) against the blocks of :func:`memflow.memory.plan.memory_plan` —
+the same blocks and the same ledger the simulator uses, without timing.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import MemflowError
+from .arrays import graph_arrays
+from .plan import CATEGORIES, OPTIMIZER_STATES, memory_plan
+
+__all__ = ["estimate"]
+
+
+def _capacity_and_foreach(graph, device: Any) -> tuple[float, bool, str]:
+    """(capacity bytes or NaN, whether the optimizer runs foreach kernels, device label)."""
+    if device is None:
+        device = graph.meta.get("backend", "cuda")
+    if isinstance(device, str) and device in ("cpu", "cuda"):
+        return float("nan"), device == "cuda", device
+    if isinstance(device, str):
+        from ..hardware import Cluster
+        device = Cluster.preset(device)
+    if hasattr(device, "devices"):
+        first = device.devices.iloc[0]
+        return float(first["memory_bytes"]), True, str(device.devices.index[0])
+    raise MemflowError(f"device must be 'cpu', 'cuda', a cluster preset name or a Cluster, "
+                       f"got {device!r}")
+
+
+def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: str | None = None,
+             strategy=None) -> pd.DataFrame:
+    """Memory of one training step on one device, by category, and the peak.
+
+    ``device``: ``"cpu"`` (PyTorch's per-parameter optimizer loops), ``"cuda"`` (foreach
+    optimizer kernels), a cluster preset name or a :class:`memflow.Cluster` (its first device:
+    the capacity is reported too); default: the graph's capture backend. ``strategy``: memory
+    policies to apply (a single-device strategy of this graph); default keep everything.
+
+    Rows: the categories (``weights``, ``gradients``, ``optimizer``, ``activations``,
+    ``transient``, ``communication``) and ``total``; columns ``at_peak`` (bytes when the
+    device peaks) and ``max`` (the category's own maximum over the step). ``df.attrs`` holds
+    ``peak``, ``peak_task`` (e.g. ``"backward fc"``), ``phase``, ``capacity``, ``fits``.
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0, 1.0], "bwd_flops": [2.0, 2.0],
+    ...                           "param_bytes": [400, 400], "trainable_bytes": [400, 400]},
+    ...                          index=["a", "b"]),
+    ...             pd.DataFrame({"bytes": [100, 200, 300], "producer": ["<input>", "a", "b"],
+    ...                           "consumers": [["a"], ["b"], []], "savers": [["a"], ["b"], []],
+    ...                           "is_output": [False, False, True], "requires_grad": False}))
+    >>> df = estimate(g, "cpu", optimizer="adam")
+    >>> df["at_peak"].astype(int).to_dict()
+    {'weights': 800, 'gradients': 800, 'optimizer': 1600, 'activations': 0, 'transient': 800, 'communication': 0, 'total': 4000}
+    >>> df.attrs["peak_task"]
+    'optimizer'
+    """
+    from ..sim.costs import compression_ratios
+    from ..sim.expand import KINDS, expand
+    from ..sim.ledger import anchor_tasks, ledger
+    from ..strategy import Strategy
+
+    if optimizer not in OPTIMIZER_STATES:
+        raise MemflowError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZER_STATES)}")
+    if precision not in (None, "fp32", "amp"):
+        raise MemflowError(f"unknown precision {precision!r}; valid: fp32, amp")
+    capacity, foreach, label = _capacity_and_foreach(graph, device)
+    ga = graph_arrays(graph)
+    if strategy is None:
+        strategy = Strategy.single_device(graph)
+    strategy.validate(graph)
+    if len(strategy.device_names) != 1:
+        raise MemflowError("estimate is for one device; use memflow.simulate for strategies "
+                           f"over several devices (this one uses {strategy.device_names})")
+    degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
+    plan = memory_plan(ga, strategy.policy, strategy.segment, strategy.layout_ids, degrees,
+                       strategy.microbatches, compression_ratios(strategy), optimizer=optimizer,
+                       foreach=foreach)
+    T = expand(ga, strategy, plan)
+    step = np.arange(len(T.kind), dtype=np.float64)      # program order, one task at a time
+    alloc, frees, idx = anchor_tasks(plan, T.anchor, T.first_mb, strategy.microbatches)
+    dev = ~plan.on_host[idx]
+    lay_cls = [np.zeros(1, np.int64) for _ in strategy.layouts]
+    L = ledger(plan, alloc[dev], frees[dev], idx[dev], step, step + 1, lay_cls, 1)
+    at_peak = L.persistent[0].copy()
+    cat_max = L.persistent[0].copy()
+    ev = int(L.peak_event[0])
+    if len(L.delta):
+        cat = np.zeros((len(L.delta), len(CATEGORIES)))
+        cat[np.arange(len(L.delta)), L.category] = L.delta
+        running = np.cumsum(cat, 0) + L.persistent[0]
+        cat_max = np.maximum(cat_max, running.max(0))
+        if ev >= 0:
+            at_peak = running[ev]
+    peak = float(L.peak[0])
+    if ev >= 0:
+        task = int(L.task[ev])
+        unit = T.unit[task]
+        peak_task = KINDS[T.kind[task]] + (f" {ga.names[unit]}" if unit >= 0 else "")
+        phase = KINDS[T.kind[task]]
+    else:
+        peak_task = phase = "start"
+    df = pd.DataFrame({"at_peak": at_peak, "max": cat_max}, index=list(CATEGORIES))
+    df.loc["total"] = [peak, peak]
+    df.index.name = "category"
+    df.attrs.update(peak=peak, peak_task=peak_task, phase=phase, capacity=capacity,
+                    fits=bool(peak <= capacity) if capacity == capacity else None,
+                    device=label, optimizer=optimizer)
+    return df
+

@@ -1,0 +1,34 @@
+"""The memory-aware execution simulator: strategies in, time and memory over time out.
+
+>>> import pandas as pd, memflow
+>>> from memflow.graph import OpGraph
+>>> g = OpGraph(pd.DataFrame({"fwd_flops": [1e9, 1e9], "bwd_flops": [2e9, 2e9],
+...                           "param_bytes": [4096, 4096], "trainable_bytes": [4096, 4096]},
+...                          index=["a", "b"]),
+...             pd.DataFrame({"bytes": [1000, 2000, 3000], "producer": ["<input>", "a", "b"],
+...                           "consumers": [["a"], ["b"], []], "savers": [["a"], ["b"], []],
+...                           "is_output": [False, False, True]}), {"batch_size": 8})
+>>> r = simulate(g, memflow.Strategy.single_device(g), memflow.Cluster.preset("1xV100-16GB"))
+>>> r.feasible, int(r.peak_memory["gpu0"])
+(True, 16192)
+"""
+from __future__ import annotations
+
+from ..strategy import Strategy
+from .result import SimResult
+from .simulator import Evaluation, Simulator
+
+__all__ = ["simulate", "SimResult", "Simulator", "Evaluation"]
+
+
+def simulate(graph, strategy: Strategy, cluster, *, optimizer: str = "sgd",
+             precision: str | None = None, fold: bool = True) -> SimResult:
+    """Simulate one training step of ``strategy`` for ``graph`` on ``cluster``.
+
+    ``optimizer`` is ``"sgd"``, ``"momentum"`` or ``"adam"``; ``precision`` ``"fp32"`` or
+    ``"amp"`` (default: as the graph was captured). ``fold=False`` simulates every replica
+    separately (same result, slower; for checking). The strategy is validated first.
+    """
+    strategy.validate(graph, cluster)
+    return Simulator(graph, cluster, optimizer=optimizer, precision=precision).result(
+        strategy, fold=fold)

@@ -1,0 +1,170 @@
+"""The time model (``docs/data-model.md``, "Time model") per placement, over cluster arrays.
+
+Everything here is computed once per (strategy layout, cluster) and cached by the simulator:
+the slowest device's rates of a placement, the channels and bandwidth of its host links, of its
+rings, and of the copies between two placements (FlexFlow-style overlap of the producer's and
+the consumer's partitions).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["LayoutCost", "layout_cost", "copy_cost", "ring_time", "compress_model",
+           "compression_ratios",
+           "OPTIMIZER_TRAFFIC"]
+
+OPTIMIZER_TRAFFIC = {"sgd": 3, "momentum": 5, "adam": 7}
+"""Bytes moved per trainable byte by an optimizer step (reads and writes of p, g and states)."""
+OPTIMIZER_LAUNCHES = 10  # foreach kernels per step
+
+
+@dataclass(frozen=True)
+class LayoutCost:
+    """Rates of one placement (the slowest of its devices) and its communication channels."""
+
+    devices: np.ndarray          # device positions, part order
+    flops32: float
+    flops16: float
+    mem_rate: float
+    launch: float
+    d2h: tuple[np.ndarray, float, float]     # (link channels, bytes->s factor, latency)
+    h2d: tuple[np.ndarray, float, float]
+    param_ring: tuple[float, float, int]     # (bandwidth, latency, members)
+    replica_ring: tuple[float, float, int]
+
+
+def _parts(degrees: tuple[int, int, int]) -> np.ndarray:
+    """(k, 3) sample, attribute, parameter index of each part (parameter innermost)."""
+    s, p, a = degrees
+    si, ai, pi = np.meshgrid(np.arange(s), np.arange(a), np.arange(p), indexing="ij")
+    return np.stack([si.ravel(), ai.ravel(), pi.ravel()], 1)
+
+
+def _ring(ca, groups: list[np.ndarray]) -> tuple[float, float, int]:
+    """Bandwidth, latency and size of rings run at once over ``groups`` (device positions)."""
+    size = len(groups[0]) if groups else 1
+    if size < 2:
+        return float("inf"), 0.0, size
+    use: dict[int, int] = {}
+    lat = 0.0
+    for g in groups:
+        for x, y in zip(g, np.roll(g, -1)):
+            path = ca.routing.route(int(x), int(y))
+            for lid in path:
+                use[lid] = use.get(lid, 0) + 1
+            lat = max(lat, float(ca.link_latency[path].sum()))
+    bw = min(ca.link_rate[lid] / c for lid, c in use.items())
+    return float(bw), lat, size
+
+
+def _host_links(ca, devs: np.ndarray, up: bool) -> tuple[np.ndarray, float, float]:
+    n = len(ca.devices)
+    links: list[int] = []
+    slow, lat = 0.0, 0.0
+    for d in devs:
+        h = n + int(ca.host[d])
+        path = ca.routing.route(int(d), h) if up else ca.routing.route(h, int(d))
+        links += path
+        slow = max(slow, float(np.max(1.0 / ca.link_rate[path])) if path else 0.0)
+        lat = max(lat, float(ca.link_latency[path].sum()))
+    return np.unique(np.asarray(links, np.int64)), slow, lat
+
+
+def layout_cost(ca, key: tuple) -> LayoutCost:
+    """The cost figures of placement ``key`` = ``(sample, parameter, attribute, devices)``."""
+    s, p, a, names = key
+    devs = ca.devices.get_indexer(list(names)).astype(np.int64)
+    f32 = ca.flops_fp32[devs] * ca.compute_efficiency[devs]
+    f16 = np.where(np.isnan(ca.flops_fp16[devs]), ca.flops_fp32[devs],
+                   ca.flops_fp16[devs]) * ca.compute_efficiency[devs]
+    mem = ca.mem_bandwidth[devs] * ca.memory_efficiency[devs]
+    parts = _parts((s, p, a))
+    by_param = [devs[parts[:, 2] == i] for i in range(p)]
+    by_region = [devs[(parts[:, 0] == i) & (parts[:, 1] == j)] for i in range(s) for j in range(a)]
+    return LayoutCost(devices=devs, flops32=float(f32.min()), flops16=float(f16.min()),
+                      mem_rate=float(mem.min()), launch=float(ca.launch_overhead[devs].max()),
+                      d2h=_host_links(ca, devs, True), h2d=_host_links(ca, devs, False),
+                      param_ring=_ring(ca, by_region), replica_ring=_ring(ca, by_param))
+
+
+def ring_time(nbytes: float, ring: tuple[float, float, int]) -> float:
+    """Ring all-reduce: ``2(n−1)/n · S/B + 2(n−1)·latency``.
+
+    >>> ring_time(1e9, (1e10, 1e-5, 4))
+    0.15006
+    """
+    bw, lat, n = ring
+    if n < 2:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+
+
+def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool) -> tuple[np.ndarray, float, float]:
+    """Channels, seconds per byte of the whole tensor, and latency of copying a tensor from
+    placement ``src`` to placement ``dst`` (both ``(s, p, a, devices)``).
+
+    Each destination part needs its sample × attribute region (the whole tensor when it does
+    not scale with the batch); it takes each overlapping piece from the producer part with the
+    same parameter rank (modulo), or from its own device when that already holds the region.
+    """
+    s1, p1, a1, n1 = src
+    s2, p2, a2, n2 = dst
+    d1 = ca.devices.get_indexer(list(n1))
+    d2 = ca.devices.get_indexer(list(n2))
+    P1, P2 = _parts((s1, p1, a1)), _parts((s2, p2, a2))
+    load: dict[int, float] = {}
+    lat = 0.0
+    for k2, (si, ai, pi) in enumerate(P2):
+        e = int(d2[k2])
+        if per_sample:
+            lo_s, hi_s, lo_a, hi_a = si / s2, (si + 1) / s2, ai / a2, (ai + 1) / a2
+        else:
+            lo_s, hi_s, lo_a, hi_a = 0.0, 1.0, 0.0, 1.0
+        for k1, (sj, aj, pj) in enumerate(P1):
+            if pj != pi % p1:
+                continue
+            if per_sample:
+                ov = (max(0.0, min(hi_s, (sj + 1) / s1) - max(lo_s, sj / s1))
+                      * max(0.0, min(hi_a, (aj + 1) / a1) - max(lo_a, aj / a1)))
+            else:
+                ov = 1.0 if (sj, aj) == (0, 0) else 0.0
+            if ov <= 0:
+                continue
+            holders = d1[(P1[:, 0] == sj) & (P1[:, 1] == aj)]
+            if e in holders:
+                continue
+            path = ca.routing.route(int(d1[k1]), e)
+            for lid in path:
+                load[lid] = load.get(lid, 0.0) + ov
+            lat = max(lat, float(ca.link_latency[path].sum()))
+    if not load:
+        return np.zeros(0, np.int64), 0.0, 0.0
+    links = np.fromiter(load, np.int64, len(load))
+    per_byte = max(f / ca.link_rate[lid] for lid, f in load.items())
+    return links, float(per_byte), lat
+
+
+def compress_model() -> tuple[Callable[[float], float], float]:
+    """``(ratio(error_bound), bytes/s)`` of activation compression.
+
+    From :mod:`memflow.compress` when it is installed; until then an SZ-like rule: about 4×
+    at an error bound of 1e-3, growing with the log of the bound, at cuSZ's ~100 GB/s.
+    """
+    try:
+        from ..compress import THROUGHPUT, expected_ratio
+    except ImportError:
+        return (lambda eb: float(np.clip(1.0 + 1.0 * np.log10(eb / 1e-6), 1.0, 64.0)), 1e11)
+    return expected_ratio, float(THROUGHPUT)
+
+
+def compression_ratios(strategy, ratio_of: Callable[[float], float] | None = None) -> np.ndarray:
+    """Compression ratio per unit (1 where the policy is not compress)."""
+    from ..strategy.strategy import COMPRESS
+    ratio_of = ratio_of or compress_model()[0]
+    ratio = np.ones(len(strategy))
+    for i in np.flatnonzero(strategy.policy == COMPRESS):
+        ratio[i] = max(1.0, float(ratio_of(float(strategy.error_bound[i]))))
+    return ratio

@@ -1,0 +1,159 @@
+"""SimResult: one simulated training step, with DataFrames made on first use."""
+from __future__ import annotations
+
+import html
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+
+from ..memory.plan import CATEGORIES
+from .expand import KINDS, R_COPY, R_COPYBACK, ROLES
+
+__all__ = ["SimResult"]
+
+
+def _fmt(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+class SimResult:
+    """Time and memory of one training step of a strategy on a cluster.
+
+    Attributes follow ``docs/data-model.md`` ("SimResult"): ``iteration_time`` (s),
+    ``throughput`` (samples/s), ``peak_memory`` and ``capacity`` (Series by device, devices the
+    strategy uses), ``feasible``, ``over_capacity``, ``timeline`` and ``memory`` (DataFrames),
+    ``host_peak`` (Series by host) and :meth:`summary`.
+    """
+
+    def __init__(self, simulator, run):
+        self._sim, self._run = simulator, run
+        self.strategy = run.strategy
+        self.iteration_time = run.iteration_time
+        batch = simulator.ga.batch_size or 1
+        self.throughput = batch / self.iteration_time if self.iteration_time > 0 else float("inf")
+        ca = simulator.ca
+        used = run.devices_used
+        names = ca.devices[used]
+        self.peak_memory = pd.Series(run.device.peak[run.device_class[used]], index=names,
+                                     name="peak_memory")
+        self.capacity = pd.Series(ca.memory[used], index=names, name="capacity")
+        self.over_capacity = [str(d) for d in names[self.peak_memory.to_numpy()
+                                                    > self.capacity.to_numpy()]]
+        self.feasible = not self.over_capacity
+        hosts = np.unique(ca.host[used])
+        host_names = simulator.cluster.hosts.index[hosts]
+        self.host_peak = pd.Series(run.host.peak[hosts], index=host_names, name="host_peak")
+
+    @property
+    def run(self):
+        """The raw arrays of the simulation (:class:`~memflow.sim.simulator.Run`)."""
+        return self._run
+
+    @cached_property
+    def timeline(self) -> pd.DataFrame:
+        """One row per task: ``task``, ``kind``, ``unit``, ``microbatch``, ``resource``
+        (devices or links, as a comma-separated string), ``start``, ``end``, ``bytes``."""
+        r, sim = self._run, self._sim
+        T = r.tasks
+        names = np.array(list(sim.ga.names) + [""], dtype=object)
+        unit = np.asarray(T.unit)
+        keys = self.strategy.layouts
+        res_cache: dict[tuple[int, int], str] = {}
+        links = sim.cluster.links
+        n = len(sim.ca.devices)
+
+        def resource(role: int, key: int) -> str:
+            k = (role, key)
+            if k not in res_cache:
+                if role in (R_COPY, R_COPYBACK) or ROLES[role] in ("to-host", "from-host"):
+                    chans = r.channels[(role, key)]
+                    res_cache[k] = ",".join(f"{links['src'].iat[c - 2 * n]}->"
+                                            f"{links['dst'].iat[c - 2 * n]}" for c in chans)
+                else:
+                    devs = ",".join(keys[key][3])
+                    res_cache[k] = devs if ROLES[role] == "compute" else f"comm:{devs}"
+            return res_cache[k]
+
+        return pd.DataFrame({
+            "task": np.arange(len(T.kind)),
+            "kind": np.array(KINDS, dtype=object)[np.asarray(T.kind)],
+            "unit": names[unit],
+            "microbatch": np.asarray(T.mb),
+            "resource": [resource(ro, k) for ro, k in zip(T.role, T.key)],
+            "start": r.start, "end": r.end, "bytes": np.asarray(T.work)})
+
+    @cached_property
+    def memory(self) -> pd.DataFrame:
+        """Bytes on each device after each change: ``device``, ``time``, ``bytes`` and one
+        column per category."""
+        r, sim = self._run, self._sim
+        L = r.device
+        frames = []
+        cat = np.zeros((len(L.delta), len(CATEGORIES)))
+        cat[np.arange(len(L.delta)), L.category] = L.delta
+        for c in np.unique(r.device_class[r.devices_used]):
+            sel = L.cls == c
+            run = np.cumsum(cat[sel], 0) + L.persistent[c]
+            devs = sim.ca.devices[r.devices_used[r.device_class[r.devices_used] == c]]
+            part = pd.DataFrame(run, columns=list(CATEGORIES))
+            part.insert(0, "bytes", L.total[sel])
+            part.insert(0, "time", L.time[sel])
+            for d in devs:
+                frames.append(part.assign(device=str(d)))
+        if not frames:
+            return pd.DataFrame(columns=["device", "time", "bytes", *CATEGORIES])
+        out = pd.concat(frames, ignore_index=True)
+        return out[["device", "time", "bytes", *CATEGORIES]]
+
+    def breakdown(self) -> pd.DataFrame:
+        """Per device: bytes of each category at that device's peak."""
+        r = self._run
+        L = r.device
+        rows = {}
+        for d, pos in zip(self.peak_memory.index, r.devices_used):
+            c = r.device_class[pos]
+            ev = L.peak_event[c]
+            sel = np.flatnonzero(L.cls == c)
+            upto = sel[sel <= ev] if ev >= 0 else sel[:0]
+            vals = L.persistent[c].copy()
+            np.add.at(vals, L.category[upto], L.delta[upto])
+            rows[d] = vals
+        return pd.DataFrame.from_dict(rows, orient="index", columns=list(CATEGORIES))
+
+    def summary(self) -> pd.DataFrame:
+        """Per device: peak, capacity, headroom, busy time of its compute stream."""
+        tl = self.timeline
+        busy = {}
+        for d in self.peak_memory.index:
+            mine = tl[(tl["resource"].str.split(",").map(lambda x, d=d: d in x))
+                      & ~tl["resource"].str.startswith("comm:")
+                      & tl["kind"].isin(["forward", "backward", "recompute", "compress",
+                                         "decompress", "optimizer"])]
+            busy[d] = float((mine["end"] - mine["start"]).sum())
+        return pd.DataFrame({"peak": self.peak_memory, "capacity": self.capacity,
+                             "headroom": self.capacity - self.peak_memory,
+                             "compute_busy": pd.Series(busy),
+                             "utilization": pd.Series(busy) / self.iteration_time})
+
+    def __repr__(self) -> str:
+        worst = self.peak_memory.max() if len(self.peak_memory) else 0.0
+        state = "feasible" if self.feasible else f"OUT OF MEMORY on {', '.join(self.over_capacity[:4])}"
+        return (f"<SimResult {self.strategy.name!r}: {self.iteration_time * 1e3:,.2f} ms/step, "
+                f"{self.throughput:,.1f} samples/s, peak {_fmt(worst)} on "
+                f"{len(self.peak_memory)} devices, {state}>")
+
+    def _repr_html_(self) -> str:
+        s = self.summary().copy()
+        for c in ("peak", "capacity", "headroom"):
+            s[c] = s[c].map(_fmt)
+        s["compute_busy"] = (s["compute_busy"] * 1e3).map(lambda v: f"{v:,.2f} ms")
+        s["utilization"] = s["utilization"].map(lambda v: f"{v:.0%}")
+        color = "#2a7" if self.feasible else "#c33"
+        return (f"<div><b style='color:{color}'>{html.escape(repr(self))}</b>"
+                f"{s.head(16).to_html()}"
+                + (f"<p>… {len(s) - 16} more devices</p>" if len(s) > 16 else "") + "</div>")
