@@ -1,0 +1,11 @@
+"""Hardware: GPUs, hosts, switches and links as DataFrames; presets; routes; numpy views.
+
+>>> from memflow.hardware import Cluster
+>>> float(Cluster.preset("4xV100-16GB").devices["memory_bytes"].sum() / 2**30)
+64.0
+"""
+from .arrays import ClusterArrays
+from .catalogue import EDGE_BOARDS, GPUS, LINK_KINDS
+from .cluster import Cluster, parse_bytes
+
+__all__ = ["Cluster", "ClusterArrays", "GPUS", "EDGE_BOARDS", "LINK_KINDS", "parse_bytes"]
