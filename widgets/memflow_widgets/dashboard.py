@@ -112,6 +112,7 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
             buttons, self.counters, self.progress,
             ipywidgets.HTML("<b>Best strategy so far</b>: memory over one step on every GPU"),
             self.memory, self.pins, self.export])
+        self.add_class("memflow-searchdashboard")
         self.runner.add_listener(self._on_flush)
         self._on_flush(self.runner)
 
@@ -163,7 +164,10 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
                 f"<b data-counter='acceptance'>{rate:.1%}</b> · best cost "
                 f"<b data-counter='best'>{best_text}</b>")
 
-    # ------------------------------------------------------------------ static picture
+    # ------------------------------------------------------------------ display
+    def charts(self) -> list[tuple[BokehModel, Any]]:
+        return [(self.progress, self.progress_root), *self.memory.charts()]
+
     def static_html(self) -> str:
         return (f"<div><p>iteration {self.feed.seen:,} · {self._counters_html()}</p>"
                 f"{static_html(self.progress_root)}{self.memory.static_html()}</div>")

@@ -11,8 +11,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from bokeh.layouts import gridplot
-from bokeh.models import ColumnDataSource, HoverTool, Label, Range1d, Span
+from bokeh.layouts import column, gridplot
+from bokeh.models import ColumnDataSource, HoverTool, Range1d, Span
 from bokeh.plotting import figure
 
 from .render import BokehView
@@ -104,6 +104,25 @@ def memory_steps(result: Any, *, max_points: int = 4000,
     return out
 
 
+def _legend(cats: list[str], width: int) -> Any:
+    """A strip holding only the legend of the categories, above the grid of devices (a legend
+    inside one device's chart would hide its data)."""
+    fig = figure(width=width, height=44, toolbar_location=None, outline_line_color=None,
+                 x_range=Range1d(0, 1), y_range=Range1d(0, 1))
+    fig.axis.visible = False
+    fig.grid.visible = False
+    for c in cats:
+        fig.scatter([-1], [-1], marker="square", size=12, color=CATEGORY_COLORS[c],
+                    legend_label=c)
+    fig.line([-1, -1], [-1, -1], color="#d62728", line_dash="dashed", line_width=2,
+             legend_label="capacity")
+    fig.legend.orientation = "horizontal"
+    fig.legend.location = "center"
+    fig.legend.border_line_color = None
+    fig.legend.label_text_font_size = "9pt"
+    return fig
+
+
 def _title(device: str, peak: float, capacity: float) -> str:
     over = "  OUT OF MEMORY" if peak > capacity else ""
     return f"{device}: peak {fmt_bytes(peak)} of {fmt_bytes(capacity)}{over}"
@@ -149,29 +168,22 @@ class MemoryTimeline(BokehView):
                          x_axis_label="time (ms)" if i >= len(names) - ncols else None,
                          y_axis_label="GiB" if i % ncols == 0 else None,
                          tools="xpan,xwheel_zoom,reset,save", title=dev)
-            legend = {"legend_label": cats} if i == 0 else {}
             fig.varea_stack(stackers=cats, x="time", source=src,
-                            color=[CATEGORY_COLORS[c] for c in cats], alpha=0.85, **legend)
+                            color=[CATEGORY_COLORS[c] for c in cats], alpha=0.85)
             line = fig.line("time", "total", source=src, color="#222222", line_width=1)
             fig.add_tools(HoverTool(mode="vline", line_policy="prev", renderers=[line],
                                     tooltips=tooltips))
             span = Span(location=0, dimension="width", line_color="#d62728", line_dash="dashed",
                         line_width=2)
             fig.add_layout(span)
-            fig.add_layout(Label(x=4, y=4, x_units="screen", y_units="screen",
-                                 text_font_size="8pt", text_color="#d62728",
-                                 text="dashed: capacity"))
-            if i == 0:
-                fig.legend.location = "top_left"
-                fig.legend.label_text_font_size = "8pt"
-                fig.legend.background_fill_alpha = 0.6
             fig.toolbar.logo = None
             self.sources[dev] = src
             self.figures[dev] = fig
             self.capacity_spans[dev] = span
-        root = gridplot(list(self.figures.values()), ncols=ncols, merge_tools=True)
+        grid = gridplot(list(self.figures.values()), ncols=ncols, merge_tools=True)
+        root = column(_legend(cats, width * min(ncols, len(names))), grid)
+        self.update(result)          # drawn before the page model is made: nothing to replay
         super().__init__(root)
-        self.update(result)
 
     def update(self, result: Any) -> None:
         """Draw ``result`` (a SimResult on the same devices) in place of the current one."""

@@ -53,14 +53,30 @@ def static_html(root: LayoutDOM, summary: str = "") -> str:
 
 
 class StaticFallback:
-    """Mixin for widgets: their display also carries ``text/html`` from :meth:`static_html`, which
-    notebook viewers and nbconvert show when no widget state is saved."""
+    """Mixin for widgets holding bokeh charts.
+
+    On display, the charts are re-serialized (:meth:`refresh`): a ``BokehModel``'s page view
+    starts from the document as it was when the model was made, and changes made while no view
+    was on the page are not replayed, so without this a view shown after an update would show
+    stale charts. The display also carries ``text/html`` from :meth:`static_html`, which
+    notebook viewers and nbconvert show when no widget state is saved.
+    """
+
+    def charts(self) -> list[tuple[BokehModel, LayoutDOM]]:
+        """The ``(BokehModel, bokeh root)`` pairs this widget shows."""
+        raise NotImplementedError
 
     def static_html(self) -> str:
         """A static picture of the widget as HTML."""
         raise NotImplementedError
 
+    def refresh(self) -> None:
+        """Bring every page view of the charts up to the current state of their documents."""
+        for chart, root in self.charts():
+            chart.update_from_model(root)
+
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        self.refresh()
         data = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]
         data["text/html"] = self.static_html()
         return data
@@ -78,10 +94,14 @@ class BokehView(StaticFallback, ipywidgets.VBox):
         self.root = root
         self.chart = BokehModel(root)
         super().__init__([self.chart, *controls], **kwargs)
+        self.add_class(f"memflow-{type(self).__name__.lower()}")   # a handle for page tests
 
     def summary_html(self) -> str:
         """A small HTML table of this view's key numbers (shown where charts cannot draw)."""
         return ""
+
+    def charts(self) -> list[tuple[BokehModel, LayoutDOM]]:
+        return [(self.chart, self.root)]
 
     def static_html(self) -> str:
         return static_html(self.root, self.summary_html())

@@ -1,0 +1,126 @@
+"""The dashboard in a real JupyterLab page, driven by headless Chromium.
+
+Start → the iteration counter moves → Pause → tick two units → Resume → the counter moves
+again, those units are recomputed in every strategy after the resume, and the memory chart of
+the best strategy has drawn. A screenshot goes to artifacts/dashboard.png.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from browser import (canvas_ink, chromium, jupyter_server, lab_page, open_notebook,  # noqa: F401
+                     run_all_cells, screenshot, write_notebook)
+
+pytestmark = pytest.mark.browser
+
+HERE = Path(__file__).resolve().parent
+PINNED = ["layer3", "layer7"]
+
+SETUP = f"""
+import json, os, sys
+sys.path.insert(0, {str(HERE)!r})
+import memflow_widgets as mfw
+from widget_helpers import chain_graph
+from widget_stand_ins import StandInSearch
+mfw.setup()
+search = StandInSearch(chain_graph(12), step_seconds=0.002)
+"""
+
+# The kernel reports what the page cannot show: after every flush and change of state, the
+# policies that the search's current strategy gives the pinned units, and which unit every
+# proposal so far moved.
+PROBE = """
+snapshots = []
+def probe(runner):
+    current = dict(zip(search.current.units, search.current.policies))
+    snapshots.append({"iteration": dash.feed.seen, "state": runner.state,
+                      "pinned": {u: current[u] for u in search.pins}})
+    doc = {"state": runner.state, "pins": dict(search.pins), "snapshots": snapshots,
+           "moved": search.history["unit"].astype(str).tolist()}
+    with open("probe.json.tmp", "w") as fh:
+        json.dump(doc, fh)
+    os.replace("probe.json.tmp", "probe.json")
+
+dash = mfw.SearchDashboard(search)
+dash.runner.add_listener(probe)
+dash
+"""
+
+
+def button(page, name: str):
+    # The accessible name of an ipywidgets button starts with its icon's glyph: match the end.
+    return page.get_by_role("button", name=re.compile(rf"{name}$"))
+
+
+def counter(page, name: str) -> str:
+    return page.locator(f"[data-counter='{name}']").first.inner_text()
+
+
+def wait_iteration_above(page, n: int) -> None:
+    page.wait_for_function(
+        """(n) => {
+            const el = document.querySelector("[data-counter='iteration']");
+            return el && parseInt(el.textContent.replace(/,/g, '')) > n;
+        }""", arg=n, timeout=60_000)
+
+
+def wait_state(page, state: str) -> None:
+    page.wait_for_function(
+        """(s) => {
+            const el = document.querySelector("[data-counter='state']");
+            return el && el.textContent === s;
+        }""", arg=state, timeout=60_000)
+
+
+def read_probe(path: Path, *, state: str, timeout: float = 30.0) -> dict:
+    """The kernel's report once it says ``state`` (the page may show it a moment earlier)."""
+    end = time.monotonic() + timeout
+    while True:
+        doc = json.loads(path.read_text()) if path.exists() else {}
+        if doc.get("state") == state or time.monotonic() > end:
+            assert doc.get("state") == state, f"the kernel's probe says {doc.get('state')!r}"
+            return doc
+        time.sleep(0.05)
+
+
+def test_pause_pin_resume_in_jupyterlab(jupyter_server, lab_page):
+    page = lab_page
+    write_notebook(jupyter_server.root / "dashboard.ipynb", [SETUP, PROBE])
+    open_notebook(page, jupyter_server, "dashboard.ipynb")
+    run_all_cells(page)
+    start = button(page, "Start")
+    start.wait_for(timeout=90_000)
+    start.click()
+    wait_iteration_above(page, 30)
+
+    button(page, "Pause").click()
+    wait_state(page, "paused")
+    paused_at = int(counter(page, "iteration").replace(",", ""))
+    for unit in PINNED:
+        page.get_by_label(unit, exact=True).check()
+        page.get_by_text(f"pinned {unit} to recompute").wait_for()
+
+    button(page, "Resume").click()
+    wait_iteration_above(page, paused_at + 100)
+    button(page, "Pause").click()
+    wait_state(page, "paused")
+
+    probe = read_probe(jupyter_server.root / "probe.json", state="paused")
+    assert probe["pins"] == {u: "recompute" for u in PINNED}
+    after = [s for s in probe["snapshots"] if s["iteration"] > paused_at]
+    assert len(after) >= 2 and all(s["pinned"] == {u: "recompute" for u in PINNED} for s in after)
+    moved_after = probe["moved"][paused_at:]
+    assert len(moved_after) >= 100 and not set(moved_after) & set(PINNED)
+
+    ink = canvas_ink(page, ".memflow-memorytimeline")
+    assert ink["canvases"] >= 1 and ink["ink"] > 2000, ink
+    progress = canvas_ink(page, ".memflow-searchdashboard")
+    assert progress["ink"] > ink["ink"], progress       # the cost and acceptance lines too
+    page.set_viewport_size({"width": 1280, "height": 2000})   # the whole dashboard in view
+    page.locator(".memflow-searchdashboard").scroll_into_view_if_needed()
+    screenshot(page, "dashboard")
