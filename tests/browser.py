@@ -8,7 +8,7 @@ Import the fixtures into a test module (or a conftest) to use them::
   ``allow_root``, a temporary root folder, isolated config/data/runtime/settings folders, the
   app exposed as ``window.jupyterapp``, and a kernel spec ``memflow-venv`` that runs this
   interpreter (so the notebook's kernel sees this venv's memflow).
-* ``chromium`` (session): a Playwright browser context on Debian's ``/usr/bin/chromium``
+* ``chromium`` (module): a Playwright browser context on Debian's ``/usr/bin/chromium``
   (never a downloaded browser), headless, no sandbox, no network chatter, a fresh profile.
   Tests using it are skipped, saying why, when that binary is absent.
 * ``lab_page``: a new page in that context, closed after the test.
@@ -159,9 +159,13 @@ def jupyter_server() -> Iterator[JupyterServer]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium():
-    """A headless Chromium context (Debian's binary, a fresh profile) for the session."""
+    """A headless Chromium context (Debian's binary, a fresh profile) for the test module.
+
+    Module-scoped, not session-scoped: Playwright's sync API keeps an asyncio loop running in
+    this thread while it is open, and ``asyncio.run`` in any later test would then fail.
+    """
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium package "
                     "(scripts/setup does) to run the real-browser tests")
