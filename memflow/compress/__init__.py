@@ -1,0 +1,17 @@
+"""Error-bounded lossy compression of feature maps (COMET-style), and its model for the simulator.
+
+``compress``/``decompress`` keep every element within an absolute (or range-relative) error
+bound; :class:`compressed_saved_tensors` applies them to what autograd saves for backward;
+``expected_ratio`` and ``throughput`` are what the simulator charges for the ``compress`` policy.
+
+>>> import torch
+>>> x = torch.relu(torch.randn(64, 64))
+>>> packed = compress(x, 1e-2)
+>>> bool((decompress(packed) - x).abs().max() <= 1e-2), packed.ratio > 3
+(True, True)
+"""
+from .hooks import compressed_saved_tensors
+from .quantizer import FLOAT_DTYPES, Packed, compress, compressed_bytes, decompress
+
+__all__ = ["Packed", "compress", "decompress", "compressed_bytes", "compressed_saved_tensors",
+           "FLOAT_DTYPES"]
