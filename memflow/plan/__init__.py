@@ -1,0 +1,33 @@
+"""The seeds' techniques as planners, each simulated by memflow's simulator.
+
+* :func:`hybrid_projection` — data × model parallelism projected end to end with a
+  statistical-efficiency model (Pal et al.).
+* :func:`offload` / :func:`offload_table` — vDNN's static and dynamic policies and two
+  heuristics after Beaumont et al. (Euro-Par 2020).
+* :func:`pipeline` / :func:`pipeline_table` — stages and micro-batches under per-stage memory,
+  as an ILP (HiGHS) with a dynamic-programming fallback (Beaumont et al., Euro-Par 2021).
+* :func:`checkpoint` / :func:`checkpoint_table` — recomputation on one device (Chen et al.'s
+  √n, Griewank's revolve, recompute-all, the optimal chain schedule), edge boards included.
+
+**Infeasible plans.** Every planner that returns a :class:`~memflow.Strategy` returns one that
+fits the memory limit in simulation, or raises :class:`Infeasible` (a
+:class:`~memflow.errors.PlanError`) carrying the smallest peak memory it found
+(``min_memory``, bytes) and the strategy that reached it (``best``). Planners that return a
+table mark such rows ``fits``/``feasible`` False instead. Every strategy a planner returns can
+start a search: ``memflow.MCMCSearch(graph, cluster, init=strategy)``.
+
+>>> import memflow
+>>> sorted(n for n in memflow.plan.__all__ if not n[0].isupper())[:3]
+['checkpoint', 'checkpoint_table', 'hybrid_projection']
+"""
+from .batch import at_batch
+from .checkpoint import checkpoint, checkpoint_table
+from .common import Infeasible
+from .convergence import CriticalBatch, Measured
+from .hybrid import hybrid_projection
+from .offload import offload, offload_table
+from .pipeline import pipeline, pipeline_table
+
+__all__ = ["Infeasible", "CriticalBatch", "Measured", "at_batch", "checkpoint",
+           "checkpoint_table", "hybrid_projection", "offload", "offload_table", "pipeline",
+           "pipeline_table"]

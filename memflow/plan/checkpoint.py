@@ -1,0 +1,263 @@
+"""Checkpointing on one device: which units keep what they save and which recompute it.
+
+``checkpoint(graph, device, memory_limit, method)`` returns the fastest strategy of a method
+that fits the limit, simulated by memflow's simulator; :func:`checkpoint_table` gives, per
+method, the smallest memory at which training still runs and what it costs — the edge
+scenario when ``device`` is an edge board such as ``"jetson-nano-4GB"``.
+
+What memflow can express, and so what each method becomes here: a unit either keeps its saved
+tensors or recomputes them; consecutive recomputed units form one segment that runs like one
+``torch.utils.checkpoint(use_reentrant=False)`` call (its inputs held, its forward re-run once
+just before its backward). There is one level of recomputation: a recomputed unit runs at most
+twice. Every method below therefore chooses a set of *kept* units; the others recompute, and the
+kept units cut the chain into segments.
+
+* ``"all"`` — recompute everything: one segment, ``checkpoint(model)``. It holds the least
+  between forward and backward but re-materializes every saved tensor before the backward, so
+  its peak is about that of keeping everything; it is listed as the baseline it is.
+* ``"sqrt"`` — Chen et al. (2016), "Training deep nets with sublinear memory cost", section
+  4.3: walk the chain adding each unit's saved bytes; when the running sum passes a budget
+  ``B`` the unit becomes a checkpoint (kept) and the sum restarts. ``B`` is searched over a
+  geometric grid (Chen's "√n" choice is the grid's low-memory end for a uniform chain); the
+  fastest plan within the limit is returned.
+* ``"revolve"`` — Griewank & Walther's binomial checkpointing (``revolve``, ACM TOMS 2000)
+  with ``c`` snapshots over the units taken as uniform steps: the snapshots its first forward
+  sweep takes (its ``advance`` rule) become kept units (the snapshot of the model input is
+  free). revolve's later sweeps, which recompute a step several times, cannot be expressed: each
+  stretch between snapshots is recomputed once as one segment. ``c`` is searched.
+* ``"optimal"`` — :func:`memflow.search.optimal_checkpointing` (a rotor-style dynamic
+  program over memory), imported when asked for.
+
+Units that the graph marks not recomputable (a ``recomputable`` column) are always kept.
+
+>>> import pandas as pd
+>>> from memflow.graph import OpGraph
+>>> n = 9
+>>> units = pd.DataFrame({"fwd_flops": [1e12] * n, "bwd_flops": [2e12] * n},
+...                      index=[f"u{i}" for i in range(n)])
+>>> tensors = pd.DataFrame({"bytes": [2**30] * n + [8],
+...     "producer": ["<input>"] + [f"u{i}" for i in range(n)],
+...     "consumers": [[f"u{i}"] for i in range(n)] + [[]],
+...     "savers": [[f"u{i}"] for i in range(n)] + [[]],
+...     "is_output": [False] * n + [True]})
+>>> g = OpGraph(units, tensors, {"batch_size": 8})
+>>> s = checkpoint(g, "1xV100-16GB", "8GiB", method="sqrt")
+>>> "".join("K" if p == "keep" else "r" for p in s.policies)
+'rrKrrKrrK'
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from ..errors import PlanError
+from ..strategy import Strategy
+from .common import Evaluator, Infeasible, Outcome, as_cluster, as_limit, check_graph
+
+__all__ = ["checkpoint", "checkpoint_table", "chen_checkpoints", "revolve_snapshots", "METHODS"]
+
+METHODS = ("optimal", "sqrt", "revolve", "all")
+_GRID = 24   # budgets / snapshot counts tried per method
+
+
+def chen_checkpoints(saved: Iterable[float], budget: float) -> np.ndarray:
+    """Chen et al.'s greedy: positions whose running saved bytes pass ``budget`` (kept).
+
+    >>> chen_checkpoints([1, 1, 1, 1, 1, 1], 2).tolist()
+    [2, 5]
+    """
+    out, run = [], 0.0
+    for i, b in enumerate(saved):
+        run += float(b)
+        if run > budget:
+            out.append(i)
+            run = 0.0
+    return np.asarray(out, np.int64)
+
+
+def revolve_snapshots(steps: int, snaps: int) -> list[int]:
+    """States that revolve's first forward sweep stores, for ``steps`` uniform steps and
+    ``snaps`` snapshots (state ``i`` is the input of step ``i``; state 0 is always stored).
+
+    This is the ``advance`` rule of Griewank & Walther's Algorithm 799, in integer arithmetic
+    as there.
+
+    >>> revolve_snapshots(10, 2), revolve_snapshots(5, 9), revolve_snapshots(7, 1)
+    ([0, 6], [0, 1, 2, 3, 4], [0])
+    """
+    if steps < 1 or snaps < 1:
+        raise PlanError(f"revolve needs steps >= 1 and snaps >= 1, got {steps} and {snaps}")
+    capo, check, out = 0, 0, [0]
+    while check + 1 < snaps and capo < steps - 1:
+        ds = snaps - check
+        reps, rng = 0, 1
+        while rng < steps - capo:
+            reps += 1
+            rng = rng * (reps + ds) // reps
+        bino1 = rng * reps // (ds + reps)
+        bino2 = bino1 * ds // (ds + reps - 1) if ds > 1 else 1
+        bino3 = 0 if ds == 1 else (bino2 * (ds - 1) // (ds + reps - 2) if ds > 2 else 1)
+        bino4 = bino2 * (reps - 1) // ds
+        bino5 = 0 if ds < 3 else (bino3 * (ds - 2) // reps if ds > 3 else 1)
+        old = capo
+        if steps - capo <= bino1 + bino3:
+            capo = old + bino4
+        elif steps - capo >= rng - bino5:
+            capo = old + bino1
+        else:
+            capo = steps - bino2 - bino3
+        capo = max(capo, old + 1)
+        check += 1
+        out.append(capo)
+    return out
+
+
+class _Planner:
+    """The kept sets of every method, turned into strategies and simulated."""
+
+    def __init__(self, graph, device: Any, memory_limit: Any, optimizer: str):
+        check_graph(graph, "checkpoint")
+        self.graph = graph
+        self.cluster = as_cluster(device, "device")
+        self.device = str(self.cluster.devices.index[0])
+        self.limit = as_limit(memory_limit, self.cluster, [self.device])
+        self.optimizer = optimizer
+        self.ev = Evaluator(graph, self.cluster, self.limit, optimizer=optimizer)
+        self.base = Strategy.single_device(graph, self.device)
+        u = graph.units
+        self.must_keep = (~u["recomputable"].to_numpy(bool) if "recomputable" in u.columns
+                          else np.zeros(len(u), bool))
+        self.saved = u["saved_bytes"].to_numpy(np.float64)
+
+    def strategy(self, kept: Iterable[int], name: str) -> Strategy:
+        keep = self.must_keep.copy()
+        keep[np.asarray(list(kept), np.int64)] = True
+        rec = [u for u, k in zip(self.base.units, keep) if not k]
+        return self.base.with_policy(recompute=rec).with_schedule(name=name)
+
+    def candidates(self, method: str) -> list[Strategy]:
+        n = len(self.graph)
+        if method == "all":
+            return [self.strategy([], "recompute all")]
+        if method == "sqrt":
+            pos = self.saved[self.saved > 0]
+            lo, hi = (pos.min(), pos.sum()) if len(pos) else (1.0, 1.0)
+            budgets = np.unique(np.geomspace(lo, max(hi, lo), _GRID))
+            return list(dict.fromkeys(
+                self.strategy(chen_checkpoints(self.saved, b),
+                              f"sqrt (Chen et al., budget {b / 2**20:.4g} MiB)")
+                for b in budgets))
+        if method == "revolve":
+            counts = np.unique(np.geomspace(1, n, _GRID).round().astype(int))
+            return list(dict.fromkeys(
+                self.strategy([p for p in revolve_snapshots(n, int(c)) if p > 0],
+                              f"revolve ({int(c)} snapshots)") for c in counts))
+        raise PlanError(f"checkpoint: unknown method {method!r}; valid: {', '.join(METHODS)}")
+
+    def optimal(self, limit: float) -> Strategy:
+        try:
+            from ..search import optimal_checkpointing
+        except ImportError as exc:
+            raise PlanError("checkpoint: method 'optimal' needs "
+                            "memflow.search.optimal_checkpointing, which is not available "
+                            f"here ({exc}); use 'sqrt', 'revolve' or 'all'") from None
+        return optimal_checkpointing(self.graph, self.cluster, limit)
+
+    def plan(self, method: str) -> Outcome:
+        if method == "optimal":
+            return self._optimal_at(self.limit)
+        return self.ev.best(self.candidates(method), "checkpoint", method)
+
+    def _optimal_at(self, limit: float) -> Outcome:
+        from ..errors import MemflowError
+        try:
+            s = self.optimal(limit)
+        except Infeasible:
+            raise
+        except MemflowError as exc:
+            if "needs memflow.search" in str(exc):
+                raise
+            low = min(self.lowest(m) for m in ("sqrt", "revolve"))
+            raise Infeasible("checkpoint", "optimal", limit=limit, min_memory=low.peak,
+                             best=low.strategy, detail=f"optimal_checkpointing: {exc}") from None
+        out = self.ev(s)
+        if out.peak > limit:
+            raise Infeasible("checkpoint", "optimal", limit=limit, min_memory=out.peak,
+                             best=s)
+        return out
+
+    def lowest(self, method: str) -> Outcome:
+        """The candidate of ``method`` with the smallest peak (ties: fastest)."""
+        if method == "optimal":
+            return self._optimal_lowest()
+        outs = [self.ev(s) for s in self.candidates(method)]
+        return min(outs, key=lambda o: (o.peak, o.time))
+
+    def _optimal_lowest(self, rel: float = 0.01) -> Outcome:
+        """Bisect the limit down to the smallest one ``optimal`` still meets (within ``rel``)."""
+        lo = 0.0
+        best = self._optimal_at(self.ev(self.base).peak * 1.001)
+        hi = best.peak
+        while hi - lo > rel * hi:
+            mid = (lo + hi) / 2
+            try:
+                best = self._optimal_at(mid)
+                hi = best.peak
+            except Infeasible:
+                lo = mid
+        return best
+
+
+def checkpoint(graph, device: Any, memory_limit: Any = None, method: str = "sqrt", *,
+               optimizer: str = "sgd") -> Strategy:
+    """The fastest ``method`` checkpointing strategy of ``graph`` on one device within
+    ``memory_limit`` (bytes or a size string; default the device's capacity).
+
+    ``device`` is a cluster preset name (``"jetson-nano-4GB"``, ``"1xV100-16GB"``) or a
+    :class:`~memflow.Cluster`, whose first device is used. ``method`` is one of ``"optimal"``,
+    ``"sqrt"``, ``"revolve"``, ``"all"`` (see the module). Raises
+    :class:`~memflow.plan.common.Infeasible` with the smallest memory the method reaches when
+    it cannot fit.
+    """
+    if method not in METHODS:
+        raise PlanError(f"checkpoint: unknown method {method!r}; valid: {', '.join(METHODS)}")
+    return _Planner(graph, device, memory_limit, optimizer).plan(method).strategy
+
+
+def checkpoint_table(graph, device: Any, methods: Iterable[str] = METHODS, *,
+                     memory_limit: Any = None, optimizer: str = "sgd") -> pd.DataFrame:
+    """Per method: the smallest peak memory at which training still runs, its time, and the
+    fastest plan within ``memory_limit`` (default the device's capacity).
+
+    Rows: ``keep all`` and each method. Columns: ``min_memory`` (bytes), ``time_at_min`` (s),
+    ``overhead_at_min`` (time over keep-all's, e.g. 0.3 = 30% slower), ``fits`` (a plan within
+    the limit exists), ``time`` and ``peak`` of the fastest such plan, ``strategy`` (its name).
+    A method that cannot run (``optimal`` without :mod:`memflow.search`) gets ``NaN`` and its
+    reason in ``strategy``.
+    """
+    p = _Planner(graph, device, memory_limit, optimizer)
+    ref = p.ev(p.base)
+    rows = [{"method": "keep all", "min_memory": ref.peak, "time_at_min": ref.time,
+             "fits": ref.fits, "time": ref.time if ref.fits else math.nan,
+             "peak": ref.peak, "strategy": p.base.name}]
+    for m in methods:
+        row: dict[str, Any] = {"method": m}
+        try:
+            low = p.lowest(m)
+        except PlanError as exc:
+            rows.append(row | {"fits": False, "strategy": str(exc)})
+            continue
+        row.update(min_memory=low.peak, time_at_min=low.time)
+        try:
+            best = p.plan(m)
+            row.update(fits=True, time=best.time, peak=best.peak, strategy=best.strategy.name)
+        except Infeasible:
+            row.update(fits=False, time=math.nan, peak=math.nan, strategy="")
+        rows.append(row)
+    df = pd.DataFrame(rows).set_index("method")
+    df.insert(2, "overhead_at_min", df["time_at_min"] / ref.time - 1.0)
+    df.attrs.update(limit=p.limit, device=p.cluster.name, keep_all_time=ref.time)
+    return df
