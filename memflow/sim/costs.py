@@ -163,8 +163,10 @@ def compress_model() -> tuple[Callable[[float], float], float]:
 def compression_ratios(strategy, ratio_of: Callable[[float], float] | None = None) -> np.ndarray:
     """Compression ratio per unit (1 where the policy is not compress)."""
     from ..strategy.strategy import COMPRESS
-    ratio_of = ratio_of or compress_model()[0]
     ratio = np.ones(len(strategy))
-    for i in np.flatnonzero(strategy.policy == COMPRESS):
+    comp = np.flatnonzero(strategy.policy == COMPRESS)
+    if len(comp) and ratio_of is None:
+        ratio_of = compress_model()[0]
+    for i in comp:
         ratio[i] = max(1.0, float(ratio_of(float(strategy.error_bound[i]))))
     return ratio

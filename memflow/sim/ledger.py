@@ -70,9 +70,10 @@ def ledger(plan: MemoryPlan, alloc: np.ndarray, frees: np.ndarray, idx: np.ndarr
     times = np.stack([start, end], 1).ravel()      # key -> time
     a_time = times[alloc]
     f_time = times[frees]
-    j = np.argmax(f_time, 1)
-    f_key = frees[np.arange(len(frees)), j]
-    f_time = np.maximum(f_time[np.arange(len(frees)), j], a_time)
+    # the latest anchor; at equal times the one later in program order
+    latest = f_time.max(1) if len(f_time) else np.zeros(0)
+    f_key = np.where(f_time == latest[:, None], frees, -1).max(1)
+    f_time = np.maximum(latest, a_time)
     f_key = np.maximum(f_key, alloc + 1)
     lay = plan.layout[idx]
     counts = np.array([len(c) for c in layout_classes], np.int64)

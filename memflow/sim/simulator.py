@@ -89,13 +89,20 @@ class Simulator:
         self.ca = cluster.arrays if cluster is not None else None
         self._layout_cost: dict[tuple, Any] = {}
         self._copy_cost: dict[tuple, Any] = {}
-        self._ratio, self._compress_rate = compress_model()
+        self._compress: tuple | None = None
+
+    @property
+    def compression(self) -> tuple:
+        """``(ratio(error_bound), bytes/s)``, loaded when a strategy first compresses."""
+        if self._compress is None:
+            self._compress = compress_model()
+        return self._compress
 
     # ------------------------------------------------------------------ pieces
     def plan(self, strategy: Strategy, *, foreach: bool = True) -> MemoryPlan:
         """The memory plan of ``strategy`` (blocks with anchors)."""
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-        ratio = compression_ratios(strategy, self._ratio)
+        ratio = compression_ratios(strategy, lambda eb: self.compression[0](eb))
         return memory_plan(self.ga, strategy.policy, strategy.segment, strategy.layout_ids,
                            degrees, strategy.microbatches, ratio, optimizer=self.optimizer,
                            foreach=foreach)
@@ -150,7 +157,7 @@ class Simulator:
                 _, per, lat = lcs[L].d2h if k == K_OFFLOAD else lcs[L].h2d
                 dur[i] = w * per + lat
             elif k in (K_COMPRESS, K_DECOMP):
-                dur[i] = w / self._compress_rate
+                dur[i] = w / self.compression[1]
             elif k == K_XFER:
                 c = plan.copies[L]
                 src, dst = keys[c.src_layout], keys[c.dst_layout]

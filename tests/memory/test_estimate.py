@@ -1,0 +1,47 @@
+"""memflow.estimate on hand-checked chains (see tests/sim/graphs.py for the chain's tensors)."""
+import pytest
+
+from memflow.errors import MemflowError
+from memflow.memory import estimate
+from memflow.strategy import Strategy
+
+from sim.graphs import chain
+
+
+def test_keep_all_peak_is_hand_checked():
+    g = chain()
+    df = estimate(g, "cpu")
+    # backward of u1: weights 1200, grads of u2 and u1 800, activations t0 t1 t2 t3 = 330,
+    # gradients of u1's output (300) and of u0's output (200)
+    assert df.loc["total", "at_peak"] == 2830
+    assert df.attrs["peak_task"] == "backward u1"
+    assert df.loc["activations", "max"] == 710          # everything saved, end of forward
+    assert df.loc["weights", "at_peak"] == 1200
+
+
+def test_adam_peaks_in_the_optimizer_step():
+    g = chain()
+    cpu = estimate(g, "cpu", optimizer="adam")
+    # weights + grads + 2 states + per-tensor sqrt temporaries (2 × the largest parameter)
+    assert cpu.loc["total", "at_peak"] == 1200 + 1200 + 2400 + 800
+    assert cpu.attrs["phase"] == "optimizer"
+    cuda = estimate(g, "cuda", optimizer="adam")        # foreach: one temporary per parameter
+    assert cuda.loc["total", "at_peak"] == 1200 + 1200 + 2400 + 1200
+    assert estimate(g, "cpu", optimizer="momentum").loc["optimizer", "at_peak"] == 1200
+
+
+def test_recompute_and_offload_lower_activations_by_what_they_drop():
+    g = chain()
+    keep = estimate(g, "cpu").loc["activations", "max"]
+    rec = estimate(g, "cpu", strategy=Strategy.single_device(g).with_policy(recompute=["u1"]))
+    assert keep - rec.loc["activations", "max"] == 20     # u1's internal tensor; its input is held
+
+
+def test_capacity_from_a_preset_and_bad_input():
+    g = chain()
+    df = estimate(g, "1xV100-16GB")
+    assert df.attrs["fits"] is True and df.attrs["capacity"] == 16 * 2 ** 30
+    with pytest.raises(MemflowError, match="optimizer"):
+        estimate(g, "cpu", optimizer="lamb")
+    with pytest.raises(MemflowError, match="one device"):
+        estimate(g, "cpu", strategy=Strategy.data_parallel(g, 2))
