@@ -25,11 +25,12 @@ Models are returned in training mode, in the default dtype (float32).
 >>> model(ids).shape
 torch.Size([2, 128, 50257])
 >>> model, inputs = zoo.get("gpt2", device="cpu", n_layer=2, hidden=64, n_head=4, seq_len=8)
->>> float(model(*inputs).std()) > 0
-True
+>>> model(*inputs).dtype, model.training
+(torch.float32, True)
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -108,19 +109,24 @@ def get(name: str, batch_size: int | None = None, device: str | torch.device = "
 
 
 def graph(name: str, batch_size: int | None = None, *, units: Any = None,
-          backend: str | None = None, **cfg: Any) -> "OpGraph":
+          backend: Any = None, autocast: Any = None, loss_fn: Any = None,
+          **cfg: Any) -> "OpGraph":
     """Capture zoo model ``name`` on meta tensors with :func:`memflow.from_torch`.
 
-    ``units`` and ``backend`` are passed to capture when given (its defaults otherwise);
-    ``cfg`` is as for :func:`get`. The graph's ``meta["model"]`` is the zoo name.
+    ``units``, ``backend``, ``autocast`` and ``loss_fn`` are passed to capture when given
+    (capture's defaults otherwise); ``cfg`` is as for :func:`get`. The graph's
+    ``meta["model"]`` is the zoo name.
+
+    >>> g = graph("chain", batch_size=4, n=3, width=16, units="blocks")
+    >>> g.names, g.meta["model"]
+    (['layers.0', 'layers.1', 'layers.2'], 'chain')
     """
     from ..graph.capture import from_torch  # capture is heavier; load it only when used
 
     model, inputs = get(name, batch_size, **cfg)
-    options = {k: v for k, v in (("units", units), ("backend", backend)) if v is not None}
-    g = from_torch(model, inputs, **options)
-    g.meta["model"] = name
-    return g
+    options = {"units": units, "backend": backend, "autocast": autocast, "loss_fn": loss_fn}
+    return from_torch(model, inputs, name=name,
+                      **{k: v for k, v in options.items() if v is not None})
 
 
 def info() -> pd.DataFrame:
@@ -133,6 +139,12 @@ def info() -> pd.DataFrame:
     >>> list(table.columns)
     ['family', 'params', 'batch_size', 'inputs', 'outputs', 'source']
     """
+    return _info().copy()
+
+
+@functools.cache
+def _info() -> pd.DataFrame:
+    # Building every model, even on meta, takes a second; the zoo never changes in a process.
     rows = []
     for name, spec in _SPECS.items():
         model, _ = get(name, batch_size=1)

@@ -26,8 +26,8 @@ Sources: Szegedy et al., "Rethinking the Inception architecture for computer vis
 uses a 3x3 convolution where the paper has 5x5 — kept, so the count and the weights match).
 
 >>> model = GoogLeNet(num_classes=10)
->>> model(torch.randn(1, 3, 64, 64)).shape
-torch.Size([1, 10])
+>>> model(torch.randn(2, 3, 32, 32)).shape
+torch.Size([2, 10])
 """
 from __future__ import annotations
 

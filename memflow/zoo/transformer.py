@@ -14,7 +14,7 @@ models", 2022) count, ``sbh(34 + 5as/h)`` bytes per layer in 16-bit with 1-byte 
   (BERT, post-norm), named ``ln_1`` and ``ln_2``.
 
 ``dropout`` (default 0.1) sets the embedding, attention and residual dropouts together, as
-Hugging Face's configs do.
+Hugging Face's configs do. ``ffn``, the MLP's inner width, is ``4 * hidden`` unless given.
 
 GPT-2 (:class:`GPT2`): token ``wte`` + position ``wpe`` embeddings, ``drop``, the blocks in the
 ``nn.ModuleList`` ``h``, final LayerNorm ``ln_f`` and the language-model head ``lm_head``, whose
@@ -206,12 +206,12 @@ class BERT(nn.Module):
 
 def _gpt2(hidden: int, n_layer: int, n_head: int) -> dict:
     return {"vocab": 50257, "max_positions": 1024, "hidden": hidden, "n_layer": n_layer,
-            "n_head": n_head, "ffn": 4 * hidden, "dropout": 0.1}
+            "n_head": n_head, "ffn": None, "dropout": 0.1}
 
 
 def _bert(hidden: int, n_layer: int, n_head: int) -> dict:
     return {"vocab": 30522, "max_positions": 512, "type_vocab": 2, "hidden": hidden,
-            "n_layer": n_layer, "n_head": n_head, "ffn": 4 * hidden, "dropout": 0.1,
+            "n_layer": n_layer, "n_head": n_head, "ffn": None, "dropout": 0.1,
             "head": "pooler"}
 
 
