@@ -1,4 +1,5 @@
-"""Fixtures of the headless widget tests: a real graph and strategy, a result and a search."""
+"""Fixtures of the headless widget tests: real graph, strategy, cluster and simulation; a
+stand-in search until memflow.MCMCSearch lands."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +7,14 @@ import pytest
 import memflow
 
 from widget_helpers import chain_graph
-from widget_stand_ins import StandInSearch, sim_result
+from widget_stand_ins import StandInSearch
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    return memflow.Cluster.preset("2xV100-16GB")
 
 
 @pytest.fixture
@@ -21,10 +29,16 @@ def strategy(graph):
 
 
 @pytest.fixture
-def result(graph, strategy):
-    return sim_result(graph, strategy)
+def result(graph, strategy, cluster):
+    return memflow.simulate(graph, strategy, cluster)
 
 
 @pytest.fixture
-def search(graph):
-    return StandInSearch(graph)
+def oom_result(strategy, cluster):
+    """The same strategy on a chain whose activations do not fit 16 GiB."""
+    return memflow.simulate(chain_graph(unit_bytes=GIB), strategy, cluster)
+
+
+@pytest.fixture
+def search(graph, cluster):
+    return StandInSearch(graph, cluster)

@@ -24,11 +24,13 @@ PINNED = ["layer3", "layer7"]
 SETUP = f"""
 import json, os, sys
 sys.path.insert(0, {str(HERE)!r})
+import memflow
 import memflow_widgets as mfw
 from widget_helpers import chain_graph
 from widget_stand_ins import StandInSearch
 mfw.setup()
-search = StandInSearch(chain_graph(12), step_seconds=0.002)
+search = StandInSearch(chain_graph(12, unit_bytes=2**28), memflow.Cluster.preset("2xV100-16GB"),
+                       step_seconds=0.002)
 """
 
 # The kernel reports what the page cannot show: after every flush and change of state, the

@@ -36,8 +36,8 @@ def test_buttons_follow_the_state(search):
     assert not any(r.pin.disabled for r in dash.pins.rows)
 
 
-def test_pause_pin_resume_keeps_pins_in_every_later_strategy(graph):
-    search = StandInSearch(graph, step_seconds=0.0002)
+def test_pause_pin_resume_keeps_pins_in_every_later_strategy(graph, cluster):
+    search = StandInSearch(graph, cluster, step_seconds=0.0002)
     dash = SearchDashboard(search, flush_seconds=0.02)
 
     async def scenario():
@@ -97,8 +97,8 @@ def test_step_button_runs_the_asked_steps(search):
     assert "data-counter='iteration'>7<" in dash.iteration.value
 
 
-def test_a_failing_search_is_shown(graph):
-    dash = SearchDashboard(StandInSearch(graph, fail_at=40))
+def test_a_failing_search_is_shown(graph, cluster):
+    dash = SearchDashboard(StandInSearch(graph, cluster, fail_at=40))
 
     async def scenario():
         dash.start_button.click()

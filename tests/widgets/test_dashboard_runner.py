@@ -82,8 +82,8 @@ def test_listeners_hear_state_changes_and_flushes():
     assert runner.rate > 0
 
 
-def test_a_failing_step_is_reported_not_raised(graph):
-    runner = SearchRunner(StandInSearch(graph, fail_at=30))
+def test_a_failing_step_is_reported_not_raised(graph, cluster):
+    runner = SearchRunner(StandInSearch(graph, cluster, fail_at=30))
     assert run(_start_and_wait(runner)) == "failed"
     assert "failed on purpose" in str(runner.error)
     assert runner.steps < 30 + 1

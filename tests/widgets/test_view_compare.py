@@ -1,22 +1,19 @@
-"""compare: bars of step time and per-GPU peak against capacity."""
+"""compare on real simulations: bars of step time and per-GPU peak against capacity."""
 import pytest
 
 from memflow_widgets import compare
 from memflow_widgets.compare import compare_table
 
-from widget_stand_ins import sim_result
 
-
-def test_bars_per_strategy_and_device(graph, strategy, result):
-    big = sim_result(graph, strategy, scale=2.0)
-    view = compare({"recompute two": result, "keep all": big})
-    assert list(view.time_source.data["strategy"]) == ["recompute two", "keep all"]
-    assert list(view.peak_source.data["x"]) == [("gpu0", "recompute two"), ("gpu0", "keep all"),
-                                                 ("gpu1", "recompute two"), ("gpu1", "keep all")]
+def test_bars_per_strategy_and_device(result, oom_result):
+    view = compare({"fits": result, "too big": oom_result})
+    assert list(view.time_source.data["strategy"]) == ["fits", "too big"]
+    assert list(view.peak_source.data["x"]) == [("gpu0", "fits"), ("gpu0", "too big"),
+                                                 ("gpu1", "fits"), ("gpu1", "too big")]
     colors = list(view.time_source.data["color"])
-    assert colors[0] != colors[1]                         # the second does not fit
-    assert list(view.peak_source.data["capacity"]) == [16.0] * 4
-    assert "OUT OF MEMORY" in view.time_source.data["feasible"]
+    assert colors[0] != colors[1]
+    assert list(view.time_source.data["feasible"]) == ["fits", "OUT OF MEMORY"]
+    assert list(view.peak_source.data["capacity"]) == [pytest.approx(16.0)] * 4
 
 
 def test_table_and_list_input(result):
@@ -24,6 +21,7 @@ def test_table_and_list_input(result):
     assert list(table.index) == ["#0", "#1"]
     assert table["feasible"].all()
     assert table.loc["#0", "peak_gpu1"] == result.peak_memory["gpu1"]
+    assert table.loc["#0", "time"] == result.iteration_time
     assert "<td>#1</td>" in compare([result, result])._repr_mimebundle_()["text/html"]
 
 

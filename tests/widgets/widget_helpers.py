@@ -10,18 +10,20 @@ import pandas as pd
 from memflow.graph import OpGraph
 
 
-def chain_graph(n: int = 10) -> OpGraph:
-    """A chain of ``n`` linear units, unit i saving (i+1) KiB: a real OpGraph, no capture."""
+def chain_graph(n: int = 10, unit_bytes: int = 1024) -> OpGraph:
+    """A chain of ``n`` linear units, unit i saving (i+1) × ``unit_bytes`` for a batch of 8: a
+    real OpGraph, made without capture."""
     names = [f"layer{i}" for i in range(n)]
     units = pd.DataFrame({"fwd_flops": [1e9] * n, "bwd_flops": [2e9] * n, "kind": ["Linear"] * n,
-                          "params": [1000] * n, "param_bytes": [4000] * n}, index=names)
+                          "params": [1000] * n, "param_bytes": [4000] * n,
+                          "trainable_bytes": [4000] * n}, index=names)
     tensors = pd.DataFrame({
-        "bytes": [1024 * (i + 1) for i in range(n + 1)],
+        "bytes": [unit_bytes * (i + 1) for i in range(n + 1)],
         "producer": ["<input>"] + names,
         "consumers": [[u] for u in names] + [[]],
         "savers": [[u] for u in names] + [[]],
         "is_output": [False] * n + [True]})
-    return OpGraph(units, tensors, {"model": "chain"})
+    return OpGraph(units, tensors, {"model": "chain", "batch_size": 8})
 
 
 def run(coro):

@@ -1,66 +1,26 @@
-"""Stand-ins for the parts of memflow's core that have not landed yet (simulator and search).
+"""A stand-in for memflow.MCMCSearch, which has not landed yet; it goes when it does.
 
-They follow docs/data-model.md (SimResult's frames, MCMCSearch's history columns) and issue 4's
-MCMCSearch API, and use the real OpGraph and Strategy. Each goes as soon as the real object
-exists: ``sim_result`` → ``memflow.simulate``, ``StandInSearch`` → ``memflow.MCMCSearch``.
+It follows issue 4's API (step, history with docs/data-model.md's columns, best, best_result,
+current, acceptance_rate, pin, unpin, pins) and uses the real OpGraph, Strategy and simulator.
+Its proposals flip one free unit between keep and recompute; it also records the current
+strategy after every step, which lets tests check pins in every strategy.
 """
 from __future__ import annotations
 
 import time
-import types
 
 import numpy as np
 import pandas as pd
 
 import memflow
 
-CATEGORIES = ["weights", "gradients", "optimizer", "activations", "transient", "communication"]
-GIB = 2**30
-
-
-def sim_result(graph, strategy, *, capacity: float = 16 * GIB, scale: float = 1.0):
-    """A SimResult-shaped namespace: forward then backward of every unit on each device."""
-    devs = sorted(strategy.device_names) or ["gpu0"]
-    pol = dict(zip(strategy.units, strategy.policies))
-    tl, mem = [], []
-    for d in devs:
-        t, act, w = 0.0, 0.0, float(GIB)
-        base = dict(device=d, weights=w, optimizer=2 * w, transient=0.0, communication=0.0)
-        mem.append({**base, "time": 0.0, "gradients": 0.0, "activations": 0.0})
-        for u in graph.names:
-            dt = 0.004
-            tl.append(dict(task=f"forward {u} @{d}", kind="forward", unit=u, resource=d,
-                           start=t, end=t + dt, bytes=0))
-            t += dt
-            act += 0.0 if pol[u] == "recompute" else scale * GIB
-            mem.append({**base, "time": t, "gradients": 0.0, "activations": act})
-        for i, u in enumerate(reversed(graph.names)):
-            tl.append(dict(task=f"backward {u} @{d}", kind="backward", unit=u, resource=d,
-                           start=t, end=t + 0.008, bytes=0))
-            t += 0.008
-            act = max(0.0, act - (0.0 if pol[u] == "recompute" else scale * GIB))
-            mem.append({**base, "time": t, "gradients": w * (i + 1) / len(graph),
-                        "activations": act})
-        tl.append(dict(task=f"allreduce @{d}", kind="allreduce", unit=None,
-                       resource=f"nvlink {d}", start=t - 0.01, end=t, bytes=w))
-    mem = pd.DataFrame(mem)
-    mem["bytes"] = mem[CATEGORIES].sum(axis=1)
-    tl = pd.DataFrame(tl)
-    cap = pd.Series(float(capacity), index=pd.Index(devs, name="device"))
-    peak = mem.groupby("device")["bytes"].max()
-    step = float(tl["end"].max())
-    return types.SimpleNamespace(memory=mem, timeline=tl, iteration_time=step,
-                                 throughput=32 / step, peak_memory=peak, capacity=cap,
-                                 feasible=bool((peak <= cap).all()),
-                                 over_capacity=list(peak.index[peak > cap]))
-
-
 class StandInSearch:
     """Random policy moves with MCMCSearch's interface: step, history, best, pins …"""
 
-    def __init__(self, graph, devices=("gpu0", "gpu1"), *, seed: int = 0,
+    def __init__(self, graph, cluster, devices=("gpu0", "gpu1"), *, seed: int = 0,
                  step_seconds: float = 0.0, fail_at: int | None = None):
         self.graph = graph
+        self.cluster = cluster
         self.rng = np.random.default_rng(seed)
         self.step_seconds = step_seconds
         self.fail_at = fail_at
@@ -70,7 +30,7 @@ class StandInSearch:
         self.strategies: list = []            # the current strategy after every step
         self._rows: list[dict] = []
         self._best_cost = np.inf
-        self.best_result = sim_result(graph, self.best)
+        self.best_result = memflow.simulate(graph, self.best, cluster)
 
     def _cost(self, strategy) -> float:
         return 1.0 + sum(p == "keep" for p in strategy.policies) / len(strategy) \
@@ -94,7 +54,7 @@ class StandInSearch:
                 self.current = proposal
                 if cost < self._best_cost:
                     self._best_cost, self.best = cost, proposal
-                    self.best_result = sim_result(self.graph, proposal)
+                    self.best_result = memflow.simulate(self.graph, proposal, self.cluster)
             self.strategies.append(self.current)
             self._rows.append(dict(iteration=len(self._rows), move="policy", unit=unit,
                                    cost=cost, time=cost, peak=1.0, feasible=True,

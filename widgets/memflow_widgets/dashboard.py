@@ -35,10 +35,10 @@ def _progress_charts(window: int) -> tuple[Any, ColumnDataSource, ColumnDataSour
     acceptance = ColumnDataSource({"iteration": np.empty(0, np.int64), "rate": np.empty(0)})
     cost = ColumnDataSource({"iteration": np.empty(0, np.int64), "cost": np.empty(0),
                              "best_cost": np.empty(0)})
-    a_fig = figure(width=420, height=220, title=f"acceptance rate (last {window} proposals)",
+    a_fig = figure(width=380, height=220, title=f"acceptance rate (last {window} proposals)",
                    x_axis_label="iteration", y_range=Range1d(0, 1), tools="xpan,reset,save")
     a_fig.line("iteration", "rate", source=acceptance, color="#4c72b0", line_width=2)
-    c_fig = figure(width=520, height=220, title="cost", x_axis_label="iteration",
+    c_fig = figure(width=480, height=220, title="cost", x_axis_label="iteration",
                    x_range=a_fig.x_range, y_axis_type="log", tools="xpan,reset,save")
     c_fig.line("iteration", "cost", source=cost, color="#aaaaaa", legend_label="current")
     best = c_fig.line("iteration", "best_cost", source=cost, color="#c44e52", line_width=2,

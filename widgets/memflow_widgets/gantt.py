@@ -1,8 +1,8 @@
 """Timeline: a Gantt chart of one simulated step — every compute stream and link, every task.
 
-One row per resource of ``SimResult.timeline`` (devices first, in the cluster's order, then
-links and hosts in order of first use), one bar per task coloured by its kind. Each kind is its
-own renderer so clicking its legend entry hides it.
+One row per device (its compute stream), per device communication stream and per link or host
+used, one bar per task on each resource it occupies, coloured by its kind. Each kind is its own
+renderer so clicking its legend entry hides it.
 """
 from __future__ import annotations
 
@@ -14,33 +14,34 @@ from bokeh.plotting import figure
 
 from .render import BokehView
 from .style import KIND_COLORS, OTHER_COLOR, fmt_seconds
+from .tasks import COMM_PREFIX, per_resource
 
 __all__ = ["Timeline", "resource_order", "busy_table"]
 
 
-def resource_order(result: Any) -> list[str]:
-    """Resources of ``result.timeline`` top to bottom: its devices, then the others by first use.
+def resource_order(tasks: pd.DataFrame, devices: list[str]) -> list[str]:
+    """Rows top to bottom: each device's compute stream, then the communication streams, then
+    links and hosts by first use. ``tasks`` is :func:`~memflow_widgets.tasks.per_resource`'s.
 
-    >>> import types
-    >>> tl = pd.DataFrame({"resource": ["link:gpu1-gpu0", "gpu1", "gpu0"], "start": [2, 1, 0]})
-    >>> cap = pd.Series([1, 1], index=["gpu0", "gpu1"])
-    >>> resource_order(types.SimpleNamespace(timeline=tl, capacity=cap))
-    ['gpu0', 'gpu1', 'link:gpu1-gpu0']
+    >>> tasks = pd.DataFrame({"resource": ["gpu1->gpu0", "comm:gpu1", "gpu1", "gpu0"],
+    ...                       "start": [3, 2, 1, 0]})
+    >>> resource_order(tasks, ["gpu0", "gpu1"])
+    ['gpu0', 'gpu1', 'comm:gpu1', 'gpu1->gpu0']
     """
-    used = result.timeline.sort_values("start", kind="stable")["resource"].astype(str)
-    used = list(dict.fromkeys(used))
-    devices = [str(d) for d in result.capacity.index if str(d) in used]
-    return devices + [r for r in used if r not in devices]
+    used = list(dict.fromkeys(tasks.sort_values("start", kind="stable")["resource"]))
+    compute = [d for d in devices if d in used]
+    comm = [COMM_PREFIX + d for d in devices if COMM_PREFIX + d in used]
+    return compute + comm + [r for r in used if r not in compute and r not in comm]
 
 
 def busy_table(result: Any) -> pd.DataFrame:
-    """Busy time and utilisation (busy / step time) of each resource, in drawing order."""
-    tl = result.timeline
-    busy = (tl["end"] - tl["start"]).groupby(tl["resource"].astype(str)).sum()
-    busy = busy.reindex(resource_order(result))
+    """Busy time, utilisation (busy / step time) and tasks of each row of the chart."""
+    tasks = per_resource(result.timeline)
+    busy = (tasks["end"] - tasks["start"]).groupby(tasks["resource"]).sum()
+    order = resource_order(tasks, [str(d) for d in result.capacity.index])
     step = float(result.iteration_time) or 1.0
     return pd.DataFrame({"busy": busy, "utilisation": busy / step,
-                         "tasks": tl.groupby(tl["resource"].astype(str)).size()})
+                         "tasks": tasks.groupby("resource").size()}).reindex(order)
 
 
 class Timeline(BokehView):
@@ -51,10 +52,10 @@ class Timeline(BokehView):
 
     def __init__(self, result: Any, *, width: int = 940, row_height: int = 22) -> None:
         self.result = result
-        tl = result.timeline
-        if tl.empty:
+        if result.timeline.empty:
             raise ValueError("Timeline: SimResult.timeline is empty; nothing was scheduled")
-        resources = resource_order(result)
+        tl = per_resource(result.timeline)
+        resources = resource_order(tl, [str(d) for d in result.capacity.index])
         fig = figure(width=width, height=80 + row_height * len(resources),
                      y_range=FactorRange(*reversed(resources)), x_axis_label="time (ms)",
                      tools="xpan,xwheel_zoom,box_zoom,reset,save",
@@ -63,11 +64,11 @@ class Timeline(BokehView):
         renderers = []
         for kind, rows in tl.groupby("kind", sort=False):
             src = ColumnDataSource({
-                "resource": rows["resource"].astype(str).to_numpy(),
+                "resource": rows["resource"].to_numpy(str),
                 "start": rows["start"].to_numpy(float) * 1e3,
                 "end": rows["end"].to_numpy(float) * 1e3,
-                "task": rows["task"].astype(str).to_numpy(),
-                "unit": rows["unit"].fillna("").astype(str).to_numpy(),
+                "task": rows["label"].to_numpy(str),
+                "unit": rows["unit"].to_numpy(str),
                 "bytes": rows["bytes"].fillna(0).to_numpy(float),
             })
             renderers.append(fig.hbar(y="resource", left="start", right="end", height=0.8,

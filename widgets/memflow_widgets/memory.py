@@ -16,7 +16,8 @@ from bokeh.models import ColumnDataSource, HoverTool, Range1d, Span
 from bokeh.plotting import figure
 
 from .render import BokehView
-from .style import CATEGORIES, CATEGORY_COLORS, GIB, fmt_bytes, fmt_seconds
+from .style import CATEGORIES, CATEGORY_COLORS, GIB, byte_unit, fmt_bytes, fmt_seconds
+from .tasks import per_resource
 
 __all__ = ["MemoryTimeline", "memory_steps", "categories_of"]
 
@@ -37,18 +38,17 @@ def categories_of(memory: pd.DataFrame) -> list[str]:
 
 
 def _with_tasks(memory: pd.DataFrame, timeline: pd.DataFrame | None) -> pd.DataFrame:
-    """``memory`` with ``task`` and ``unit``: the last task started on the device by that time."""
-    if {"task", "unit"} <= set(memory.columns):
-        return memory
+    """``memory`` with ``task`` (a label) and ``unit``: of the last compute task started on the
+    device by that time."""
     mem = memory.sort_values("time", kind="stable").reset_index(drop=True)
+    mem = mem.assign(time=mem["time"].astype(float))
     if timeline is None or timeline.empty:
         return mem.assign(task="", unit="")
-    tasks = timeline.loc[timeline["resource"].isin(mem["device"].unique()),
-                         ["resource", "start", "task", "unit"]]
-    tasks = tasks.sort_values("start", kind="stable")
-    tasks = tasks.assign(start=tasks["start"].astype(float), task=tasks["task"].astype(str),
-                         unit=tasks["unit"].fillna("").astype(str))
-    out = pd.merge_asof(mem.assign(time=mem["time"].astype(float)), tasks, left_on="time",
+    tasks = per_resource(timeline)
+    tasks = tasks.loc[tasks["resource"].isin(mem["device"].unique()),
+                      ["resource", "start", "label", "unit"]]
+    tasks = tasks.assign(start=tasks["start"].astype(float)).sort_values("start", kind="stable")
+    out = pd.merge_asof(mem, tasks.rename(columns={"label": "task"}), left_on="time",
                         right_on="start", left_by="device", right_by="resource",
                         direction="backward")
     return out.drop(columns=["resource", "start"]).fillna({"task": "", "unit": ""})
@@ -67,9 +67,9 @@ def _decimate(rows: pd.DataFrame, max_points: int) -> pd.DataFrame:
     return rows.loc[keep]
 
 
-def memory_steps(result: Any, *, max_points: int = 4000,
-                 devices: Iterable[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
-    """Per device, the columns of its stacked step chart (time in ms, memory in GiB).
+def memory_steps(result: Any, *, max_points: int = 4000, devices: Iterable[str] | None = None,
+                 unit: float = GIB) -> dict[str, dict[str, np.ndarray]]:
+    """Per device, the columns of its stacked step chart (time in ms, memory in ``unit`` bytes).
 
     Each change of memory becomes two points, at its own time and at the next change, so that
     areas drawn between points are flat steps. Columns: ``time``, one per category, ``total``,
@@ -95,11 +95,11 @@ def memory_steps(result: Any, *, max_points: int = 4000,
         t = rows["time"].to_numpy(float)
         t_next = np.append(t[1:], max(end, t[-1]) if len(t) else end)
         cols = {"time": np.column_stack([t, t_next]).ravel() * 1e3,
-                "total": np.repeat(rows["bytes"].to_numpy(float) / GIB, 2),
+                "total": np.repeat(rows["bytes"].to_numpy(float) / unit, 2),
                 "task": np.repeat(rows["task"].to_numpy(str), 2),
                 "unit": np.repeat(rows["unit"].to_numpy(str), 2)}
         for c in cats:
-            cols[c] = np.repeat(rows[c].to_numpy(float) / GIB, 2)
+            cols[c] = np.repeat(rows[c].to_numpy(float) / unit, 2)
         out[dev] = cols
     return out
 
@@ -121,6 +121,19 @@ def _legend(cats: list[str], width: int) -> Any:
     fig.legend.border_line_color = None
     fig.legend.label_text_font_size = "9pt"
     return fig
+
+
+# A capacity far above the peak is left off the scale (the title still gives it): a 40 KiB
+# model on a 16 GiB GPU would otherwise be a hairline at the bottom of the chart.
+CAPACITY_IN_VIEW = 4.0
+
+
+def _top(result: Any, devices: Iterable[str]) -> float:
+    """The largest memory the charts must show: peaks, and capacities unless far above."""
+    devices = list(devices)
+    peak = max(float(result.peak_memory.get(d, 0.0)) for d in devices)
+    cap = max(float(result.capacity[d]) for d in devices)
+    return max(peak, cap) if cap <= CAPACITY_IN_VIEW * peak else peak
 
 
 def _title(device: str, peak: float, capacity: float) -> str:
@@ -146,7 +159,7 @@ class MemoryTimeline(BokehView):
     """
 
     def __init__(self, result: Any, *, devices: Sequence[str] | None = None,
-                 max_points: int = 4000, width: int = 460, height: int = 190,
+                 max_points: int = 4000, width: int = 420, height: int = 190,
                  ncols: int = 2) -> None:
         self.result = result
         self.max_points = max_points
@@ -154,19 +167,22 @@ class MemoryTimeline(BokehView):
         if not names:
             raise ValueError("MemoryTimeline: the result has no devices to draw")
         cats = categories_of(result.memory)
+        # the unit of the memory axis, kept by update() so that redraws stay comparable
+        self.unit_name, self.unit = byte_unit(_top(result, names))
         self.x_range = Range1d(0, 1)
         self.y_range = Range1d(0, 1)
         self.sources: dict[str, ColumnDataSource] = {}
         self.figures: dict[str, Any] = {}
         self.capacity_spans: dict[str, Span] = {}
-        tooltips = [("time", "@time{0,0.000} ms"), ("memory", "@total{0,0.000} GiB"),
+        u = self.unit_name
+        tooltips = [("time", "@time{0,0.000} ms"), ("memory", f"@total{{0,0.000}} {u}"),
                     ("task", "@task"), ("unit", "@unit"),
-                    *[(c, f"@{c}{{0,0.000}} GiB") for c in cats]]
+                    *[(c, f"@{c}{{0,0.000}} {u}") for c in cats]]
         for i, dev in enumerate(names):
             src = ColumnDataSource({c: [] for c in (*_ROW_COLUMNS, *cats)})
             fig = figure(width=width, height=height, x_range=self.x_range, y_range=self.y_range,
                          x_axis_label="time (ms)" if i >= len(names) - ncols else None,
-                         y_axis_label="GiB" if i % ncols == 0 else None,
+                         y_axis_label=u if i % ncols == 0 else None,
                          tools="xpan,xwheel_zoom,reset,save", title=dev)
             fig.varea_stack(stackers=cats, x="time", source=src,
                             color=[CATEGORY_COLORS[c] for c in cats], alpha=0.85)
@@ -192,17 +208,16 @@ class MemoryTimeline(BokehView):
             raise ValueError(f"MemoryTimeline.update: devices {missing} are not in the new "
                              f"result (it has {list(result.capacity.index)})")
         self.result = result
-        steps = memory_steps(result, max_points=self.max_points, devices=self.sources)
-        top = 0.0
+        steps = memory_steps(result, max_points=self.max_points, devices=self.sources,
+                             unit=self.unit)
         for dev, src in self.sources.items():
             cap = float(result.capacity[dev])
-            peak = float(result.peak_memory.get(dev, 0.0))
             src.data = steps[dev]
-            self.capacity_spans[dev].location = cap / GIB
-            self.figures[dev].title.text = _title(dev, peak, cap)
-            top = max(top, cap, peak)
+            self.capacity_spans[dev].location = cap / self.unit
+            self.figures[dev].title.text = _title(dev, float(result.peak_memory.get(dev, 0.0)),
+                                                  cap)
         self.x_range.end = float(result.iteration_time) * 1e3 or 1.0
-        self.y_range.end = top / GIB * 1.08 or 1.0
+        self.y_range.end = _top(result, self.sources) / self.unit * 1.08 or 1.0
 
     def summary_html(self) -> str:
         r = self.result

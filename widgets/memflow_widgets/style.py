@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 __all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "POLICY_COLORS", "DEVICE_PALETTE",
-           "MULTI_DEVICE_COLOR", "GIB", "fmt_bytes", "fmt_seconds", "color_for"]
+           "MULTI_DEVICE_COLOR", "GIB", "fmt_bytes", "fmt_seconds", "byte_unit", "color_for"]
 
 GIB = float(2**30)
 
@@ -75,6 +75,20 @@ def fmt_bytes(n: float) -> str:
         return f"{n:.0f} B"
     return f"{n:.2f} {unit}" if abs(n) < 10 else f"{n:.1f} {unit}" if abs(n) < 100 else \
         f"{n:,.0f} {unit}"
+
+
+def byte_unit(n: float) -> tuple[str, float]:
+    """The largest binary unit in which ``n`` bytes is at least 1, and its size.
+
+    >>> byte_unit(3 * 2**30), byte_unit(5000), byte_unit(0)
+    (('GiB', 1073741824.0), ('KiB', 1024.0), ('B', 1.0))
+    """
+    name, size = "B", 1.0
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < size * 1024:
+            break
+        name, size = unit, size * 1024
+    return name, size
 
 
 def fmt_seconds(t: float) -> str:
