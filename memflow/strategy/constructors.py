@@ -135,7 +135,7 @@ def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 
         raise StrategyError(f"tensor_parallel: tp × pp × dp = {tp * pp * dp} but {len(devs)} "
                             "devices were given; choose degrees whose product is the count")
     u = graph.units
-    split = ((u["max_parameter_degree"].to_numpy() >= tp) & (u["params"].to_numpy() > 0)
+    split = ((u["max_parameter_degree"].to_numpy() >= tp) & (u["param_bytes"].to_numpy() > 0)
              & (tp > 1))
     stage = balanced_split(_cost(graph), pp)
     placed, param = [], []

@@ -12,10 +12,11 @@ INPUT = "<input>"
 
 
 def chain(saved=(100, 200, 300), internal=(10, 20, 30), params=400, batch=8,
-          tmp=(0, 0, 0)) -> OpGraph:
+          tmp=None) -> OpGraph:
     """Units u0..u{n-1}: u_i reads u_{i-1}'s output (the input for u0) and saves it, plus an
     internal tensor of ``internal[i]`` bytes that only it saves; the last output is returned."""
     n = len(saved)
+    tmp = tmp or (0,) * n
     names = [f"u{i}" for i in range(n)]
     units = pd.DataFrame({"fwd_flops": [1e9] * n, "bwd_flops": [2e9] * n,
                           "param_bytes": [params] * n, "trainable_bytes": [params] * n,
