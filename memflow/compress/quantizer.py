@@ -1,8 +1,9 @@
 """memflow's error-bounded lossy compressor of feature maps (COMET-style, SZ's bound).
 
 ``compress(x, eb)`` guarantees ``|x - decompress(compress(x, eb))| <= eb`` for every element.
-Uniform scalar quantization: ``q = round((x - min) / step)`` with ``step = 2·eb`` (a hair less,
-so float rounding rarely matters), codes bit-packed at the minimum width
+Uniform scalar quantization on a grid of ``step = 2·eb`` (a hair less, so float rounding rarely
+matters): ``x ≈ (q + offset)·step`` when the values span zero, so that zero is a grid point and
+comes back exactly (a ReLU's backward tests ``output > 0``), else ``x ≈ min + q·step``; codes bit-packed at the minimum width
 (:mod:`~memflow.compress.bitpack`), all in torch ops on the tensor's own device. The bound is
 then *checked* element by element in float64 on the reconstruction in the tensor's dtype;
 any element that misses it (float rounding, or a 16-bit dtype too coarse to land within eb) is
@@ -10,8 +11,9 @@ stored exactly as an outlier, as are NaN and ±inf. So the guarantee holds by co
 not by argument. ``relative=True`` means ``eb · (max - min)`` over the finite values (SZ's
 REL mode). An optional lossless stage (zlib, on CPU) squeezes the bit planes further.
 
-When the codes would need 24 bits or more (float32 integers stop being exact there) or as many
-bits as the dtype itself, the tensor is kept raw: compression would not pay.
+When the codes would need 24 bits or more (float32 integers stop being exact there), as many
+bits as the dtype itself, or the packed form would not be smaller (a handful of elements), the
+tensor is kept raw: compression would not pay.
 
 >>> import torch
 >>> x = torch.linspace(-1, 1, 1000)
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import MemflowError
-from .bitpack import pack_bits, unpack_bits
+from .bitpack import pack_bits, packed_size, unpack_bits
 
 __all__ = ["Packed", "compress", "decompress", "compressed_bytes", "FLOAT_DTYPES"]
 
@@ -53,7 +55,8 @@ class Packed:
     dtype: torch.dtype
     device: torch.device
     error_bound: float               # absolute bound honoured element-wise
-    low: float = 0.0
+    base: float = 0.0                # x ≈ (code + offset) · step + base
+    offset: int = 0
     step: float = 0.0
     bits: int = 0
     planes: torch.Tensor | None = None
@@ -123,10 +126,12 @@ def _check_args(tensor: torch.Tensor, error_bound: float) -> float:
     return eb
 
 
-def _reconstruct(codes: torch.Tensor, low: float, step: float, work: torch.dtype,
-                 dtype: torch.dtype) -> torch.Tensor:
+def _reconstruct(codes: torch.Tensor, packed: Packed, work: torch.dtype) -> torch.Tensor:
     # the same ops in compress (to check the bound) and decompress (to rebuild): same values
-    return codes.to(work).mul_(step).add_(low).to(dtype)
+    out = codes.to(work)
+    if packed.offset:
+        out.add_(packed.offset)     # integers below 2**24: exact in float32
+    return out.mul_(packed.step).add_(packed.base).to(packed.dtype)
 
 
 def _violations(flat: torch.Tensor, recon: torch.Tensor, eb: float) -> torch.Tensor:
@@ -165,19 +170,29 @@ def compress(tensor: torch.Tensor, error_bound: float, *, relative: bool = False
     else:
         low = high = 0.0
     bound = eb * (high - low) if relative else eb
-    packed = Packed(x.shape, x.dtype, x.device, bound, low=low)
+    packed = Packed(x.shape, x.dtype, x.device, bound, base=low)
     if high == low:  # constant (or empty): every finite element is `low`; no codes at all
         codes = torch.zeros(n, dtype=torch.int32, device=x.device)
     else:
-        step = 2 * bound * _STEP_MARGIN
-        levels = (high - low) / step + 1.5
+        # Leave room for the final cast to a 16-bit dtype (rounding up to half an ulp of the
+        # largest value) unless that ulp is comparable to the bound itself.
+        cast = max(abs(low), abs(high)) * torch.finfo(x.dtype).eps / 2
+        half = bound * _STEP_MARGIN - cast
+        step = 2 * (half if half > bound / 2 else bound * _STEP_MARGIN)
+        levels = (high - low) / step + 2
         limit = min(_MAX_CODE_BITS[work], x.dtype.itemsize * 8 - 1)
-        if not levels < 2.0 ** limit:  # also catches an overflow to inf
-            packed.raw = x.clone()
+        if not levels < 2.0 ** limit or \
+                packed_size(n, math.ceil(math.log2(levels))) + _HEADER_BYTES >= n * x.itemsize:
+            packed.raw = x.clone()  # too many bits (or an overflow to inf), or too few elements
             return packed
-        codes = torch.where(finite, torch.round((values - low) / step), 0).to(torch.int32)
+        if low <= 0 <= high:  # anchor the grid at zero
+            packed.base, packed.offset = 0.0, int(round(low / step))
+            codes = torch.round(values / step).sub_(packed.offset).clamp_(min=0)
+        else:
+            codes = torch.round((values - low) / step)
+        codes = torch.where(finite, codes, 0).to(torch.int32)
         packed.step, packed.bits = step, int(codes.max()).bit_length()
-    recon = _reconstruct(codes, packed.low, packed.step, work, x.dtype)
+    recon = _reconstruct(codes, packed, work)
     index = _violations(flat, recon, bound)
     if index.numel():
         packed.outlier_index = index.to(torch.int32 if n < 2 ** 31 else torch.int64)
@@ -212,7 +227,7 @@ def decompress(packed: Packed) -> torch.Tensor:
             planes = torch.frombuffer(buf, dtype=torch.uint8).view(packed.bits, -1)
             planes = planes.to(packed.device)
         codes = unpack_bits(planes, packed.bits, n)
-    out = _reconstruct(codes, packed.low, packed.step, work, packed.dtype)
+    out = _reconstruct(codes, packed, work)
     if packed.outlier_index is not None:
         out[packed.outlier_index.long()] = packed.outlier_value
     return out.view(packed.shape)
