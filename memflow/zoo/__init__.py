@@ -24,13 +24,15 @@ Models are returned in training mode, in the default dtype (float32).
 (torch.Size([2, 128]), 'meta')
 >>> model(ids).shape
 torch.Size([2, 128, 50257])
->>> model, inputs = zoo.get("gpt2", device="cpu", n_layer=2, hidden=64, n_head=4, seq_len=8)
+>>> model, inputs = zoo.get("gpt2", batch_size=2, device="cpu", seed=1,
+...                         n_layer=2, hidden=64, n_head=4, vocab=100, seq_len=8)
 >>> model(*inputs).dtype, model.training
 (torch.float32, True)
 """
 from __future__ import annotations
 
 import functools
+import operator
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -74,6 +76,17 @@ def spec_of(name: str) -> ModelSpec:
         raise MemflowError(f"unknown zoo model {name!r}; valid: {', '.join(_SPECS)}") from None
 
 
+def _positive_int(value: Any) -> int | None:
+    # Accept numpy integers (a batch size read from info()), not bools or floats.
+    if isinstance(value, bool):
+        return None
+    try:
+        value = operator.index(value)
+    except TypeError:
+        return None
+    return value if value >= 1 else None
+
+
 def get(name: str, batch_size: int | None = None, device: str | torch.device = "meta", *,
         seed: int = 0, **cfg: Any) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """Build zoo model ``name`` and a batch of example inputs on ``device``.
@@ -93,15 +106,18 @@ def get(name: str, batch_size: int | None = None, device: str | torch.device = "
     """
     spec = spec_of(name)
     arch, data = spec.options(cfg)
-    batch = spec.batch_size if batch_size is None else batch_size
-    if not isinstance(batch, int) or batch < 1:
-        raise MemflowError(f"zoo model {name!r}: batch_size={batch!r} must be a positive integer")
+    batch = _positive_int(spec.batch_size if batch_size is None else batch_size)
+    if batch is None:
+        raise MemflowError(f"zoo model {name!r}: batch_size={batch_size!r} must be a positive "
+                           "integer")
     try:
         target = torch.device(device)
     except (RuntimeError, TypeError) as err:
         raise MemflowError(f"zoo model {name!r}: device={device!r} is not a torch device "
                            f"(e.g. 'meta', 'cpu', 'cuda')") from err
-    with torch.random.fork_rng(devices=[]), target:
+    # Fork the generator that init draws from, so the caller's random stream is untouched.
+    rng_devices = [target] if target.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices), target:
         torch.manual_seed(seed)
         model = spec.build(**arch)
         inputs = spec.inputs(model, batch, **data)

@@ -116,7 +116,11 @@ class MLP(nn.Module):
 
 
 def vector_inputs(model: nn.Module, batch_size: int) -> tuple[torch.Tensor]:
-    """One batch of feature vectors, ``(batch, model.in_features)`` float."""
+    """One batch of feature vectors, ``(batch, model.in_features)`` float.
+
+    >>> vector_inputs(MLP(in_features=12), 3)[0].shape
+    torch.Size([3, 12])
+    """
     return (torch.randn(batch_size, model.in_features),)
 
 

@@ -152,7 +152,11 @@ class BigLSTM(nn.Module):
 
 def seq2seq_inputs(model: GNMT, batch_size: int, src_len: int,
                    tgt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Source and target token ids, ``(batch, src_len)`` and ``(batch, tgt_len)`` int64."""
+    """Source and target token ids, ``(batch, src_len)`` and ``(batch, tgt_len)`` int64.
+
+    >>> [t.shape for t in seq2seq_inputs(GNMT(vocab=9, hidden=4, n_layer=2), 2, 6, 3)]
+    [torch.Size([2, 6]), torch.Size([2, 3])]
+    """
     return token_inputs(model, batch_size, src_len) + token_inputs(model, batch_size, tgt_len)
 
 

@@ -58,12 +58,23 @@ class ModelSpec:
 
 
 def image_inputs(model: nn.Module, batch_size: int, image_size: int) -> tuple[torch.Tensor]:
-    """One batch of RGB images, ``(batch, 3, image_size, image_size)`` float."""
+    """One batch of RGB images, ``(batch, 3, image_size, image_size)`` float.
+
+    >>> image_inputs(nn.Identity(), 2, 32)[0].shape
+    torch.Size([2, 3, 32, 32])
+    """
     return (torch.randn(batch_size, 3, image_size, image_size),)
 
 
 def token_inputs(model: nn.Module, batch_size: int, seq_len: int) -> tuple[torch.Tensor]:
-    """One batch of token ids, ``(batch, seq_len)`` int64 below ``model.vocab``."""
+    """One batch of token ids, ``(batch, seq_len)`` int64 below ``model.vocab``.
+
+    >>> model = nn.Module()
+    >>> model.vocab = 10
+    >>> ids, = token_inputs(model, 2, 5)
+    >>> ids.shape, bool(ids.max() < 10)
+    (torch.Size([2, 5]), True)
+    """
     # A learned position table has a fixed length; a longer sequence would index past it.
     limit = getattr(model, "max_positions", None)
     if limit is not None and seq_len > limit:

@@ -13,7 +13,7 @@ Zisserman, "Very deep convolutional networks for large-scale image recognition" 
 configurations D (VGG-16, 138,357,544 parameters) and E (VGG-19, 143,667,240), as in
 ``torchvision.models.alexnet`` / ``vgg16`` / ``vgg19``.
 
->>> model = AlexNet(num_classes=10)
+>>> model = AlexNet(num_classes=10, hidden=64)
 >>> model(torch.randn(2, 3, 64, 64)).shape
 torch.Size([2, 10])
 """

@@ -33,6 +33,12 @@ def test_default_batch_and_inputs_on_meta():
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
+def test_batch_size_from_info_is_accepted():
+    batch = zoo.info().loc["mlp", "batch_size"]       # a numpy integer
+    _, (x,) = zoo.get("mlp", batch_size=batch)
+    assert x.shape[0] == batch
+
+
 def test_seq2seq_inputs():
     _, (src, tgt) = zoo.get("gnmt", batch_size=3, src_len=11, tgt_len=7)
     assert src.shape == (3, 11) and tgt.shape == (3, 7)
@@ -93,6 +99,7 @@ def test_chain_units_are_blocks_in_a_module_list():
     (lambda: zoo.spec_of(None), "unknown zoo model None"),
     (lambda: zoo.get("gpt2", n_layers=2), r"'gpt2' has no option 'n_layers'; valid .*n_layer"),
     (lambda: zoo.get("gpt2", batch_size=0), "batch_size=0 must be a positive integer"),
+    (lambda: zoo.get("gpt2", batch_size=2.0), "batch_size=2.0 must be a positive integer"),
     (lambda: zoo.get("mlp", device="gpu7"), "device='gpu7' is not a torch device"),
     (lambda: zoo.get("gpt2", seq_len=2048), "seq_len=2048 .* max_positions=1024"),
     (lambda: zoo.get("gpt2", n_head=7), "hidden=768 is not divisible by n_head=7"),
