@@ -1,0 +1,248 @@
+"""Capture a PyTorch model into an :class:`~memflow.graph.OpGraph`: :func:`from_torch`.
+
+The model runs once, forward and backward, on fake tensors (``FakeTensorMode``): every shape,
+dtype and autograd decision is real, nothing is allocated, and the user's module is left as it
+was (its parameters are swapped for fake copies with ``torch.func.functional_call`` for the
+duration of the call; hooks are removed afterwards). No tracing is involved, so Python control
+flow, shape arithmetic and Hugging Face models capture as they run.
+
+>>> import torch
+>>> from torch import nn
+>>> model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+>>> g = from_torch(model, torch.randn(8, 16))
+>>> g.names
+['0', '1', '2']
+>>> g.units[["params", "saved_bytes", "fwd_flops"]]
+      params  saved_bytes  fwd_flops
+unit
+0        544          512     8192.0
+1          0         1024      256.0
+2        132            0     2048.0
+
+The saved activations are the input (8×16 float32, saved by ``0`` for its weight gradient)
+and the ReLU output, saved by ``1`` and by ``2`` but counted once, in ``1``, the first saver.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeTensorMode)
+from torch.func import functional_call
+from torch.utils import _pytree as pytree
+
+from ..errors import CaptureError
+from .autocast import parse_autocast
+from .backend import Backend, get_backend
+from .opcost import OpCounter
+from .opgraph import OpGraph
+from .recorder import Recorder
+from .tables import tensor_table, unit_table
+from .units import ROOT, describe_units, module_paths, select_units
+
+__all__ = ["from_torch", "split_inputs", "describe_inputs"]
+
+_EXPECTS = (("in_features", "a last dimension of"), ("in_channels", "a channel dimension of"),
+            ("input_size", "a feature dimension of"), ("normalized_shape", "trailing dimensions"),
+            ("num_embeddings", "indices below"), ("embed_dim", "an embedding dimension of"))
+
+
+def split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` for the model from a tensor, a tuple/list or a dict of inputs.
+
+    >>> split_inputs(torch.ones(2))[0][0].shape
+    torch.Size([2])
+    >>> split_inputs("x")
+    Traceback (most recent call last):
+    ...
+    memflow.errors.CaptureError: example_inputs must be a tensor, a tuple or list of positional inputs, or a dict of keyword inputs; got str
+    """
+    if isinstance(example_inputs, torch.Tensor):
+        args, kwargs = (example_inputs,), {}
+    elif isinstance(example_inputs, (tuple, list)):
+        args, kwargs = tuple(example_inputs), {}
+    elif isinstance(example_inputs, Mapping):
+        args, kwargs = (), dict(example_inputs)
+    else:
+        raise CaptureError("example_inputs must be a tensor, a tuple or list of positional "
+                           "inputs, or a dict of keyword inputs; got "
+                           f"{type(example_inputs).__name__}")
+    if not any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves((args, kwargs))):
+        raise CaptureError("example_inputs hold no tensor; give the model's inputs (e.g. a batch "
+                           "of images or token ids) as tensors, on any device (meta is fine)")
+    return args, kwargs
+
+
+def describe_inputs(args: tuple, kwargs: dict) -> list[dict[str, Any]]:
+    """Name, shape and dtype of every tensor input (for ``graph.meta["inputs"]``).
+
+    >>> describe_inputs((torch.ones(2, 3),), {"mask": torch.ones(2, dtype=torch.bool)})
+    [{'name': 'args[0]', 'shape': [2, 3], 'dtype': 'float32'}, {'name': 'mask', 'shape': [2], 'dtype': 'bool'}]
+    """
+    items = [(f"args[{i}]", a) for i, a in enumerate(args)] + list(kwargs.items())
+    out = []
+    for name, value in items:
+        leaves = pytree.tree_leaves(value)
+        for j, t in enumerate(leaves):
+            if isinstance(t, torch.Tensor):
+                out.append({"name": name if len(leaves) == 1 else f"{name}[{j}]",
+                            "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")})
+    return out
+
+
+def _batch_size(args: tuple, kwargs: dict) -> int:
+    for t in pytree.tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor):
+            return int(t.shape[0]) if t.dim() else 1
+    return 1
+
+
+def _fake_like(t: torch.Tensor) -> torch.Tensor:
+    # Called inside FakeTensorMode: a tensor of the same layout with no data.
+    fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+    return fake.requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex() \
+        else fake
+
+
+def _forward_error(err: Exception, where: str | None, modules: dict[str, nn.Module],
+                   model: nn.Module, inputs: list[dict[str, Any]]) -> CaptureError:
+    module = modules.get(where) if where else None
+    place = (f"module {where!r} ({type(module).__name__})" if module is not None
+             else f"{type(model).__name__}.forward")
+    shown = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in inputs)
+    expects = [f"{attr}={getattr(module, attr)!r} ({what})" for attr, what in _EXPECTS
+               if module is not None and hasattr(module, attr)]
+    hint = f"; {where!r} expects {', '.join(expects)}" if expects else ""
+    if isinstance(err, (DataDependentOutputException, DynamicOutputShapeException)):
+        hint += ("; capture runs on tensors without values, so code that reads a tensor's "
+                 "value (.item(), `if tensor:`, boolean indexing) cannot be captured")
+    return CaptureError(f"the forward of {place} raised {type(err).__name__}: {err}. "
+                        f"Example inputs: {shown}{hint}")
+
+
+@contextlib.contextmanager
+def _quiet_fake_kernels() -> Iterator[None]:
+    # FakeTensorMode logs a traceback for every kernel that raises; capture re-raises the
+    # error itself as a CaptureError naming the module, so the log is noise.
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _install_hooks(model: nn.Module, recorder: Recorder) -> list:
+    handles = []
+    for m in model.modules():
+        handles.append(m.register_forward_pre_hook(recorder.pre_hook))
+        handles.append(m.register_forward_hook(recorder.post_hook))
+    return handles
+
+
+def _default_loss(outputs: list[torch.Tensor]) -> torch.Tensor | None:
+    grads = [t for t in outputs if t.requires_grad]
+    if not grads:
+        return None
+    loss = grads[0].sum()
+    for t in grads[1:]:
+        loss = loss + t.sum()
+    return loss
+
+
+def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
+               backend: str | Backend = "cpu", autocast: Any = None,
+               loss_fn: Callable[[Any], torch.Tensor] | None = None,
+               name: str | None = None) -> OpGraph:
+    """Capture ``model`` on ``example_inputs`` as a graph of units for one training step.
+
+    ``example_inputs`` is a tensor, a tuple/list of positional inputs or a dict of keyword
+    inputs, on any device (``meta`` included). ``units`` picks the granularity (see
+    :mod:`memflow.graph.units`); ``backend`` the device rules (:mod:`memflow.graph.backend`);
+    ``autocast`` (``"float16"`` or ``"bfloat16"``) runs under autocast semantics.
+    ``loss_fn(output) -> scalar`` adds a ``<loss>`` unit; without it backward starts from the
+    sum of the outputs that require grad. The model runs in its current mode (``train()``
+    for a training step). Columns are described in ``docs/data-model.md``.
+    """
+    if not isinstance(model, nn.Module):
+        raise CaptureError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    rules = get_backend(backend)
+    dtype = parse_autocast(autocast)
+    args, kwargs = split_inputs(example_inputs)
+    selected = select_units(model, units)
+    paths = module_paths(model)
+    modules = {p: m for m, p in paths.items()}
+    inputs = describe_inputs(args, kwargs)
+    batch = _batch_size(args, kwargs)
+    recorder = Recorder(rules, OpCounter(), selected, paths, batch)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode:
+        fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, _fake_like, (args, kwargs))
+        state = {}
+        for is_buffer, named in ((False, model.named_parameters()), (True, model.named_buffers())):
+            for pname, t in named:
+                state[pname] = _fake_like(t)
+                owner = pname.rsplit(".", 1)[0] if "." in pname else ROOT
+                recorder.add_weight(state[pname], pname, owner, is_buffer)
+    for t in pytree.tree_leaves((fake_args, fake_kwargs)):
+        if isinstance(t, torch.Tensor):
+            recorder.add_input(t)
+    handles = _install_hooks(model, recorder)
+    try:
+        with fake_mode, recorder, _quiet_fake_kernels():
+            loss = _forward(model, state, fake_args, fake_kwargs, recorder, rules, dtype,
+                            loss_fn, modules, inputs)
+            if loss is not None:
+                recorder.phase = "backward"
+                try:
+                    loss.backward()
+                    recorder.finish_backward()
+                except Exception as err:  # a backward formula fake tensors cannot run
+                    recorder.estimate_backward(err)
+            recorder.phase = None
+    finally:
+        for h in handles:
+            h.remove()
+    meta = {"model": name or type(model).__name__, "batch_size": batch, "backend": rules.name,
+            "autocast": None if dtype is None else str(dtype).replace("torch.", ""),
+            "units": describe_units(units), "torch": torch.__version__, "inputs": inputs}
+    return OpGraph(unit_table(recorder, modules), tensor_table(recorder), meta)
+
+
+def _forward(model: nn.Module, state: dict, args: tuple, kwargs: dict, recorder: Recorder,
+             rules: Backend, dtype: torch.dtype | None, loss_fn: Callable | None,
+             modules: dict[str, nn.Module], inputs: list) -> torch.Tensor | None:
+    """Run the recorded forward (and loss); returns the scalar to run backward from."""
+    with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), \
+            rules.context(dtype):
+        recorder.phase = "forward"
+        try:
+            out = functional_call(model, state, args, kwargs, strict=False, tie_weights=True)
+        except Exception as err:
+            raise _forward_error(err, recorder.innermost, modules, model, inputs) from err
+        outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        recorder.mark_outputs(outputs)
+        if loss_fn is None:
+            recorder.finish_forward()
+            recorder.phase = None
+            return _default_loss(outputs)
+        recorder.begin_loss()
+        try:
+            loss = loss_fn(out)
+        except Exception as err:
+            raise CaptureError(f"loss_fn raised {type(err).__name__}: {err}; it is called as "
+                               "loss_fn(output) with the model's output") from err
+        finally:
+            recorder.end_loss()
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            raise CaptureError(f"loss_fn must return a scalar tensor; it returned "
+                               f"{type(loss).__name__}"
+                               f"{list(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
+        recorder.finish_forward()
+        recorder.phase = None
+        return loss if loss.requires_grad else None

@@ -1,0 +1,380 @@
+"""Recording one training step on fake tensors: units, op costs, storages and saved tensors.
+
+A :class:`Recorder` is a ``TorchDispatchMode`` that sees every aten op the model runs (after
+autograd, so the same ops a real backend launches) plus the hooks capture installs:
+
+* forward pre/post hooks on every module keep a module stack; the *owner* of an op is the
+  outermost selected module on the stack, else the innermost module (its glue);
+* a maximal run of consecutive ops with the same owner call is one :class:`Span` — one unit;
+* every storage an op creates gets a :class:`Storage` record: producer, forward readers,
+  savers (from ``saved_tensors_hooks``), whether a gradient flows into it and whether it
+  descends from the batch (taint from the per-sample inputs);
+* storages are identified by their ``StorageImpl`` (views share it); parameters and buffers
+  are :class:`Weight` records, never activations;
+* a :class:`Window` follows the bytes a span allocates and frees (weak references to
+  storages), for the transient peaks ``fwd_tmp_bytes`` and ``bwd_tmp_bytes``;
+* autograd nodes are tied to spans by sequence number (a node is numbered when its forward op
+  runs), so backward ops land in the span whose forward made their node.
+"""
+from __future__ import annotations
+
+import bisect
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .backend import Backend
+from .opcost import OpCounter, tensors_in
+from .units import LOSS
+
+__all__ = ["Recorder", "Span", "Storage", "Weight", "Window"]
+
+_ACCUMULATE = 2 ** 64 - 1       # sequence number of AccumulateGrad nodes (run as soon as ready)
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+@dataclass(eq=False)
+class Span:
+    """One unit: a run of ops owned by one module call."""
+
+    index: int
+    name: str
+    module: str
+    kind: str
+    role: str
+    call: int
+    owner: int
+    seq_hi: int = 0
+    fwd_flops: float = 0.0
+    fwd_bytes: int = 0
+    fwd_ops: int = 0
+    bwd_flops: float = 0.0
+    bwd_bytes: int = 0
+    bwd_ops: int = 0
+    fwd_tmp: int = 0
+    bwd_tmp: int = 0
+    last_out: tuple[str, tuple[int, ...]] | None = None    # dtype, shape of its last op's result
+    main_out: tuple[str, tuple[int, ...]] | None = None    # … of what its module returned
+    reads_params: bool = False
+
+
+@dataclass(eq=False)
+class Storage:
+    """An activation storage made (or first seen) during the forward."""
+
+    nbytes: int
+    producer: int                  # span index; -1 for the model's inputs
+    dtype: str
+    shape: tuple[int, ...]
+    ref: StorageWeakRef
+    tainted: bool
+    requires_grad: bool = False
+    is_output: bool = False
+    consumers: list[int] = field(default_factory=list)
+    savers: list[int] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Weight:
+    """A parameter or buffer storage, owned by the first span that reads it."""
+
+    name: str
+    numel: int
+    nbytes: int
+    trainable: bool
+    is_buffer: bool
+    module: str
+    first_span: int | None = None
+
+
+class Window:
+    """Bytes allocated during one span and still alive, and their peak."""
+
+    __slots__ = ("items", "live", "peak")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[StorageWeakRef, int]] = []
+        self.live = 0
+        self.peak = 0
+
+    def poll(self) -> None:
+        """Forget storages that were freed since the last poll."""
+        if self.items:
+            kept = [(ref, n) for ref, n in self.items if not ref.expired()]
+            if len(kept) != len(self.items):
+                self.items = kept
+                self.live = sum(n for _, n in kept)
+
+    def add(self, ref: StorageWeakRef, nbytes: int) -> None:
+        self.items.append((ref, nbytes))
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+    def close(self) -> int:
+        """Peak minus what survives the span: the span's transient bytes."""
+        self.poll()
+        return self.peak - self.live
+
+
+@dataclass(eq=False)
+class _Frame:
+    path: str
+    kind: str
+    role: str
+    instance: int
+
+
+class Recorder(TorchDispatchMode):
+    """Records spans, costs, storages and saves of one forward and backward (see module doc)."""
+
+    def __init__(self, backend: Backend, counter: OpCounter, selected: set[str],
+                 paths: dict[nn.Module, str], batch_size: int):
+        super().__init__()
+        self.backend = backend
+        self.counter = counter
+        self.selected = selected
+        self.paths = paths
+        self.batch_size = batch_size
+        self.spans: list[Span] = []
+        self.storages: list[Storage] = []
+        self.weights: dict[int, Weight] = {}
+        self.phase: str | None = None          # "forward", "backward" or None (not recording)
+        self._live: dict[int, Storage] = {}
+        self._stack: list[_Frame] = []
+        self._owner: _Frame | None = None
+        self._loss: _Frame | None = None
+        self._instances = 0
+        self._calls: dict[str, int] = {}
+        self._current: Span | None = None      # last span opened in forward
+        self._window = Window()
+        self._seq_his: list[int] = []
+        self._bwd_span: Span | None = None
+
+    # ------------------------------------------------------------------ module stack
+    def _frame(self, path: str, kind: str, role: str) -> _Frame:
+        self._instances += 1
+        return _Frame(path, kind, role, self._instances)
+
+    def pre_hook(self, module: nn.Module, args: Any) -> None:
+        """Forward pre-hook: ``module`` starts running."""
+        path = self.paths.get(module, type(module).__name__)
+        role = "module" if path in self.selected else "glue"
+        self._stack.append(self._frame(path, type(module).__name__, role))
+        self._update_owner()
+
+    def post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        """Forward hook: ``module`` returned; what it returned is its unit's main output."""
+        if self._stack:
+            frame = self._stack.pop()
+            span = self._current
+            if span is not None and span.owner == frame.instance:
+                first = next(tensors_in(output), None)
+                if first is not None:
+                    span.main_out = (str(first.dtype).replace("torch.", ""), tuple(first.shape))
+        self._update_owner()
+
+    def _update_owner(self) -> None:
+        for frame in self._stack:
+            if frame.role == "module":
+                self._owner = frame
+                return
+        self._owner = self._stack[-1] if self._stack else self._loss
+
+    @property
+    def innermost(self) -> str | None:
+        """Path of the innermost module running (after an exception: where it was raised)."""
+        return self._stack[-1].path if self._stack else None
+
+    def begin_loss(self) -> None:
+        """Ops from now on form the ``<loss>`` unit."""
+        self._loss = self._frame(LOSS, "Loss", "glue")
+        self._update_owner()
+
+    def end_loss(self) -> None:
+        self._loss = None
+        self._update_owner()
+
+    # ------------------------------------------------------------------ storages
+    def _lookup(self, key: int) -> Storage | None:
+        rec = self._live.get(key)
+        if rec is not None and rec.ref.expired():      # the address now holds a new storage
+            del self._live[key]
+            return None
+        return rec
+
+    def _new_storage(self, t: torch.Tensor, producer: int, tainted: bool) -> Storage:
+        storage = t.untyped_storage()
+        rec = Storage(storage.nbytes(), producer, str(t.dtype).replace("torch.", ""),
+                      tuple(t.shape), StorageWeakRef(storage), tainted)
+        self._live[storage._cdata] = rec
+        self.storages.append(rec)
+        return rec
+
+    def add_input(self, t: torch.Tensor) -> None:
+        """Register a model input; it is per-sample when its first dimension is the batch."""
+        if _key(t) in self._live:
+            return
+        per_sample = t.dim() > 0 and t.shape[0] == self.batch_size
+        self._new_storage(t, -1, per_sample).requires_grad = t.requires_grad
+
+    def add_weight(self, t: torch.Tensor, name: str, module: str, is_buffer: bool) -> None:
+        """Register a parameter or buffer (excluded from activations)."""
+        key = _key(t)
+        if key not in self.weights:
+            self.weights[key] = Weight(name, t.numel(), t.untyped_storage().nbytes(),
+                                       bool(t.requires_grad), is_buffer, module)
+
+    def mark_outputs(self, outputs: Iterable[torch.Tensor]) -> None:
+        """The model returned ``outputs``: their storages are kept until backward starts."""
+        for t in outputs:
+            rec = self._lookup(_key(t))
+            if rec is not None:
+                rec.is_output = True
+                rec.requires_grad |= t.requires_grad
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """``saved_tensors_hooks`` pack hook: the recorded op saves ``t`` for backward."""
+        # Autograd packs an op's inputs before the op dispatches: ask the module stack.
+        span = self._forward_span() if self.phase == "forward" else None
+        if span is not None:
+            key = _key(t)
+            if key not in self.weights:
+                rec = self._lookup(key) or self._new_storage(t, span.index, False)
+                if not rec.savers or rec.savers[-1] != span.index:
+                    rec.savers.append(span.index)
+                rec.requires_grad |= t.requires_grad
+        return t
+
+    # ------------------------------------------------------------------ spans
+    def _open_span(self, owner: _Frame) -> Span:
+        if self._current is not None:
+            self._current.fwd_tmp = self._window.close()
+        call = self._calls.get(owner.path, 0) + 1
+        self._calls[owner.path] = call
+        name = owner.path if call == 1 else f"{owner.path}#{call}"
+        span = Span(len(self.spans), name, owner.path, owner.kind, owner.role, call,
+                    owner.instance)
+        self.spans.append(span)
+        self._current = span
+        self._window = Window()
+        return span
+
+    def _forward_span(self) -> Span | None:
+        owner = self._owner
+        if owner is None:
+            return None
+        span = self._current
+        if span is None or span.owner != owner.instance:
+            span = self._open_span(owner)
+        span.seq_hi = torch._C._autograd._get_sequence_nr()
+        return span
+
+    def finish_forward(self) -> None:
+        """The forward (and loss) ended: close the last span."""
+        if self._current is not None:
+            self._current.fwd_tmp = self._window.close()
+        self._seq_his = [s.seq_hi for s in self.spans]
+        self._window = Window()
+
+    def _backward_span(self) -> Span | None:
+        node = torch._C._current_autograd_node()
+        seq = node._sequence_nr() if node is not None else _ACCUMULATE
+        if seq == _ACCUMULATE:
+            span = self._bwd_span
+        else:
+            i = bisect.bisect_right(self._seq_his, seq)
+            span = self.spans[i] if i < len(self.spans) else None
+        if span is not self._bwd_span:
+            self.finish_backward()
+            self._bwd_span = span
+        return span
+
+    def finish_backward(self) -> None:
+        """Close the backward window of the span that ran last."""
+        if self._bwd_span is not None:
+            self._bwd_span.bwd_tmp = max(self._bwd_span.bwd_tmp, self._window.close())
+        self._window = Window()
+
+    def estimate_backward(self, err: Exception) -> None:
+        """Backward failed on fake tensors: estimate every unit's backward as twice its forward."""
+        warnings.warn(f"capture could not run backward on fake tensors ({type(err).__name__}: "
+                      f"{err}); backward FLOPs, bytes and ops are estimated as 2x forward and "
+                      "bwd_tmp_bytes as fwd_tmp_bytes", stacklevel=3)
+        for s in self.spans:
+            s.bwd_flops, s.bwd_bytes, s.bwd_ops = 2 * s.fwd_flops, 2 * s.fwd_bytes, 2 * s.fwd_ops
+            s.bwd_tmp = s.fwd_tmp
+        self._bwd_span = None
+        self._window = Window()
+
+    # ------------------------------------------------------------------ ops
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.phase is None or func.namespace == "prim":
+            return func(*args, **kwargs)
+        forward = self.phase == "forward"
+        span = self._forward_span() if forward else self._backward_span()
+        if span is None:
+            return func(*args, **kwargs)
+        self._window.poll()
+        out = self.backend.fix_output(func, args, kwargs, func(*args, **kwargs))
+        cost = self.counter.cost(func, args, kwargs, out)
+        outs = list(tensors_in(out))
+        if forward:
+            span.fwd_flops += cost.flops
+            span.fwd_bytes += cost.bytes_moved
+            span.fwd_ops += cost.kernels
+            self._track_forward(span, args, kwargs, outs)
+        else:
+            span.bwd_flops += cost.flops
+            span.bwd_bytes += cost.bytes_moved
+            span.bwd_ops += cost.kernels
+            self._track_backward(args, kwargs, outs)
+        return out
+
+    def _track_forward(self, span: Span, args: tuple, kwargs: dict,
+                       outs: list[torch.Tensor]) -> None:
+        tainted = False
+        for t in (*tensors_in(args), *tensors_in(kwargs)):
+            key = _key(t)
+            weight = self.weights.get(key)
+            if weight is not None:
+                if weight.first_span is None:
+                    weight.first_span = span.index
+                span.reads_params |= not weight.is_buffer
+                continue
+            rec = self._lookup(key)
+            if rec is None:
+                continue
+            if not rec.consumers or rec.consumers[-1] != span.index:
+                rec.consumers.append(span.index)
+            rec.requires_grad |= t.requires_grad
+            tainted |= rec.tainted
+        for t in outs:
+            key = _key(t)
+            if key in self.weights:
+                continue
+            rec = self._lookup(key)
+            if rec is None:
+                rec = self._new_storage(t, span.index, tainted)
+                self._window.add(rec.ref, rec.nbytes)
+            elif tainted:                      # written in place from per-sample data
+                rec.tainted = True
+        if outs:
+            span.last_out = (str(outs[0].dtype).replace("torch.", ""), tuple(outs[0].shape))
+
+    def _track_backward(self, args: tuple, kwargs: dict, outs: list[torch.Tensor]) -> None:
+        seen = {_key(t) for t in (*tensors_in(args), *tensors_in(kwargs))}
+        for t in outs:
+            key = _key(t)
+            if key not in seen:
+                seen.add(key)
+                storage = t.untyped_storage()
+                self._window.add(StorageWeakRef(storage), storage.nbytes())

@@ -1,0 +1,142 @@
+"""From a :class:`~memflow.graph.recorder.Recorder` to the ``units`` and ``tensors`` tables.
+
+Rules that are heuristics, documented here because the simulator relies on them:
+
+* **parameters** belong to the first unit whose ops read them (tied weights once); a
+  parameter no op reads goes to the first unit of its module, or of the nearest enclosing
+  module that ran, so that the units add up to the whole model;
+* a unit's **main output** is what its module returned (for a whole module call), else the
+  largest storage it produces that a later unit reads or the model returns, else what its
+  last op returned; its dtype is the unit's ``dtype``;
+* **degrees** read the main output's shape: 4-D and larger outputs, and 3-D outputs of ``*1d``
+  modules, are channels-first ``(N, C, H, …)``, giving parameter degree ``C`` and attribute
+  degree ``H``; other 3-D outputs are ``(N, S, H)`` (sequence ``S``, hidden ``H``); 2-D ones
+  ``(N, F)``. The parameter degree is ``C``/``H``/``F`` only for units that read parameters, or
+  the number of heads for a module that has one (``num_heads``, ``n_head``,
+  ``num_attention_heads``…); recurrent modules cannot split their sequence (attribute 1);
+* a storage is **per-sample** when it descends from an input whose first dimension is the batch
+  (taint through every op) and has at least ``batch`` elements: a causal mask made once, a
+  position embedding or a weight cast under autocast are not.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from torch import nn
+
+from .opgraph import INPUT
+from .recorder import Recorder, Span, Storage
+from .units import ROOT
+
+__all__ = ["unit_table", "tensor_table", "HEAD_ATTRIBUTES"]
+
+HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead")
+_RECURRENT = ("LSTM", "GRU", "RNN")
+
+
+def _kept(rec: Storage) -> bool:
+    return rec.is_output or bool(rec.savers) or any(c != rec.producer for c in rec.consumers)
+
+
+def _parent(path: str) -> str:
+    return path.rsplit(".", 1)[0] if "." in path else ROOT
+
+
+def _param_spans(recorder: Recorder) -> dict[int, int]:
+    """Span index of every weight (keyed like ``recorder.weights``)."""
+    first_of: dict[str, int] = {}
+    for span in recorder.spans:
+        first_of.setdefault(span.module, span.index)
+    owners = {}
+    for key, w in recorder.weights.items():
+        if w.first_span is not None:
+            owners[key] = w.first_span
+            continue
+        path = w.module
+        while path not in first_of and path != ROOT:
+            path = _parent(path)
+        owners[key] = first_of.get(path, 0)
+    return owners
+
+
+def _degrees(span: Span, module: nn.Module | None, shape: tuple[int, ...]) -> tuple[int, int]:
+    kind = span.kind
+    if len(shape) >= 4 or (len(shape) == 3 and "1d" in kind):
+        feature, attribute = shape[1], shape[2]
+    elif len(shape) == 3:
+        feature, attribute = shape[2], shape[1]
+    elif len(shape) == 2:
+        feature, attribute = shape[1], 1
+    else:
+        feature, attribute = 1, 1
+    heads = next((getattr(module, a) for a in HEAD_ATTRIBUTES
+                  if isinstance(getattr(module, a, None), int)), None)
+    parameter = heads if heads else (feature if span.reads_params else 1)
+    if any(r in kind for r in _RECURRENT):
+        attribute = 1
+    return max(int(parameter), 1), max(int(attribute), 1)
+
+
+def unit_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFrame:
+    """The ``units`` table (derived byte columns are added by :class:`OpGraph`)."""
+    spans = recorder.spans
+    params = {s.index: [0, 0, 0, 0] for s in spans}   # params, param_bytes, trainable, buffers
+    for key, index in _param_spans(recorder).items():
+        w = recorder.weights[key]
+        acc = params[index]
+        if w.is_buffer:
+            acc[3] += w.nbytes
+        else:
+            acc[0] += w.numel
+            acc[1] += w.nbytes
+            acc[2] += w.nbytes if w.trainable else 0
+    main: dict[int, Storage] = {}
+    for rec in recorder.storages:
+        if rec.producer >= 0 and (rec.is_output or any(c != rec.producer
+                                                       for c in rec.consumers)):
+            best = main.get(rec.producer)
+            if best is None or rec.nbytes > best.nbytes:
+                main[rec.producer] = rec
+    rows = []
+    for s in spans:
+        out = main.get(s.index)
+        dtype, shape = s.main_out or ((out.dtype, out.shape) if out is not None else
+                                      (s.last_out or ("float32", ())))
+        p = params[s.index]
+        parameter, attribute = _degrees(s, modules.get(s.module), shape)
+        rows.append({
+            "unit": s.name, "module": s.module, "kind": s.kind, "role": s.role, "call": s.call,
+            "params": p[0], "param_bytes": p[1], "trainable_bytes": p[2], "buffer_bytes": p[3],
+            "fwd_flops": s.fwd_flops, "bwd_flops": s.bwd_flops,
+            "fwd_bytes_moved": s.fwd_bytes, "bwd_bytes_moved": s.bwd_bytes,
+            "fwd_ops": s.fwd_ops, "bwd_ops": s.bwd_ops,
+            "fwd_tmp_bytes": s.fwd_tmp, "bwd_tmp_bytes": s.bwd_tmp, "dtype": dtype,
+            "max_parameter_degree": parameter, "max_attribute_degree": attribute,
+        })
+    return pd.DataFrame(rows).set_index("unit")
+
+
+def tensor_table(recorder: Recorder) -> pd.DataFrame:
+    """The ``tensors`` table: storages read outside their producer, returned, or saved."""
+    names = [s.name for s in recorder.spans]
+    batch = recorder.batch_size
+    rows: list[dict[str, Any]] = []
+    for rec in recorder.storages:
+        if not _kept(rec):
+            continue
+        numel = 1
+        for d in rec.shape:
+            numel *= d
+        rows.append({
+            "bytes": rec.nbytes,
+            "producer": INPUT if rec.producer < 0 else names[rec.producer],
+            "consumers": [names[c] for c in rec.consumers],
+            "savers": [names[c] for c in rec.savers],
+            "is_output": rec.is_output, "requires_grad": rec.requires_grad,
+            "per_sample": rec.tainted and numel >= batch,
+            "dtype": rec.dtype, "shape": list(rec.shape),
+        })
+    columns = ["bytes", "producer", "consumers", "savers", "is_output", "requires_grad",
+               "per_sample", "dtype", "shape"]
+    return pd.DataFrame(rows, columns=columns)
