@@ -1,0 +1,203 @@
+"""Proposals: each move changes one thing about a strategy, never a pinned unit.
+
+* ``policy`` — one unit gets another memory policy (keep, recompute, offload, compress:eb);
+* ``segment`` — a recompute segment grows, shrinks or shifts by one unit at one end;
+* ``config`` — one unit gets another parallel configuration (degrees and devices);
+* ``copy`` — one unit takes its neighbour's parallel configuration (FlexFlow's way of growing
+  a region of identically placed units, which removes the transfers between them);
+* ``swap`` — one part of one unit moves to another device (or two parts trade devices).
+
+A move returns ``None`` when it has nothing to propose (no segment to grow, one device only);
+the chain then draws another move. Proposals always differ from the strategy they start from
+and are valid by construction, so the inner loop never validates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..strategy import KEEP, RECOMPUTE, Strategy
+from .space import SearchSpace, policy_label
+
+__all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGHTS",
+           "FLEXFLOW_WEIGHTS", "policy", "segment", "config", "copy", "swap"]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A candidate strategy, the move that made it and the unit it changed."""
+
+    move: str
+    unit: str
+    strategy: Strategy
+
+
+def _pick(rng: np.random.Generator, seq):
+    return seq[int(rng.integers(len(seq)))]
+
+
+def policy(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+    """One free unit gets another of its allowed memory policies.
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(3)
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("1xV100-16GB"))
+    >>> p = policy(np.random.default_rng(0), memflow.Strategy.single_device(g), sp)
+    >>> p.move, p.unit, p.strategy.policies
+    ('policy', 'l2', ['keep', 'keep', 'offload'])
+    """
+    free = space.free()
+    if not len(free):
+        return None
+    i = int(_pick(rng, free))
+    now = policy_label(int(s.policy[i]), float(s.error_bound[i]))
+    choices = [lab for lab in (policy_label(c, e) for c, e in space.policy_choices(i))
+               if lab != now]
+    if not choices:
+        return None
+    name = space.names[i]
+    return Proposal("policy", name, s.with_policy({name: _pick(rng, choices)}))
+
+
+def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+    """A recompute segment grows, shrinks or shifts by one unit at one of its ends.
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(5)
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("1xV100-16GB"))
+    >>> s = memflow.Strategy.single_device(g).with_policy(recompute=["l1", "l2"])
+    >>> p = segment(np.random.default_rng(1), s, sp)
+    >>> p.unit, p.strategy.policies
+    ('l3', ['keep', 'recompute', 'recompute', 'recompute', 'keep'])
+    """
+    seg = s.segment
+    ids = np.unique(seg[seg >= 0])
+    if not len(ids):
+        return None
+    sid = int(_pick(rng, ids))
+    members = np.flatnonzero(seg == sid)
+    lo, hi = int(members[0]), int(members[-1])
+    layout, stage, pinned = s.layout_ids, s.stage, space.pinned
+
+    def can_grow(j: int, end: int) -> bool:
+        return (0 <= j < space.n and not pinned[j] and bool(space.recomputable[j])
+                and s.policy[j] != RECOMPUTE and layout[j] == layout[end]
+                and stage[j] == stage[end])
+
+    ops: list[dict[int, int]] = []
+    if can_grow(lo - 1, lo):
+        ops.append({lo - 1: RECOMPUTE})                       # grow left
+        if not pinned[hi]:
+            ops.append({lo - 1: RECOMPUTE, hi: KEEP})          # shift left
+    if can_grow(hi + 1, hi):
+        ops.append({hi + 1: RECOMPUTE})                       # grow right
+        if not pinned[lo]:
+            ops.append({hi + 1: RECOMPUTE, lo: KEEP})          # shift right
+    if not pinned[lo]:
+        ops.append({lo: KEEP})                                # shrink left
+    if hi != lo and not pinned[hi]:
+        ops.append({hi: KEEP})                                # shrink right
+    if not ops:
+        return None
+    op = _pick(rng, ops)
+    changed = {space.names[j]: ("recompute" if c == RECOMPUTE else "keep") for j, c in op.items()}
+    return Proposal("segment", next(iter(changed)), s.with_policy(changed))
+
+
+def _config_of(s: Strategy, i: int) -> tuple:
+    return (int(s.sample[i]), int(s.parameter[i]), int(s.attribute[i]), s.devices[i])
+
+
+def config(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+    """One free unit gets random degrees and an aligned run of devices for its parts.
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(3, batch=8)
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
+    >>> p = config(np.random.default_rng(0), memflow.Strategy.single_device(g), sp)
+    >>> p.unit, p.strategy.devices[2], int(p.strategy.parameter[2])
+    ('l2', ('gpu0', 'gpu1', 'gpu2', 'gpu3'), 4)
+    """
+    free = space.free()
+    if not len(free) or len(space.devices) < 2:
+        return None
+    i = int(_pick(rng, free))
+    options = space.degrees(i, s.microbatches)
+    for _ in range(4):      # a few draws; the space is rarely so small that all repeat
+        sp, pp, ap = _pick(rng, options)
+        devs = _pick(rng, space.groups(sp * pp * ap))
+        if (sp, pp, ap, devs) != _config_of(s, i):
+            name = space.names[i]
+            return Proposal("config", name, s.with_config(name, sample=sp, parameter=pp,
+                                                          attribute=ap, devices=devs))
+    return None
+
+
+def copy(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+    """One free unit takes the parallel configuration (and stage) of a neighbour.
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(3, batch=8)
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
+    >>> s = memflow.Strategy.data_parallel(g, 4).with_config("l1", sample=1, devices=["gpu2"])
+    >>> p = copy(np.random.default_rng(1), s, sp)
+    >>> p.unit, p.strategy.devices[1]
+    ('l1', ('gpu0', 'gpu1', 'gpu2', 'gpu3'))
+    """
+    free = space.free()
+    if not len(free) or space.n < 2:
+        return None
+    i = int(_pick(rng, free))
+    j = _pick(rng, [k for k in (i - 1, i + 1) if 0 <= k < space.n])
+    sp, pp, ap, devs = _config_of(s, j)
+    if (sp, pp, ap, devs) == _config_of(s, i) and s.stage[i] == s.stage[j]:
+        return None
+    if pp > space.max_p[i] or ap > space.max_a[i]:
+        return None
+    name = space.names[i]
+    return Proposal("copy", name, s.with_config(name, sample=sp, parameter=pp, attribute=ap,
+                                                devices=devs, stage=int(s.stage[j])))
+
+
+def swap(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+    """One part of a free unit moves to another device; if that device already holds another
+    part of the unit, the two parts trade places.
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(2, batch=8)
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
+    >>> s = memflow.Strategy.data_parallel(g, ["gpu0", "gpu1"])
+    >>> swap(np.random.default_rng(0), s, sp).strategy.devices
+    (('gpu0', 'gpu1'), ('gpu0', 'gpu2'))
+    """
+    free = space.free()
+    if not len(free) or len(space.devices) < 2:
+        return None
+    i = int(_pick(rng, free))
+    devs = list(s.devices[i])
+    k = int(rng.integers(len(devs)))
+    new = _pick(rng, [d for d in space.devices if d != devs[k]])
+    if new in devs:
+        other = devs.index(new)
+        devs[k], devs[other] = devs[other], devs[k]
+    else:
+        devs[k] = new
+    name = space.names[i]
+    return Proposal("swap", name, s.with_config(name, devices=devs))
+
+
+Move = Callable[[np.random.Generator, Strategy, SearchSpace], "Proposal | None"]
+MOVES: dict[str, Move] = {"policy": policy, "segment": segment, "config": config,
+                          "copy": copy, "swap": swap}
+MEMORY_MOVES = ("policy", "segment")
+PARALLEL_MOVES = ("config", "copy", "swap")
+DEFAULT_WEIGHTS = {"policy": 0.3, "segment": 0.2, "config": 0.25, "copy": 0.15, "swap": 0.1}
+FLEXFLOW_WEIGHTS = {"config": 0.6, "copy": 0.25, "swap": 0.15}
+"""FlexFlow changes one operator's configuration at a time and never a memory policy."""

@@ -1,0 +1,127 @@
+"""The search space: what each unit may be given, and which units the search may touch.
+
+A unit's parallel configuration is FlexFlow's: degrees over the sample, parameter and attribute
+dimensions (within the unit's ``max_parameter_degree`` / ``max_attribute_degree``, the batch and
+the device count) and one device per part. Part counts divide the device count, and a config
+move places the parts on an aligned run of devices (``k`` parts on devices ``j·k … j·k+k-1``),
+which keeps groups inside a node where nodes are contiguous; the swap move reaches every other
+placement one device at a time. A unit's memory policy is one of ``policies`` (``recompute``
+only where the graph allows it; ``compress`` with one of ``error_bounds``).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import SearchError
+from ..memory.arrays import graph_arrays
+from ..strategy import COMPRESS, POLICIES, RECOMPUTE, parse_policy
+
+__all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label"]
+
+DEFAULT_POLICIES = ("keep", "recompute", "offload")
+"""Lossy compression changes training numerics, so the search uses it only when asked."""
+
+
+def policy_label(code: int, bound: float) -> str:
+    """``"recompute"``, or ``"compress:0.001"`` for compress with its error bound.
+
+    >>> policy_label(3, 0.001), policy_label(0, float("nan"))
+    ('compress:0.001', 'keep')
+    """
+    return f"compress:{bound:g}" if code == COMPRESS else POLICIES[code]
+
+
+@lru_cache(maxsize=None)
+def _factorizations(k: int) -> tuple[tuple[int, int, int], ...]:
+    return tuple((s, p, k // (s * p)) for s in range(1, k + 1) if k % s == 0
+                 for p in range(1, k // s + 1) if (k // s) % p == 0)
+
+
+class SearchSpace:
+    """Per-unit choices of a graph on a cluster, and the pinned (frozen) units.
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> sp = SearchSpace(chain_graph(3, batch=8), memflow.Cluster.preset("4xV100-16GB"))
+    >>> sp.part_counts, sp.groups(2)
+    ((1, 2, 4), [('gpu0', 'gpu1'), ('gpu2', 'gpu3')])
+    >>> len(sp.degrees(0, microbatches=1)) > 5, sp.policy_choices(0)
+    (True, [(0, nan), (1, nan), (2, nan)])
+    """
+
+    def __init__(self, graph, cluster, *, policies: Sequence[str] = DEFAULT_POLICIES,
+                 error_bounds: Sequence[float] = (1e-3,)):
+        self.names: list[str] = list(graph.names)
+        self.n = len(self.names)
+        self.position = {u: i for i, u in enumerate(self.names)}
+        self.devices: list[str] = [str(d) for d in cluster.devices.index]
+        nd = len(self.devices)
+        self.part_counts = tuple(k for k in range(1, nd + 1) if nd % k == 0)
+        u = graph.units
+        self.max_p = u["max_parameter_degree"].to_numpy(np.int64)
+        self.max_a = u["max_attribute_degree"].to_numpy(np.int64)
+        self.batch = int(graph.meta.get("batch_size") or 0)
+        self.recomputable = graph_arrays(graph).recomputable
+        bad = [p for p in policies if p not in POLICIES]
+        if bad or not policies:
+            raise SearchError(f"policies={list(policies)}: {bad[0] if bad else 'none given'} is "
+                              f"not a memory policy; valid: {', '.join(POLICIES)}")
+        if "compress" in policies and not error_bounds:
+            raise SearchError("policies include 'compress' but error_bounds is empty; give "
+                              "the error bounds the search may use, e.g. error_bounds=(1e-3,)")
+        self.policies = tuple(policies)
+        self.error_bounds = tuple(float(parse_policy("", ("compress", e))[1])
+                                  for e in error_bounds)
+        self._choices: list[tuple[int, float]] = []
+        for p in self.policies:
+            if p == "compress":
+                self._choices += [(COMPRESS, e) for e in self.error_bounds]
+            else:
+                self._choices.append((POLICIES.index(p), float("nan")))
+        self.pinned = np.zeros(self.n, bool)
+
+    # ------------------------------------------------------------------ units
+    def index(self, units: str | Iterable[str]) -> list[int]:
+        """Positions of ``units`` (a name or names); unknown names raise naming the unit."""
+        units = [units] if isinstance(units, str) else list(units)
+        out = []
+        for name in units:
+            if name not in self.position:
+                close = [v for v in self.names if str(name) in v][:3]
+                raise SearchError(f"{name!r} is not a unit of the graph"
+                                  + (f"; did you mean {close}?" if close else
+                                     f"; units start {self.names[:3]}"))
+            out.append(self.position[name])
+        return out
+
+    def free(self) -> np.ndarray:
+        """Positions of the units the search may change (not pinned)."""
+        return np.flatnonzero(~self.pinned)
+
+    # ------------------------------------------------------------------ choices
+    def degrees(self, i: int, microbatches: int) -> list[tuple[int, int, int]]:
+        """Every ``(sample, parameter, attribute)`` unit ``i`` may take."""
+        out = []
+        for k in self.part_counts:
+            for s, p, a in _factorizations(k):
+                if p <= self.max_p[i] and a <= self.max_a[i] and (
+                        not self.batch or s * microbatches <= self.batch):
+                    out.append((s, p, a))
+        return out
+
+    def groups(self, k: int) -> list[tuple[str, ...]]:
+        """The aligned runs of ``k`` devices."""
+        return [tuple(self.devices[j:j + k]) for j in range(0, len(self.devices), k)]
+
+    def policy_choices(self, i: int) -> list[tuple[int, float]]:
+        """``(policy code, error bound)`` pairs unit ``i`` may take."""
+        if self.recomputable[i]:
+            return self._choices
+        return [c for c in self._choices if c[0] != RECOMPUTE]
+
+    def settings(self) -> dict[str, Any]:
+        """The constructor arguments, for saving."""
+        return {"policies": list(self.policies), "error_bounds": list(self.error_bounds)}
