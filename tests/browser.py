@@ -15,7 +15,8 @@ Import the fixtures into a test module (or a conftest) to use them::
 
 Helpers: :func:`write_notebook`, :func:`open_notebook`, :func:`run_all_cells`,
 :func:`canvas_ink` (colourful pixels drawn in the canvases under a CSS selector, shadow roots
-included) and :func:`screenshot` (under ``artifacts/``, which git ignores).
+included), :func:`wait_for_ink` and :func:`screenshot` (under ``artifacts/``, which git
+ignores).
 """
 from __future__ import annotations
 
@@ -252,6 +253,14 @@ def canvas_ink(page, selector: str) -> dict:
     """``{"canvases": n, "ink": pixels}``: colourful (not grey) pixels drawn in the canvases
     under ``selector``, shadow roots included — axes and text are grey, data is coloured."""
     return page.evaluate(_CANVAS_INK_JS, selector)
+
+
+def wait_for_ink(page, selector: str, minimum: int, timeout: float = 60_000) -> dict:
+    """Wait until the canvases under ``selector`` hold at least ``minimum`` colourful pixels
+    (charts paint a few animation frames after their data arrives); return :func:`canvas_ink`."""
+    page.wait_for_function(f"(a) => ({_CANVAS_INK_JS})(a.selector).ink >= a.minimum",
+                           arg={"selector": selector, "minimum": minimum}, timeout=timeout)
+    return canvas_ink(page, selector)
 
 
 def screenshot(page, name: str) -> Path:

@@ -13,7 +13,15 @@ def test_bars_per_strategy_and_device(result, oom_result):
     colors = list(view.time_source.data["color"])
     assert colors[0] != colors[1]
     assert list(view.time_source.data["feasible"]) == ["fits", "OUT OF MEMORY"]
-    assert list(view.peak_source.data["capacity"]) == [pytest.approx(16.0)] * 4
+    assert list(view.peak_source.data["capacity"]) == [pytest.approx(16.0)] * 4   # GiB
+
+
+def test_capacity_far_above_the_peaks_is_off_scale(result):
+    view = compare([result])
+    assert all(c != c for c in view.peak_source.data["capacity"])      # NaN: no tick drawn
+    assert view.peak_figure.title.text.endswith("(off scale: 16.0 GiB)")
+    peak_kib = result.peak_memory["gpu0"] / 1024
+    assert view.peak_source.data["peak"][0] == pytest.approx(peak_kib)
 
 
 def test_table_and_list_input(result):

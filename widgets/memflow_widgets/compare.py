@@ -14,13 +14,14 @@ from __future__ import annotations
 import html
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 from bokeh.layouts import row
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
 
 from .render import BokehView
-from .style import DEVICE_PALETTE, GIB, fmt_bytes, fmt_seconds
+from .style import DEVICE_PALETTE, fmt_bytes, fmt_seconds, memory_scale
 
 __all__ = ["compare", "Comparison", "compare_table"]
 
@@ -77,33 +78,34 @@ class Comparison(BokehView):
                                             ("", "@feasible")]))
         t_fig.xaxis.major_label_orientation = 0.6
 
-        first = next(iter(self.results.values()))
-        devices = [str(d) for d in first.capacity.index]
+        devices = list(dict.fromkeys(str(d) for r in self.results.values()
+                                     for d in r.capacity.index))
         factors = [(d, s) for d in devices for s in names]
-        peaks, caps, fill = [], [], []
-        for d, s in factors:
-            r = self.results[s]
-            peak = float(r.peak_memory.get(d, 0.0))
-            cap = float(r.capacity.get(d, float("nan")))
-            peaks.append(peak / GIB)
-            caps.append(cap / GIB)
-            fill.append(_OOM if peak > cap else DEVICE_PALETTE[names.index(s) % 10])
-        self.peak_source = ColumnDataSource({"x": factors, "peak": peaks, "capacity": caps,
+        peak = [float(self.results[s].peak_memory.get(d, 0.0)) for d, s in factors]
+        cap = [float(self.results[s].capacity.get(d, float("nan"))) for d, s in factors]
+        unit_name, unit, top = memory_scale(max(peak), float(np.nanmax(cap)))
+        shown = [c if c <= top else float("nan") for c in cap]   # capacity off scale: no tick
+        fill = [_OOM if p > c else DEVICE_PALETTE[names.index(s) % len(DEVICE_PALETTE)]
+                for p, c, (_, s) in zip(peak, cap, factors)]
+        self.peak_source = ColumnDataSource({"x": factors, "peak": np.array(peak) / unit,
+                                             "capacity": np.array(shown) / unit,
                                              "color": fill,
                                              "strategy": [s for _, s in factors],
                                              "device": [d for d, _ in factors]})
         p_fig = figure(x_range=FactorRange(*factors), width=width - t_fig.width, height=height,
-                       title="peak memory per GPU (GiB); black ticks: capacity", tools="save",
-                       toolbar_location=None)
+                       title=f"peak memory per GPU ({unit_name}); black ticks: capacity"
+                       + ("" if len(shown) and np.isfinite(shown).all() else
+                          f" (off scale: {fmt_bytes(np.nanmax(cap))})"),
+                       tools="save", toolbar_location=None)
         p_fig.vbar(x="x", top="peak", width=0.8, color="color", source=self.peak_source)
         p_fig.scatter(x="x", y="capacity", marker="dash", size=18, line_width=3,
                       color="#000000", source=self.peak_source)
         p_fig.add_tools(HoverTool(tooltips=[("strategy", "@strategy"), ("device", "@device"),
-                                            ("peak", "@peak{0,0.00} GiB"),
-                                            ("capacity", "@capacity{0,0.00} GiB")]))
+                                            ("peak", f"@peak{{0,0.00}} {unit_name}")]))
         p_fig.xaxis.major_label_orientation = 0.9
         p_fig.y_range.start = 0
         t_fig.y_range.start = 0
+        self.time_figure, self.peak_figure = t_fig, p_fig
         super().__init__(row(t_fig, p_fig))
 
     def summary_html(self) -> str:

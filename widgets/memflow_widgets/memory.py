@@ -16,7 +16,7 @@ from bokeh.models import ColumnDataSource, HoverTool, Range1d, Span
 from bokeh.plotting import figure
 
 from .render import BokehView
-from .style import CATEGORIES, CATEGORY_COLORS, GIB, byte_unit, fmt_bytes, fmt_seconds
+from .style import CATEGORIES, CATEGORY_COLORS, GIB, fmt_bytes, fmt_seconds, memory_scale
 from .tasks import per_resource
 
 __all__ = ["MemoryTimeline", "memory_steps", "categories_of"]
@@ -123,17 +123,10 @@ def _legend(cats: list[str], width: int) -> Any:
     return fig
 
 
-# A capacity far above the peak is left off the scale (the title still gives it): a 40 KiB
-# model on a 16 GiB GPU would otherwise be a hairline at the bottom of the chart.
-CAPACITY_IN_VIEW = 4.0
-
-
-def _top(result: Any, devices: Iterable[str]) -> float:
-    """The largest memory the charts must show: peaks, and capacities unless far above."""
+def _scale(result: Any, devices: Iterable[str]) -> tuple[str, float, float]:
     devices = list(devices)
-    peak = max(float(result.peak_memory.get(d, 0.0)) for d in devices)
-    cap = max(float(result.capacity[d]) for d in devices)
-    return max(peak, cap) if cap <= CAPACITY_IN_VIEW * peak else peak
+    return memory_scale(max(float(result.peak_memory.get(d, 0.0)) for d in devices),
+                        max(float(result.capacity[d]) for d in devices))
 
 
 def _title(device: str, peak: float, capacity: float) -> str:
@@ -168,7 +161,7 @@ class MemoryTimeline(BokehView):
             raise ValueError("MemoryTimeline: the result has no devices to draw")
         cats = categories_of(result.memory)
         # the unit of the memory axis, kept by update() so that redraws stay comparable
-        self.unit_name, self.unit = byte_unit(_top(result, names))
+        self.unit_name, self.unit, _ = _scale(result, names)
         self.x_range = Range1d(0, 1)
         self.y_range = Range1d(0, 1)
         self.sources: dict[str, ColumnDataSource] = {}
@@ -217,7 +210,7 @@ class MemoryTimeline(BokehView):
             self.figures[dev].title.text = _title(dev, float(result.peak_memory.get(dev, 0.0)),
                                                   cap)
         self.x_range.end = float(result.iteration_time) * 1e3 or 1.0
-        self.y_range.end = _top(result, self.sources) / self.unit * 1.08 or 1.0
+        self.y_range.end = _scale(result, self.sources)[2] / self.unit * 1.08 or 1.0
 
     def summary_html(self) -> str:
         r = self.result

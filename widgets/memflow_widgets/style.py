@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Sequence
 
 __all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "POLICY_COLORS", "DEVICE_PALETTE",
-           "MULTI_DEVICE_COLOR", "GIB", "fmt_bytes", "fmt_seconds", "byte_unit", "color_for"]
+           "MULTI_DEVICE_COLOR", "GIB", "CAPACITY_IN_VIEW", "fmt_bytes", "fmt_seconds", "byte_unit",
+           "memory_scale", "color_for"]
 
 GIB = float(2**30)
 
@@ -89,6 +90,24 @@ def byte_unit(n: float) -> tuple[str, float]:
             break
         name, size = unit, size * 1024
     return name, size
+
+
+# A capacity far above the peak is left off a chart's scale (titles still give it): a 40 KiB
+# model on a 16 GiB GPU would otherwise be a hairline at the bottom of the chart.
+CAPACITY_IN_VIEW = 4.0
+
+
+def memory_scale(peak: float, capacity: float) -> tuple[str, float, float]:
+    """How to draw memory whose largest peak is ``peak`` on devices of ``capacity`` bytes:
+    ``(unit name, unit size, top of the axis in bytes)``; the capacity is in view unless it is
+    more than ``CAPACITY_IN_VIEW`` times the peak.
+
+    >>> memory_scale(12 * 2**30, 16 * 2**30)[:2], memory_scale(40 * 1024, 16 * 2**30)[:2]
+    (('GiB', 1073741824.0), ('KiB', 1024.0))
+    """
+    top = max(peak, capacity) if capacity <= CAPACITY_IN_VIEW * peak else peak
+    name, size = byte_unit(top)
+    return name, size, top
 
 
 def fmt_seconds(t: float) -> str:
