@@ -65,6 +65,10 @@ class JupyterServer:
         """The JupyterLab URL that opens ``notebook`` (relative to :attr:`root`)."""
         return f"{self.url}/lab/tree/{notebook}?token={self.token}"
 
+    def voila_url(self, notebook: str) -> str:
+        """The URL where Voila (a server extension of the same server) renders ``notebook``."""
+        return f"{self.url}/voila/render/{notebook}?token={self.token}"
+
     def log_tail(self, lines: int = 40) -> str:
         """The end of the server's log (for failure messages)."""
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

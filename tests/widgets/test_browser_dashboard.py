@@ -1,8 +1,9 @@
-"""The dashboard in a real JupyterLab page, driven by headless Chromium.
+"""The dashboard in a real JupyterLab page, and in Voila, driven by headless Chromium.
 
 Start → the iteration counter moves → Pause → tick two units → Resume → the counter moves
 again, those units are recomputed in every strategy after the resume, and the memory chart of
-the best strategy has drawn. A screenshot goes to artifacts/dashboard.png.
+the best strategy has drawn. Screenshots go to artifacts/dashboard.png and
+artifacts/dashboard-voila.png.
 """
 from __future__ import annotations
 
@@ -125,3 +126,17 @@ def test_pause_pin_resume_in_jupyterlab(jupyter_server, lab_page):
     page.set_viewport_size({"width": 1280, "height": 2000})   # the whole dashboard in view
     page.locator(".memflow-searchdashboard").scroll_into_view_if_needed()
     screenshot(page, "dashboard")
+
+
+def test_dashboard_runs_in_voila(jupyter_server, lab_page):
+    page = lab_page
+    write_notebook(jupyter_server.root / "voila.ipynb", [SETUP, PROBE])
+    page.goto(jupyter_server.voila_url("voila.ipynb"))
+    start = button(page, "Start")
+    start.wait_for(timeout=120_000)       # Voila runs the notebook before it shows the page
+    start.click()
+    wait_iteration_above(page, 20)
+    button(page, "Pause").click()
+    wait_state(page, "paused")
+    wait_for_ink(page, ".memflow-memorytimeline", 5000)
+    screenshot(page, "dashboard-voila")
