@@ -1,0 +1,43 @@
+"""memflow's search: a memory-aware MCMC search and the exact references it is measured by.
+
+* :class:`MCMCSearch` — Metropolis search over parallel configurations and memory policies,
+  incremental (``step``/``run``), steerable (``pin``/``unpin``), resumable (``save``/``load``);
+* :func:`run_chains` — several chains in processes or on a Dask cluster, sharing their best;
+* :func:`optimal_checkpointing` — the optimal keep/recompute schedule of a chain (exact DP);
+* :func:`exhaustive` — every assignment of a small space, simulated.
+
+The names load on first use, so ``import memflow.search`` stays cheap.
+
+>>> from memflow import search
+>>> sorted(search.__all__)[:3]
+['ChainsResult', 'CheckpointResult', 'ExhaustiveResult']
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "MCMCSearch": "memflow.search.mcmc",
+    "run_chains": "memflow.search.parallel",
+    "ChainsResult": "memflow.search.parallel",
+    "optimal_checkpointing": "memflow.search.checkpointing",
+    "CheckpointResult": "memflow.search.checkpointing",
+    "exhaustive": "memflow.search.exhaustive",
+    "ExhaustiveResult": "memflow.search.exhaustive",
+    "baselines": "memflow.search.initial",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'memflow.search' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

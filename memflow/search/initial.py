@@ -1,0 +1,103 @@
+"""Where a chain starts: data parallelism, the best of the known baselines, or a given strategy.
+
+The baselines are the seeds' techniques as plain strategies: data parallelism (keep
+everything, recompute everything, or the optimal checkpointing schedule of one replica),
+hybrid data × model parallelism (Pal et al.) and the planners of :mod:`memflow.plan` where
+they exist. A chain started from the best of them can only improve on all of them.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable
+
+from ..errors import MemflowError, SearchError
+from ..strategy import Strategy
+from .cost import CostModel
+
+__all__ = ["data_parallel", "baselines", "best_baseline", "INITS"]
+
+INITS = ("data_parallel", "baseline")
+
+
+def data_parallel(graph, cluster) -> Strategy:
+    """Every unit replicated on as many devices as the batch allows (a divisor of the count).
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> data_parallel(chain_graph(2, batch=2), memflow.Cluster.preset("4xV100-16GB")).devices
+    (('gpu0', 'gpu1'), ('gpu0', 'gpu1'))
+    """
+    devices = [str(d) for d in cluster.devices.index]
+    batch = int(graph.meta.get("batch_size") or len(devices))
+    k = max(d for d in range(1, len(devices) + 1) if len(devices) % d == 0 and d <= batch)
+    return Strategy.data_parallel(graph, devices[:k])
+
+
+def _hybrids(graph, cluster) -> dict[str, Strategy]:
+    devices = [str(d) for d in cluster.devices.index]
+    out = {}
+    for mp in (2, 4, 8):
+        if len(devices) % mp == 0 and mp <= len(graph):
+            dp = len(devices) // mp
+            try:
+                s = Strategy.hybrid(graph, devices, dp=dp, mp=mp).validate(graph, cluster)
+            except MemflowError:
+                continue    # e.g. the batch does not split dp ways
+            out[s.name] = s
+    return out
+
+
+def _checkpointed(graph, cluster, base: Strategy, memory_limit: Any) -> dict[str, Strategy]:
+    from .checkpointing import optimal_checkpointing   # the DP is heavier; load when needed
+    try:
+        res = optimal_checkpointing(graph, cluster, memory_limit, base=base)
+    except SearchError:
+        return {}       # not a chain, or no schedule fits: nothing to offer
+    return {res.strategy.name: res.strategy}
+
+
+def _planned(graph, cluster, memory_limit: Any) -> dict[str, Strategy]:
+    """Strategies of :mod:`memflow.plan`'s planners, when that package is installed."""
+    if importlib.util.find_spec("memflow.plan") is None:
+        return {}
+    plan = importlib.import_module("memflow.plan")
+    out: dict[str, Strategy] = {}
+    baselines_of: Callable | None = getattr(plan, "baselines", None)
+    if baselines_of is None:
+        return out
+    try:
+        found = baselines_of(graph, cluster, memory_limit=memory_limit)
+    except MemflowError:
+        return out
+    for name, s in dict(found).items():
+        if isinstance(s, Strategy):
+            out[str(name)] = s
+    return out
+
+
+def baselines(graph, cluster, *, memory_limit: Any = None) -> dict[str, Strategy]:
+    """Candidate starting strategies by name (each valid for ``graph`` on ``cluster``).
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> sorted(baselines(chain_graph(4, batch=8), memflow.Cluster.preset("4xV100-16GB")))[:3]
+    ['data parallel', 'data parallel, optimal checkpointing', 'data parallel, recompute all']
+    """
+    dp = data_parallel(graph, cluster)
+    out = {dp.name: dp,
+           "data parallel, recompute all": dp.with_policy(recompute=list(graph.names))
+           .with_schedule(name="data parallel, recompute all")}
+    out.update(_hybrids(graph, cluster))
+    out.update(_checkpointed(graph, cluster, dp, memory_limit))
+    out.update(_planned(graph, cluster, memory_limit))
+    return out
+
+
+def best_baseline(graph, cluster, cost: CostModel, *, memory_limit: Any = None,
+                  pin: Callable[[Strategy], Strategy] = lambda s: s) -> Strategy:
+    """The baseline of least cost under ``cost`` (after ``pin`` fixes pinned units)."""
+    scored = []
+    for name, s in baselines(graph, cluster, memory_limit=memory_limit).items():
+        s = pin(s)
+        scored.append((cost(s).cost, name, s))
+    return min(scored, key=lambda x: (x[0], x[1]))[2]
