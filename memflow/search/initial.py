@@ -56,22 +56,29 @@ def _checkpointed(graph, cluster, base: Strategy, memory_limit: Any) -> dict[str
     return {res.strategy.name: res.strategy}
 
 
-def _planned(graph, cluster, memory_limit: Any) -> dict[str, Strategy]:
-    """Strategies of :mod:`memflow.plan`'s planners, when that package is installed."""
+def _planned(graph, cluster, dp: Strategy, memory_limit: Any) -> dict[str, Strategy]:
+    """Strategies of :mod:`memflow.plan`'s planners (where that package is present): offload
+    on data parallelism, a pipeline, and √n checkpointing on one device. A planner that finds
+    nothing within the limit still offers the least-memory strategy it built."""
     if importlib.util.find_spec("memflow.plan") is None:
         return {}
     plan = importlib.import_module("memflow.plan")
+    calls = {
+        "data parallel, offload (vDNN dynamic)": lambda: plan.offload(
+            graph, cluster, "dynamic", memory_limit=memory_limit, base=dp),
+        "pipeline": lambda: plan.pipeline(graph, cluster, memory_limit=memory_limit,
+                                          solver="dp"),
+        "one device, sqrt checkpointing": lambda: plan.checkpoint(
+            graph, cluster, memory_limit, method="sqrt"),
+    }
     out: dict[str, Strategy] = {}
-    baselines_of: Callable | None = getattr(plan, "baselines", None)
-    if baselines_of is None:
-        return out
-    try:
-        found = baselines_of(graph, cluster, memory_limit=memory_limit)
-    except MemflowError:
-        return out
-    for name, s in dict(found).items():
+    for name, call in calls.items():
+        try:
+            s = call()
+        except MemflowError as exc:
+            s = getattr(exc, "best", None)     # plan.Infeasible carries its least-memory try
         if isinstance(s, Strategy):
-            out[str(name)] = s
+            out[name] = s.with_schedule(name=name)
     return out
 
 
@@ -89,7 +96,7 @@ def baselines(graph, cluster, *, memory_limit: Any = None) -> dict[str, Strategy
            .with_schedule(name="data parallel, recompute all")}
     out.update(_hybrids(graph, cluster))
     out.update(_checkpointed(graph, cluster, dp, memory_limit))
-    out.update(_planned(graph, cluster, memory_limit))
+    out.update(_planned(graph, cluster, dp, memory_limit))
     return out
 
 
