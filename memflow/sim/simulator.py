@@ -7,6 +7,7 @@ across strategies, so a search that changes one unit re-derives only that unit's
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,27 @@ class Run:
     devices_used: np.ndarray              # device positions the strategy uses
 
 
+@dataclass
+class _Prepared:
+    """What a strategy's structure and the cluster fix before any timing."""
+
+    plan: MemoryPlan
+    tasks: Tasks
+    duration: np.ndarray
+    channels: dict
+    task_channels: list[tuple[int, ...]]
+    n_channel_classes: int
+    channel_class: np.ndarray
+    device_class: np.ndarray
+    layout_classes: list[np.ndarray]
+    host_classes: list[np.ndarray]
+    alloc: np.ndarray
+    frees: np.ndarray
+    idx: np.ndarray
+    on_host: np.ndarray
+    devices_used: np.ndarray
+
+
 class Simulator:
     """Simulate strategies of one graph on one cluster.
 
@@ -84,12 +106,14 @@ class Simulator:
         if precision not in PRECISIONS:
             raise SimulationError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
         self.graph, self.cluster = graph, cluster
+        self.cache_size = 256
         self.optimizer, self.precision = optimizer, precision
         self.ga: GraphArrays = graph_arrays(graph)
         self.ca = cluster.arrays if cluster is not None else None
         self._layout_cost: dict[tuple, Any] = {}
         self._copy_cost: dict[tuple, Any] = {}
         self._compress: tuple | None = None
+        self._prepared_cache: OrderedDict[tuple, _Prepared] = OrderedDict()
 
     @property
     def compression(self) -> tuple:
@@ -189,10 +213,16 @@ class Simulator:
         return dur, channels
 
     # ------------------------------------------------------------------ runs
-    def run(self, strategy: Strategy, *, fold: bool = True) -> Run:
-        """Simulate one step of ``strategy``; every array of the outcome."""
-        if self.ca is None:
-            raise SimulationError("this simulator has no cluster; give one to time a strategy")
+    def _prepared(self, strategy: Strategy, fold: bool) -> "_Prepared":
+        """Tasks, blocks, durations and channel classes of ``strategy`` (cached by structure:
+        a search that revisits a strategy, or re-times one, skips all of this)."""
+        key = (strategy.policy.tobytes(), strategy.error_bound.tobytes(),
+               strategy.stage.tobytes(), tuple(strategy.layouts),
+               strategy.layout_ids.tobytes(), strategy.microbatches, strategy.schedule, fold)
+        hit = self._prepared_cache.get(key)
+        if hit is not None:
+            self._prepared_cache.move_to_end(key)
+            return hit
         plan = self.plan(strategy)
         T = expand(self.ga, strategy, plan)
         dur, chan_sets = self._timing(strategy, T, plan)
@@ -201,25 +231,36 @@ class Simulator:
         set_keys = list(chan_sets)
         ch_cls, per_set = classes([chan_sets[k] for k in set_keys], n_ch, fold)
         folded = {k: tuple(per_set[j].tolist()) for j, k in enumerate(set_keys)}
-        task_ch = [folded[(r, L)] for r, L in zip(T.role, T.key)]
-        start, end = schedule(T.deps, task_ch, dur, int(ch_cls.max()) + 1 if n_ch else 1)
         lcs = [self._lc(k) for k in strategy.layouts]
         dev_cls, lay_cls = classes([lc.devices for lc in lcs], n_dev, fold)
-        dev_ledger, host_ledger = self._ledgers(plan, T, start, end, lay_cls,
-                                                int(dev_cls.max()) + 1, lcs, strategy)
-        used = np.unique(np.concatenate([lc.devices for lc in lcs]))
-        return Run(strategy, T, plan, start, end, dur, task_ch, chan_sets, ch_cls, dev_cls,
-                   dev_ledger,
-                   host_ledger, float(end.max(initial=0.0)), used)
-
-    def _ledgers(self, plan, T, start, end, lay_cls, n_cls, lcs, strategy):
         alloc, frees, idx = anchor_tasks(plan, T.anchor, T.first_mb, strategy.microbatches)
-        host = plan.on_host[idx]
-        dev = ledger(plan, alloc[~host], frees[~host], idx[~host], start, end, lay_cls, n_cls)
-        host_cls = [self.ca.host[lc.devices] for lc in lcs]
-        hst = ledger(plan, alloc[host], frees[host], idx[host], start, end, host_cls,
+        prep = _Prepared(
+            plan=plan, tasks=T, duration=dur, channels=chan_sets,
+            task_channels=[folded[(r, L)] for r, L in zip(T.role, T.key)],
+            n_channel_classes=int(ch_cls.max()) + 1, channel_class=ch_cls,
+            device_class=dev_cls, layout_classes=lay_cls,
+            host_classes=[self.ca.host[lc.devices] for lc in lcs],
+            alloc=alloc, frees=frees, idx=idx, on_host=plan.on_host[idx],
+            devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])))
+        self._prepared_cache[key] = prep
+        if len(self._prepared_cache) > self.cache_size:
+            self._prepared_cache.popitem(last=False)
+        return prep
+
+    def run(self, strategy: Strategy, *, fold: bool = True) -> Run:
+        """Simulate one step of ``strategy``; every array of the outcome."""
+        if self.ca is None:
+            raise SimulationError("this simulator has no cluster; give one to time a strategy")
+        P = self._prepared(strategy, fold)
+        start, end = schedule(P.tasks.deps, P.task_channels, P.duration, P.n_channel_classes)
+        h = P.on_host
+        dev = ledger(P.plan, P.alloc[~h], P.frees[~h], P.idx[~h], start, end, P.layout_classes,
+                     int(P.device_class.max()) + 1)
+        hst = ledger(P.plan, P.alloc[h], P.frees[h], P.idx[h], start, end, P.host_classes,
                      len(self.ca.host_memory), host=True)
-        return dev, hst
+        return Run(strategy, P.tasks, P.plan, start, end, P.duration, P.task_channels,
+                   P.channels, P.channel_class, P.device_class, dev, hst,
+                   float(end.max(initial=0.0)), P.devices_used)
 
     def evaluate(self, strategy: Strategy, *, fold: bool = True) -> Evaluation:
         """Time, peak per device and feasibility of ``strategy`` (no DataFrames)."""
