@@ -1,13 +1,12 @@
-"""Fixtures of the headless widget tests: real graph, strategy, cluster and simulation; a
-stand-in search until memflow.MCMCSearch lands."""
+"""Fixtures of the headless widget tests: the real graph, strategy, cluster, simulation and
+search of memflow (a small chain built without capture, so no model needs tracing)."""
 from __future__ import annotations
 
 import pytest
 
 import memflow
 
-from widget_helpers import chain_graph
-from widget_stand_ins import StandInSearch
+from widget_helpers import Recording, chain_graph
 
 GIB = 2**30
 
@@ -41,4 +40,9 @@ def oom_result(strategy, cluster):
 
 @pytest.fixture
 def search(graph, cluster):
-    return StandInSearch(graph, cluster)
+    return memflow.MCMCSearch(graph, cluster, seed=0)
+
+
+@pytest.fixture
+def recording(search):
+    return Recording(search)

@@ -27,23 +27,21 @@ import json, os, sys
 sys.path.insert(0, {str(HERE)!r})
 import memflow
 import memflow_widgets as mfw
-from widget_helpers import chain_graph
-from widget_stand_ins import StandInSearch
+from widget_helpers import Recording, chain_graph
 mfw.setup()
-search = StandInSearch(chain_graph(12, unit_bytes=2**28), memflow.Cluster.preset("2xV100-16GB"),
-                       step_seconds=0.002)
+graph = chain_graph(12, unit_bytes=2**28)
+search = Recording(memflow.MCMCSearch(graph, memflow.Cluster.preset("2xV100-16GB"), seed=0))
+PINNED = {PINNED!r}
 """
 
 # The kernel reports what the page cannot show: after every flush and change of state, the
-# policies that the search's current strategy gives the pinned units, and which unit every
-# proposal so far moved.
+# policy of the would-be pinned units in every strategy the chain stood on so far, and which
+# unit every proposal moved.
 PROBE = """
-snapshots = []
 def probe(runner):
-    current = dict(zip(search.current.units, search.current.policies))
-    snapshots.append({"iteration": dash.feed.seen, "state": runner.state,
-                      "pinned": {u: current[u] for u in search.pins}})
-    doc = {"state": runner.state, "pins": dict(search.pins), "snapshots": snapshots,
+    doc = {"state": runner.state, "pins": search.pins, "iteration": search.iteration,
+           "policies": {u: [dict(zip(s.units, s.policies))[u] for s in search.strategies]
+                        for u in PINNED},
            "moved": search.history["unit"].astype(str).tolist()}
     with open("probe.json.tmp", "w") as fh:
         json.dump(doc, fh)
@@ -115,8 +113,9 @@ def test_pause_pin_resume_in_jupyterlab(jupyter_server, lab_page):
 
     probe = read_probe(jupyter_server.root / "probe.json", state="paused")
     assert probe["pins"] == {u: "recompute" for u in PINNED}
-    after = [s for s in probe["snapshots"] if s["iteration"] > paused_at]
-    assert len(after) >= 2 and all(s["pinned"] == {u: "recompute" for u in PINNED} for s in after)
+    assert probe["iteration"] >= paused_at + 100
+    for unit in PINNED:     # every strategy the chain stood on after the resume
+        assert set(probe["policies"][unit][paused_at:]) == {"recompute"}, unit
     moved_after = probe["moved"][paused_at:]
     assert len(moved_after) >= 100 and not set(moved_after) & set(PINNED)
 

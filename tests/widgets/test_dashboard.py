@@ -7,8 +7,7 @@ import pytest
 import memflow
 from memflow_widgets import SearchDashboard
 
-from widget_helpers import run, until
-from widget_stand_ins import StandInSearch
+from widget_helpers import Recording, run, until
 
 
 def buttons(dash):
@@ -36,38 +35,39 @@ def test_buttons_follow_the_state(search):
     assert not any(r.pin.disabled for r in dash.pins.rows)
 
 
-def test_pause_pin_resume_keeps_pins_in_every_later_strategy(graph, cluster):
-    search = StandInSearch(graph, cluster, step_seconds=0.0002)
+def test_pause_pin_resume_keeps_pins_in_every_later_strategy(recording):
+    search = recording
     dash = SearchDashboard(search, flush_seconds=0.02)
 
     async def scenario():
         dash.start_button.click()
-        await until(lambda: dash.feed.seen >= 200)
+        await until(lambda: dash.feed.seen >= 60)
         dash.pause_button.click()
         await dash.runner.wait()
-        paused_at = len(search.strategies)
-        assert paused_at == dash.runner.steps == dash.feed.seen     # a step boundary, all drawn
+        paused_at = search.iteration
+        assert paused_at == dash.runner.steps == dash.feed.seen    # a step boundary, all drawn
         assert "paused" in dash.counters.value
         dash.pins.rows[3].pin.value = True
         dash.pins.rows[6].pin.value = True
         assert search.pins == {"layer3": "recompute", "layer6": "recompute"}
         dash.resume_button.click()
-        await until(lambda: dash.feed.seen >= paused_at + 200)
+        await until(lambda: dash.feed.seen >= paused_at + 60)
         dash.pause_button.click()
         await dash.runner.wait()
         return paused_at
 
     paused_at = run(scenario())
     after = search.strategies[paused_at:]
-    assert len(after) >= 200
+    assert len(after) >= 60
     for s in after:
         policies = dict(zip(s.units, s.policies))
         assert policies["layer3"] == policies["layer6"] == "recompute"
     assert set(search.history["unit"].iloc[paused_at:]).isdisjoint({"layer3", "layer6"})
+    assert list(search.history["iteration"]) == list(range(search.iteration))   # no gap
 
 
 def test_charts_and_counters_receive_the_history(search):
-    dash = SearchDashboard(search, flush_seconds=0.02, max_iterations=300)
+    dash = SearchDashboard(search, flush_seconds=0.02, max_iterations=150)
 
     async def scenario():
         dash.start_button.click()
@@ -76,12 +76,12 @@ def test_charts_and_counters_receive_the_history(search):
     run(scenario())
     assert dash.runner.state == "done"
     cost = dash.cost_source.data
-    assert len(cost["iteration"]) == 300                     # few enough rows: none thinned
-    assert list(cost["iteration"]) == list(range(300))
+    assert len(cost["iteration"]) == 150                     # few enough rows: none thinned
+    assert list(cost["iteration"]) == list(range(150))
     np.testing.assert_allclose(cost["best_cost"], search.history["best_cost"])
     rate = np.asarray(dash.acceptance_source.data["rate"])
     assert ((0 <= rate) & (rate <= 1)).all()
-    assert "data-counter='iteration'>300<" in dash.iteration.value
+    assert "data-counter='iteration'>150<" in dash.iteration.value
     assert f"{search.acceptance_rate(200):.1%}" in dash.counters.value
     assert "done" in dash.counters.value
     # the memory chart shows the best strategy found
@@ -97,15 +97,16 @@ def test_step_button_runs_the_asked_steps(search):
     assert "data-counter='iteration'>7<" in dash.iteration.value
 
 
-def test_a_failing_search_is_shown(graph, cluster):
-    dash = SearchDashboard(StandInSearch(graph, cluster, fail_at=40))
+def test_a_failing_search_is_shown(search):
+    dash = SearchDashboard(Recording(search, fail_at=40))
 
     async def scenario():
         dash.start_button.click()
         await dash.runner.wait()
 
     run(scenario())
-    assert "failed (RuntimeError: stand-in search failed on purpose)" in dash.counters.value
+    assert "failed (RuntimeError: search stopped on purpose at iteration 40)" in \
+        dash.counters.value
     assert buttons(dash)["Resume"]
     dash.steps.value = 1
     dash.step_button.click()                       # still failing: said, not raised

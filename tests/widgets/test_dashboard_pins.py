@@ -57,8 +57,18 @@ def test_a_refused_pin_is_explained_and_undone(search, monkeypatch):
 
 
 def test_rows_show_saved_bytes_and_best_policy(search):
-    search.best = search.best.with_policy(recompute=["layer0"])
     table = PinTable(search)
-    assert "saves 1.00 KiB; best: recompute" in table.rows[0].info.value
+    assert "Linear, saves 1.00 KiB; best: keep" in table.rows[0].info.value
+    table.rows[0].pin.value = True              # the search re-checks its best with the pin
+    assert "best: recompute" in table.rows[0].info.value
     table.set_enabled(False)
     assert all(r.pin.disabled and r.policy.disabled for r in table.rows)
+
+
+def test_a_compress_pin_reads_back_as_compress(search):
+    table = PinTable(search)
+    table.rows[4].policy.value = "compress"
+    table.rows[4].pin.value = True
+    assert search.pins["layer4"].startswith("compress:")     # with the default error bound
+    table.refresh()
+    assert table.rows[4].pin.value and table.rows[4].policy.value == "compress"

@@ -6,11 +6,10 @@ import pytest
 
 from memflow_widgets import SearchRunner
 
-from widget_helpers import run, until
-from widget_stand_ins import StandInSearch
+from widget_helpers import Recording, run, until
 
 
-class Recorder:
+class CallLog:
     """A search that records the size of every step() call."""
 
     def __init__(self, seconds_per_step: float = 0.0):
@@ -24,7 +23,7 @@ class Recorder:
 
 
 def test_pause_stops_at_a_step_boundary_and_resume_continues():
-    search = Recorder(seconds_per_step=0.0005)
+    search = CallLog(seconds_per_step=0.0005)
     runner = SearchRunner(search, chunk_seconds=0.01)
 
     async def scenario():
@@ -51,7 +50,7 @@ def test_pause_stops_at_a_step_boundary_and_resume_continues():
 
 
 def test_chunks_stay_near_the_target_duration():
-    search = Recorder(seconds_per_step=0.001)
+    search = CallLog(seconds_per_step=0.001)
     runner = SearchRunner(search, chunk_seconds=0.02, max_iterations=300)
     run(_start_and_wait(runner))
     assert runner.state == "done" and sum(search.calls) == 300
@@ -64,7 +63,7 @@ async def _start_and_wait(runner):
 
 
 def test_budget_ends_in_done_and_start_again_stays_done():
-    runner = SearchRunner(Recorder(), max_iterations=50)
+    runner = SearchRunner(CallLog(), max_iterations=50)
     assert run(_start_and_wait(runner)) == "done"
     assert runner.steps == 50
     run(_start_and_wait(runner))
@@ -73,7 +72,7 @@ def test_budget_ends_in_done_and_start_again_stays_done():
 
 def test_listeners_hear_state_changes_and_flushes():
     seen: list[str] = []
-    runner = SearchRunner(Recorder(seconds_per_step=0.001), flush_seconds=0.02,
+    runner = SearchRunner(CallLog(seconds_per_step=0.001), flush_seconds=0.02,
                           max_iterations=150)
     runner.add_listener(lambda r: seen.append(r.state))
     run(_start_and_wait(runner))
@@ -82,22 +81,22 @@ def test_listeners_hear_state_changes_and_flushes():
     assert runner.rate > 0
 
 
-def test_a_failing_step_is_reported_not_raised(graph, cluster):
-    runner = SearchRunner(StandInSearch(graph, cluster, fail_at=30))
+def test_a_failing_step_is_reported_not_raised(search):
+    runner = SearchRunner(Recording(search, fail_at=30))
     assert run(_start_and_wait(runner)) == "failed"
-    assert "failed on purpose" in str(runner.error)
-    assert runner.steps < 30 + 1
+    assert "stopped on purpose at iteration 30" in str(runner.error)
+    assert runner.steps <= 30 and search.iteration == 30
 
 
 def test_a_failing_listener_does_not_stop_the_search():
-    runner = SearchRunner(Recorder(), max_iterations=20)
+    runner = SearchRunner(CallLog(), max_iterations=20)
     runner.add_listener(lambda r: 1 / 0)
     assert run(_start_and_wait(runner)) == "done"
     assert isinstance(runner.error, ZeroDivisionError)
 
 
 def test_step_by_hand_only_when_not_running():
-    search = Recorder(seconds_per_step=0.0005)
+    search = CallLog(seconds_per_step=0.0005)
     runner = SearchRunner(search)
     runner.step(3)
     assert search.calls == [3] and runner.state == "idle"
@@ -118,7 +117,7 @@ def test_step_by_hand_only_when_not_running():
 
 
 def test_pause_then_resume_before_the_chunk_ends_keeps_running():
-    runner = SearchRunner(Recorder(seconds_per_step=0.001), chunk_seconds=0.05)
+    runner = SearchRunner(CallLog(seconds_per_step=0.001), chunk_seconds=0.05)
 
     async def scenario():
         runner.start()
@@ -136,9 +135,23 @@ def test_pause_then_resume_before_the_chunk_ends_keeps_running():
 
 def test_start_needs_an_event_loop():
     with pytest.raises(RuntimeError, match="no asyncio event loop is running"):
-        SearchRunner(Recorder()).start()
+        SearchRunner(CallLog()).start()
 
 
 def test_a_search_without_step_is_refused():
     with pytest.raises(TypeError, match="search must have a step"):
         SearchRunner(object())
+
+
+def test_the_real_search_pauses_between_proposals(search):
+    runner = SearchRunner(search, chunk_seconds=0.01)
+
+    async def scenario():
+        runner.start()
+        await until(lambda: search.iteration >= 20)
+        runner.pause()
+        await runner.wait()
+
+    run(scenario())
+    assert runner.state == "paused"
+    assert search.iteration == runner.steps == len(search.history)

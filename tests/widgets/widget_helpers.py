@@ -38,3 +38,26 @@ async def until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
         if time.perf_counter() > end:
             raise AssertionError(f"condition not reached within {timeout} s")
         await asyncio.sleep(0.005)
+
+
+class Recording:
+    """A real search seen through a recorder: every ``step`` is made one proposal at a time and
+    the current strategy after each is kept in :attr:`strategies`, so that tests can check pins
+    in every strategy the chain stood on. With ``fail_at``, stepping past that iteration raises
+    (a search that breaks mid-run). Everything else is the search's own."""
+
+    def __init__(self, search, *, fail_at: int | None = None):
+        self.search = search
+        self.fail_at = fail_at
+        self.strategies: list = []
+
+    def __getattr__(self, name):
+        return getattr(self.search, name)
+
+    def step(self, n: int = 1):
+        for _ in range(n):
+            if self.fail_at is not None and self.search.iteration >= self.fail_at:
+                raise RuntimeError(f"search stopped on purpose at iteration {self.fail_at}")
+            self.search.step(1)
+            self.strategies.append(self.search.current)
+        return self

@@ -22,8 +22,8 @@ POLICIES = ("recompute", "keep", "offload", "compress")
 
 
 def pinned_policies(search: Any) -> dict[str, str]:
-    """``{unit: policy}`` of the search's pinned units."""
-    return {str(u): str(p) for u, p in search.pins.items()}
+    """``{unit: policy}`` of the search's pinned units (``"compress:0.001"`` → ``"compress"``)."""
+    return {str(u): str(p).split(":", 1)[0] for u, p in search.pins.items()}
 
 
 class _Row:
