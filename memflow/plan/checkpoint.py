@@ -21,12 +21,15 @@ kept units cut the chain into segments.
   geometric grid (Chen's "√n" choice is the grid's low-memory end for a uniform chain); the
   fastest plan within the limit is returned.
 * ``"revolve"`` — Griewank & Walther's binomial checkpointing (``revolve``, ACM TOMS 2000)
-  with ``c`` snapshots over the units taken as uniform steps: the snapshots its first forward
-  sweep takes (its ``advance`` rule) become kept units (the snapshot of the model input is
-  free). revolve's later sweeps, which recompute a step several times, cannot be expressed: each
-  stretch between snapshots is recomputed once as one segment. ``c`` is searched.
-* ``"optimal"`` — :func:`memflow.search.optimal_checkpointing` (a rotor-style dynamic
-  program over memory), imported when asked for.
+  with ``c`` snapshots over the units taken as uniform steps: the states its first forward
+  sweep stores (its ``advance`` rule; state ``i`` is the input of unit ``i``) make units ``i``
+  kept, which holds their input as revolve holds the state. revolve's later sweeps, which
+  recompute a step several times, cannot be expressed: each stretch between snapshots is
+  recomputed once as one segment. ``c`` is searched.
+* ``"optimal"`` — :func:`memflow.search.optimal_checkpointing`: the least-time assignment of
+  keep and recompute that fits, over exactly the schedules above (an exact dynamic program
+  over segmentations, after rotor), for graphs that are chains (capture with
+  ``units="blocks"``); imported when asked for. Its smallest memory is found by bisection.
 
 Units that the graph marks not recomputable (a ``recomputable`` column) are always kept.
 
@@ -153,40 +156,38 @@ class _Planner:
         if method == "revolve":
             counts = np.unique(np.geomspace(1, n, _GRID).round().astype(int))
             return list(dict.fromkeys(
-                self.strategy([p for p in revolve_snapshots(n, int(c)) if p > 0],
+                self.strategy(revolve_snapshots(n, int(c)),
                               f"revolve ({int(c)} snapshots)") for c in counts))
         raise PlanError(f"checkpoint: unknown method {method!r}; valid: {', '.join(METHODS)}")
 
-    def optimal(self, limit: float) -> Strategy:
+    def _optimal_try(self, limit: float) -> Outcome | None:
+        """The optimal schedule within ``limit``, or None when none fits."""
         try:
             from ..search import optimal_checkpointing
         except ImportError as exc:
             raise PlanError("checkpoint: method 'optimal' needs "
                             "memflow.search.optimal_checkpointing, which is not available "
                             f"here ({exc}); use 'sqrt', 'revolve' or 'all'") from None
-        return optimal_checkpointing(self.graph, self.cluster, limit)
+        from ..errors import SearchError
+        try:
+            res = optimal_checkpointing(self.graph, self.cluster, limit,
+                                        optimizer=self.optimizer)
+        except SearchError as exc:
+            if "needs a chain" in str(exc):
+                raise PlanError(f"checkpoint: method 'optimal' applies to chains only: {exc}"
+                                ) from None
+            return None
+        out = self.ev(res.strategy)
+        return out if out.peak <= limit else None
 
     def plan(self, method: str) -> Outcome:
-        if method == "optimal":
-            return self._optimal_at(self.limit)
-        return self.ev.best(self.candidates(method), "checkpoint", method)
-
-    def _optimal_at(self, limit: float) -> Outcome:
-        from ..errors import MemflowError
-        try:
-            s = self.optimal(limit)
-        except Infeasible:
-            raise
-        except MemflowError as exc:
-            if "needs memflow.search" in str(exc):
-                raise
-            low = min(self.lowest(m) for m in ("sqrt", "revolve"))
-            raise Infeasible("checkpoint", "optimal", limit=limit, min_memory=low.peak,
-                             best=low.strategy, detail=f"optimal_checkpointing: {exc}") from None
-        out = self.ev(s)
-        if out.peak > limit:
-            raise Infeasible("checkpoint", "optimal", limit=limit, min_memory=out.peak,
-                             best=s)
+        if method != "optimal":
+            return self.ev.best(self.candidates(method), "checkpoint", method)
+        out = self._optimal_try(self.limit)
+        if out is None:
+            low = self._optimal_lowest()
+            raise Infeasible("checkpoint", "optimal", limit=self.limit, min_memory=low.peak,
+                             best=low.strategy)
         return out
 
     def lowest(self, method: str) -> Outcome:
@@ -196,18 +197,20 @@ class _Planner:
         outs = [self.ev(s) for s in self.candidates(method)]
         return min(outs, key=lambda o: (o.peak, o.time))
 
-    def _optimal_lowest(self, rel: float = 0.01) -> Outcome:
+    def _optimal_lowest(self, rel: float = 0.005) -> Outcome:
         """Bisect the limit down to the smallest one ``optimal`` still meets (within ``rel``)."""
-        lo = 0.0
-        best = self._optimal_at(self.ev(self.base).peak * 1.001)
-        hi = best.peak
+        best = self._optimal_try(self.ev(self.base).peak)
+        if best is None:   # pragma: no cover - keeping everything is one of its schedules
+            raise PlanError("checkpoint: optimal_checkpointing found no schedule at the "
+                            "keep-everything peak")
+        lo, hi = 0.0, best.peak
         while hi - lo > rel * hi:
             mid = (lo + hi) / 2
-            try:
-                best = self._optimal_at(mid)
-                hi = best.peak
-            except Infeasible:
+            out = self._optimal_try(mid)
+            if out is None:
                 lo = mid
+            else:
+                best, hi = out, out.peak
         return best
 
 

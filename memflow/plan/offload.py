@@ -83,8 +83,9 @@ def knapsack_choice(prof: Profile, need: float, eligible: np.ndarray) -> np.ndar
     prev_bwd = np.append(prof.bwd[1:], 0.0)            # backward running while i prefetches
     after = np.cumsum((prof.fwd + prof.bwd)[::-1])[::-1] - (prof.fwd + prof.bwd)
     exposed = np.maximum(c_pre - prev_bwd, 0) + np.maximum(c_off - after, 0)
-    # ties broken towards moving fewer bytes
-    cost = exposed + 1e-6 * (c_off + c_pre) + 1e-12
+    # ties broken towards moving fewer bytes, then towards earlier units: the relaxation
+    # ignores that a late offload queues behind earlier ones and frees its memory late
+    cost = exposed + 1e-6 * (c_off + c_pre) * (1.0 + np.arange(n) / n) + 1e-12
     cost = np.where(eligible, cost, 0.0)
     if need <= 0:
         return np.zeros(n, bool)

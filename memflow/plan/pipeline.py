@@ -10,10 +10,10 @@ PipeDream-flush schedule and ``gpipe`` flushes too, so both keep one version of 
 no weight stashing is needed (PipeDream's asynchronous 1F1B, which stashes up to ``P − s``
 versions, is not a schedule memflow simulates).
 
-Each candidate micro-batch count is solved on the model, run by the simulator and, when a
-stage still exceeds its memory in simulation (the model leaves out, e.g., the copies of
-tensors received from the previous stage), solved again with that stage's budget reduced by the
-overshoot. The fastest simulated candidate that fits is returned.
+Each candidate micro-batch count is solved on the model and run by the simulator; where the
+simulated memory of a stage differs from the model's (which leaves out, e.g., when exactly
+received tensors and gradients are freed), the solver runs again with the budgets corrected by
+that difference. The fastest simulated candidate that fits is returned.
 
 >>> import pandas as pd
 >>> from memflow.graph import OpGraph
@@ -45,7 +45,7 @@ from ..sim.expand import K_BWD, K_FWD
 from ..strategy import SCHEDULES, Strategy
 from ..strategy.constructors import device_list
 from .common import Evaluator, Infeasible, Outcome, as_cluster, as_limit, check_graph
-from .partition import Chain, in_flight, solve_dp, solve_milp
+from .partition import Chain, in_flight, solve_dp, solve_milp, stage_memory
 
 __all__ = ["pipeline", "pipeline_table", "chain_of", "SOLVERS"]
 
@@ -146,34 +146,58 @@ class _Planner:
                              f"({self.schedule}, Beaumont et al. 2021)")
 
     def for_microbatches(self, M: int) -> list[Outcome]:
-        """Outcomes of the model's optimum for ``M``, repaired until it fits (or gives up)."""
+        """Simulated outcomes of the model's optimum for ``M``, recalibrated until it fits.
+
+        After each simulation the model's error on that partition, stage by stage, moves the
+        limits the solver sees (``limit + model − simulated``: looser where the model was
+        pessimistic, tighter where it was optimistic); a partition seen twice that is still
+        over has its budgets cut by the overshoot.
+        """
         P = len(self.devices)
         chain = chain_of(self.ev, self.devices, M)
         flight = in_flight(P, M, self.schedule)
+        where = self.cluster.devices.index.get_indexer(self.devices)
         limits = np.full(P, self.limit)
-        outs = []
+        outs: list[Outcome] = []
+        seen: set[bytes] = set()
         for _ in range(_REPAIRS):
             got = self.solve(chain, limits, flight)
-            if got is None:
-                break
-            out = self.ev(self.strategy(got[0], M))
+            stage = got[0] if got is not None else _least_memory(chain, flight)
+            out = self.ev(self.strategy(stage, M))
             outs.append(out)
             if out.fits:
                 break
-            over = out.peaks[self.cluster.devices.index.get_indexer(self.devices)] - self.limit
-            limits = limits - np.maximum(over, 0) - (over > 0)
+            sim = out.peaks[where]
+            if stage.tobytes() in seen:
+                limits = limits - np.maximum(sim - self.limit, 0) - 1.0
+            else:
+                limits = self.limit + stage_memory(chain, stage, flight) - sim
+            seen.add(stage.tobytes())
         return outs
 
     def plan(self, microbatches) -> Outcome:
-        P = len(self.devices)
-        outs = [o for M in _candidates(int(self.graph.meta["batch_size"]), P, microbatches)
-                for o in self.for_microbatches(M)]
-        if not outs:
-            one = self.strategy(np.minimum(np.arange(len(self.graph)), P - 1), 1)
-            low = self.ev(one)
+        counts = _candidates(int(self.graph.meta["batch_size"]), len(self.devices), microbatches)
+        outs = [o for M in counts for o in self.for_microbatches(M)]
+        if not any(o.fits for o in outs):
+            low = min(outs, key=lambda o: o.peak)
             raise Infeasible("pipeline", self.schedule, limit=self.limit, min_memory=low.peak,
-                             best=one, detail="the stage-memory model admits no partition")
+                             best=low.strategy)
         return self.ev.best([o.strategy for o in outs], "pipeline", self.schedule)
+
+
+def _least_memory(chain: Chain, flight: np.ndarray, rel: float = 0.01) -> np.ndarray:
+    """The partition of (about) least model memory on its fullest stage, by bisection."""
+    P = len(flight)
+    hi = float(chain.weights.sum() + flight.max() * chain.act.sum() + chain.tmp.max())
+    best, lo = solve_dp(chain, np.full(P, hi), flight), 0.0
+    while hi - lo > rel * hi:
+        mid = (lo + hi) / 2
+        got = solve_dp(chain, np.full(P, mid), flight)
+        if got is None:
+            lo = mid
+        else:
+            best, hi = got, mid
+    return best[0]
 
 
 def pipeline(graph, cluster: Any, *, memory_limit: Any = None,

@@ -1,0 +1,84 @@
+"""Offloading planners on hand-checked chains."""
+import numpy as np
+import pytest
+
+import memflow
+from memflow.errors import PlanError
+from memflow.plan import Infeasible, offload, offload_table
+from memflow.plan.common import Profile
+from memflow.plan.offload import fluid_choice, knapsack_choice
+
+from .graphs import GIB, chain
+
+KINDS = ["Conv2d", "ReLU"] * 3
+
+
+def test_static_policies():
+    g = chain(6, kinds=KINDS)
+    assert offload(g, "1xV100-16GB", "none").policies == ["keep"] * 6
+    assert offload(g, "1xV100-16GB", "all").policies == ["offload"] * 6
+    assert offload(g, "1xV100-16GB", "conv").policies == ["offload", "keep"] * 3
+
+
+def test_dynamic_tries_none_then_conv_then_all():
+    g = chain(6, kinds=KINDS)
+    c = memflow.Cluster.preset("1xV100-16GB")
+    peak = {p: memflow.simulate(g, offload(g, c, p), c).peak_memory.max()
+            for p in ("none", "conv", "all")}
+    assert peak["all"] < peak["conv"] < peak["none"]
+    assert offload(g, c, "dynamic").name == "no offload"
+    assert offload(g, c, "dynamic", memory_limit=peak["conv"]).name == "vDNN conv"
+    assert offload(g, c, "dynamic", memory_limit=peak["all"]).name == "vDNN all"
+    with pytest.raises(Infeasible) as err:
+        offload(g, c, "dynamic", memory_limit=peak["all"] - 1)
+    assert err.value.min_memory == pytest.approx(peak["all"])
+
+
+def slow_link_chain():
+    # 1 GiB per unit over PCIe3 (~12.6 GB/s achieved) takes ~85 ms; each unit computes ~60 ms
+    # forward and ~120 ms backward, so a late unit's prefetch cannot hide but an early one can.
+    return chain(8, flops=5e11)
+
+
+@pytest.mark.parametrize("policy", ["knapsack", "fluid"])
+def test_heuristics_free_enough_and_prefer_early_units(policy):
+    g = slow_link_chain()
+    c = memflow.Cluster.preset("1xV100-16GB")
+    keep = memflow.simulate(g, offload(g, c, "none"), c)
+    limit = keep.peak_memory.max() - 2.5 * GIB
+    s = offload(g, c, policy, memory_limit=limit)
+    r = memflow.simulate(g, s, c)
+    assert r.peak_memory.max() <= limit
+    chosen = [i for i, p in enumerate(s.policies) if p == "offload"]
+    assert 3 <= len(chosen) < 8 and max(chosen) < 6      # the last units stay on the device
+    every = memflow.simulate(g, offload(g, c, "all"), c)
+    assert r.iteration_time <= every.iteration_time
+
+
+def test_choices_by_hand():
+    p = Profile(fwd=np.ones(4), bwd=np.full(4, 2.0), saved=np.array([4.0, 5.0, 1.0, 1.0]),
+                d2h=1.0, h2d=1.0, latency=0.0)
+    every = np.ones(4, bool)
+    assert not knapsack_choice(p, 0.0, every).any()
+    assert knapsack_choice(p, 100.0, every).all()          # more than there is: everything
+    only = np.array([False, True, True, False])
+    assert knapsack_choice(p, 5.5, only).tolist() == [False, True, True, False]
+    assert fluid_choice(p, 11.0, every).all()
+
+
+def test_table_and_edge_board():
+    g = chain(6, kinds=KINDS)
+    t = offload_table(g, "1xV100-16GB", ["none", "all", "conv"])
+    assert list(t.index) == ["none", "all", "conv"] and t["fits"].all()
+    assert t.loc["none", "loss"] == pytest.approx(0.0) and t.loc["all", "offloaded"] > 0
+    # an edge board's host is the GPU's own memory pool: offloading frees nothing
+    with pytest.raises(Infeasible):
+        offload(g, "jetson-nano-4GB", "all", memory_limit="8GiB")
+
+
+def test_inputs_are_checked():
+    g = chain(3)
+    with pytest.raises(PlanError, match="unknown policy 'swap'; valid: none, all, conv"):
+        offload(g, "1xV100-16GB", "swap")
+    with pytest.raises(PlanError, match="memory_limit"):
+        offload(g, "1xV100-16GB", "all", memory_limit="lots")
