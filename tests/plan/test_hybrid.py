@@ -1,0 +1,80 @@
+"""Hybrid projection, the statistical-efficiency models and batch rescaling."""
+import math
+
+import pandas as pd
+import pytest
+
+from memflow.errors import PlanError
+from memflow.plan import CriticalBatch, Measured, at_batch, hybrid_projection
+from memflow.plan.convergence import DEFAULTS, convergence_model
+
+from .graphs import chain
+
+
+def test_critical_batch_and_measured_curves():
+    c = CriticalBatch(b_noise=512, epochs_min=4)
+    assert c(512) == 8 and c(0.5) == pytest.approx(4, rel=1e-3)
+    m = Measured(pd.DataFrame({"global_batch": [100, 400], "epochs": [10, 20]}))
+    assert m(200) == pytest.approx(10 * 2 ** 0.5) and m(50) == pytest.approx(10 / 2 ** 0.5)
+    flat = Measured(pd.DataFrame({"global_batch": [100, 400], "epochs": [20, 10]}))
+    assert flat(800) == pytest.approx(10)        # never extrapolated downwards
+    assert convergence_model(None, "gnmt") is DEFAULTS["gnmt"]
+    assert convergence_model(lambda b: 3.0, None)(7) == 3.0
+    with pytest.raises(PlanError, match="no default convergence curve for model 'toy'"):
+        convergence_model(None, "toy")
+    with pytest.raises(PlanError, match="global_batch"):
+        Measured(pd.DataFrame({"batch": [1, 2]}))
+    with pytest.raises(PlanError, match="b_noise > 0"):
+        CriticalBatch(b_noise=0, epochs_min=1)
+
+
+def test_at_batch_scales_per_sample_bytes_and_flops():
+    g = chain(3, params=1000)
+    g2 = at_batch(g, 24)
+    assert g2.meta["batch_size"] == 24
+    assert g2.units["fwd_flops"].tolist() == [3 * x for x in g.units["fwd_flops"]]
+    assert g2.units["saved_bytes"].tolist() == [3 * x for x in g.units["saved_bytes"]]
+    assert g2.units["param_bytes"].tolist() == g.units["param_bytes"].tolist()
+    assert at_batch(g, 8) is g
+    with pytest.raises(PlanError, match="batch_size must be a positive integer"):
+        at_batch(g, 0)
+
+
+def test_hybrid_overtakes_data_parallelism_once_batches_are_too_large():
+    g = chain(4, flops=2e11, params=2 ** 24, batch=32)
+    sizes = [8, 64]
+    slow = hybrid_projection(g, sizes, convergence=CriticalBatch(b_noise=128, epochs_min=1),
+                             samples_per_epoch=10 ** 6)
+    fast = hybrid_projection(g, sizes, convergence=CriticalBatch(b_noise=1e9, epochs_min=1),
+                             samples_per_epoch=10 ** 6)
+    # statistics that reward small batches favour hybrid; without that, data parallelism wins
+    assert (slow["best"] == "hybrid").all()
+    assert (fast["best"] == "data parallel").all()
+    for t in (slow, fast):
+        assert t.loc[64, "dp_batch"] == 64 * 32
+        assert t.loc[64, "hybrid_batch"] == 64 // t.loc[64, "hybrid_mp"] * 32
+        hours = t["dp_epochs"] * 10 ** 6 / t["dp_batch"] * t["dp_step"] / 3600
+        assert t["dp_hours"].tolist() == pytest.approx(hours.tolist())
+        assert t["gain"].tolist() == pytest.approx((t["dp_hours"] / t["hybrid_hours"] - 1).tolist())
+    cand = slow.attrs["candidates"]
+    assert set(cand["split"]) == {"data parallel", "model parallel", "pipeline", "tensor parallel"}
+
+
+def test_projection_checks_its_inputs():
+    g = chain(4)
+    with pytest.raises(PlanError, match="samples_per_epoch"):
+        hybrid_projection(g, [8], convergence=CriticalBatch(100, 1))
+    with pytest.raises(PlanError, match="no default convergence curve"):
+        hybrid_projection(g, [8], samples_per_epoch=100)
+    with pytest.raises(PlanError, match="whole number of 8-GPU nodes"):
+        hybrid_projection(g, [12], convergence=CriticalBatch(100, 1), samples_per_epoch=100)
+    with pytest.raises(PlanError, match="positive device counts"):
+        hybrid_projection(g, [], convergence=CriticalBatch(100, 1), samples_per_epoch=100)
+
+
+def test_memory_decides_feasibility():
+    # 3 GiB of weights per unit (+ gradients + DDP buckets): a 16 GiB V100 holds one unit only
+    g = chain(4, params=3 * 2 ** 30, batch=8)
+    t = hybrid_projection(g, [8], convergence=CriticalBatch(10 ** 6, 1), samples_per_epoch=100)
+    assert math.isnan(t.loc[8, "dp_hours"]) and t.loc[8, "best"] == "hybrid"
+    assert t.loc[8, "hybrid_mp"] == 4
