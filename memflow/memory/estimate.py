@@ -64,7 +64,7 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     """
     from ..sim.costs import compression_ratios
     from ..sim.expand import KINDS, expand
-    from ..sim.ledger import anchor_tasks, ledger
+    from ..sim.ledger import anchor_tasks, ledger, ledger_plan
     from ..strategy import Strategy
 
     if optimizer not in OPTIMIZER_STATES:
@@ -88,7 +88,7 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     alloc, frees, idx = anchor_tasks(plan, T.anchor, T.first_mb, strategy.microbatches)
     dev = ~plan.on_host[idx]
     lay_cls = [np.zeros(1, np.int64) for _ in strategy.layouts]
-    L = ledger(plan, alloc[dev], frees[dev], idx[dev], step, step + 1, lay_cls, 1)
+    L = ledger(ledger_plan(plan, alloc[dev], frees[dev], idx[dev], lay_cls, 1), step, step + 1)
     at_peak = L.persistent[0].copy()
     cat_max = L.persistent[0].copy()
     ev = int(L.peak_event[0])

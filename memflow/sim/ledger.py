@@ -14,7 +14,7 @@ import numpy as np
 
 from ..memory.plan import CATEGORIES, EVERY_MB, MemoryPlan
 
-__all__ = ["Ledger", "anchor_tasks", "ledger"]
+__all__ = ["Ledger", "LedgerPlan", "anchor_tasks", "ledger_plan", "ledger"]
 
 
 @dataclass
@@ -59,57 +59,72 @@ def anchor_tasks(plan: MemoryPlan, anchor: dict, first_mb: dict, microbatches: i
     return alloc, frees, idx
 
 
-def ledger(plan: MemoryPlan, alloc: np.ndarray, frees: np.ndarray, idx: np.ndarray,
-           start: np.ndarray, end: np.ndarray, layout_classes: list[np.ndarray],
-           n_classes: int, host: bool = False) -> Ledger:
-    """Run the blocks ``idx`` (device or host blocks) against task times.
+@dataclass
+class LedgerPlan:
+    """The static part of a ledger: blocks expanded per class, before any timing."""
+
+    alloc: np.ndarray        # per expanded block: key of its allocation
+    frees: np.ndarray        # (k, 3) keys of its free anchors
+    cls: np.ndarray
+    nbytes: np.ndarray
+    category: np.ndarray
+    persistent: np.ndarray   # (classes, categories)
+
+
+def ledger_plan(plan: MemoryPlan, alloc: np.ndarray, frees: np.ndarray, idx: np.ndarray,
+                layout_classes: list[np.ndarray], n_classes: int, host: bool = False) -> LedgerPlan:
+    """Expand blocks ``idx`` (device or host blocks) over the classes that hold them.
 
     ``layout_classes[L]`` lists the classes holding a part of placement ``L`` (for host blocks:
     the hosts, repeated once per device of ``L`` they serve).
     """
-    times = np.stack([start, end], 1).ravel()      # key -> time
-    a_time = times[alloc]
-    f_time = times[frees]
-    # the latest anchor; at equal times the one later in program order
-    latest = f_time.max(1) if len(f_time) else np.zeros(0)
-    f_key = np.where(f_time == latest[:, None], frees, -1).max(1)
-    f_time = np.maximum(latest, a_time)
-    f_key = np.maximum(f_key, alloc + 1)
     lay = plan.layout[idx]
     counts = np.array([len(c) for c in layout_classes], np.int64)
-    rep = counts[lay]
     cls = np.concatenate([layout_classes[L] for L in lay]) if len(lay) else np.zeros(0, np.int64)
-    b = np.repeat(np.arange(len(idx)), rep)
-    nbytes = plan.bytes[idx][b]
-    cat = plan.category[idx][b]
-    ev_cls = np.concatenate([cls, cls])
-    ev_time = np.concatenate([a_time[b], f_time[b]])
-    ev_key = np.concatenate([alloc[b], f_key[b]])
-    ev_delta = np.concatenate([nbytes, -nbytes])
-    ev_cat = np.concatenate([cat, cat])
-    order = np.lexsort((ev_key, ev_time, ev_cls))
-    ev_cls, ev_time, ev_key, ev_delta, ev_cat = (x[order] for x in
-                                                 (ev_cls, ev_time, ev_key, ev_delta, ev_cat))
+    b = np.repeat(np.arange(len(idx)), counts[lay])
     persistent = np.zeros((n_classes, len(CATEGORIES)))
     if not host:
         for L, cl in enumerate(layout_classes):
             np.add.at(persistent, cl, plan.persistent[L])
+    return LedgerPlan(alloc=alloc[b], frees=frees[b], cls=cls.astype(np.int64),
+                      nbytes=plan.bytes[idx][b], category=plan.category[idx][b],
+                      persistent=persistent)
+
+
+def ledger(lp: LedgerPlan, start: np.ndarray, end: np.ndarray) -> Ledger:
+    """Run the expanded blocks against task times."""
+    times = np.empty(2 * len(start))
+    times[0::2], times[1::2] = start, end              # key -> time
+    a_time = times[lp.alloc]
+    f_all = times[lp.frees]
+    # freed at the latest anchor; at equal times the one later in program order
+    latest = f_all.max(1) if len(f_all) else np.zeros(0)
+    f_key = np.maximum(np.where(f_all == latest[:, None], lp.frees, -1).max(1), lp.alloc + 1)
+    ev_cls = np.concatenate([lp.cls, lp.cls])
+    ev_time = np.concatenate([a_time, np.maximum(latest, a_time)])
+    ev_key = np.concatenate([lp.alloc, f_key])
+    order = np.lexsort((ev_key, ev_time, ev_cls))
+    ev_cls, ev_time, ev_key = ev_cls[order], ev_time[order], ev_key[order]
+    ev_delta = np.concatenate([lp.nbytes, -lp.nbytes])[order]
+    ev_cat = np.concatenate([lp.category, lp.category])[order]
+    n_classes = len(lp.persistent)
+    base = lp.persistent.sum(1)
     run = np.cumsum(ev_delta)
     first = np.searchsorted(ev_cls, np.arange(n_classes))
     offset = np.concatenate([[0.0], run])[first]
-    total = run - offset[ev_cls] + persistent.sum(1)[ev_cls]
-    peak = persistent.sum(1).copy()
+    total = run - offset[ev_cls] + base[ev_cls]
+    peak = base.copy()
     peak_event = np.full(n_classes, -1, np.int64)
     final = np.zeros(n_classes)
     if len(total):
         last = np.searchsorted(ev_cls, np.arange(n_classes), side="right") - 1
-        has = last >= first
-        # peak and where: the first event reaching the class maximum
-        order2 = np.lexsort((np.arange(len(total)), -total, ev_cls))
-        top = order2[np.searchsorted(ev_cls[order2], np.arange(n_classes))[has]]
-        peak[has] = np.maximum(peak[has], total[top])
-        peak_event[has] = top
-        final[has] = total[last[has]] - persistent.sum(1)[has]
+        has = np.flatnonzero(last >= first)
+        top = np.maximum.reduceat(total, first[has])
+        peak[has] = np.maximum(peak[has], top)
+        # where: the first event of the class reaching its maximum
+        hit = np.flatnonzero(total == top[np.searchsorted(has, ev_cls)])
+        peak_event[has] = hit[np.searchsorted(ev_cls[hit], has)]
+        final[has] = total[last[has]] - base[has]
     return Ledger(cls=ev_cls, time=ev_time, task=ev_key // 2, delta=ev_delta, category=ev_cat,
-                  total=total, persistent=persistent, peak=peak, peak_event=peak_event,
+                  total=total, persistent=lp.persistent, peak=peak, peak_event=peak_event,
                   final=final)

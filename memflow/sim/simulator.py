@@ -23,8 +23,8 @@ from .expand import (K_ALLRED, K_BWD, K_COMPRESS, K_DECOMP, K_FWD, K_OFFLOAD, K_
                      K_PREFETCH, K_RECOMP, K_XFER, R_COMM_PARAM, R_COMM_REPL, R_COMPUTE,
                      R_COPY, R_COPYBACK, R_D2H, R_H2D, Tasks, expand)
 from .folding import classes
-from .ledger import Ledger, anchor_tasks, ledger
-from .schedule import schedule
+from .ledger import Ledger, LedgerPlan, anchor_tasks, ledger, ledger_plan
+from .schedule import csr, schedule
 
 __all__ = ["Simulator", "Evaluation", "Run", "PRECISIONS"]
 
@@ -75,15 +75,13 @@ class _Prepared:
     duration: np.ndarray
     channels: dict
     task_channels: list[tuple[int, ...]]
+    deps_csr: tuple[np.ndarray, np.ndarray]
+    channels_csr: tuple[np.ndarray, np.ndarray]
     n_channel_classes: int
     channel_class: np.ndarray
     device_class: np.ndarray
-    layout_classes: list[np.ndarray]
-    host_classes: list[np.ndarray]
-    alloc: np.ndarray
-    frees: np.ndarray
-    idx: np.ndarray
-    on_host: np.ndarray
+    device_ledger: LedgerPlan
+    host_ledger: LedgerPlan
     devices_used: np.ndarray
 
 
@@ -234,13 +232,18 @@ class Simulator:
         lcs = [self._lc(k) for k in strategy.layouts]
         dev_cls, lay_cls = classes([lc.devices for lc in lcs], n_dev, fold)
         alloc, frees, idx = anchor_tasks(plan, T.anchor, T.first_mb, strategy.microbatches)
+        h = plan.on_host[idx]
+        task_channels = [folded[(r, L)] for r, L in zip(T.role, T.key)]
         prep = _Prepared(
-            plan=plan, tasks=T, duration=dur, channels=chan_sets,
-            task_channels=[folded[(r, L)] for r, L in zip(T.role, T.key)],
+            plan=plan, tasks=T, duration=dur, channels=chan_sets, task_channels=task_channels,
+            deps_csr=csr(T.deps), channels_csr=csr(task_channels),
             n_channel_classes=int(ch_cls.max()) + 1, channel_class=ch_cls,
-            device_class=dev_cls, layout_classes=lay_cls,
-            host_classes=[self.ca.host[lc.devices] for lc in lcs],
-            alloc=alloc, frees=frees, idx=idx, on_host=plan.on_host[idx],
+            device_class=dev_cls,
+            device_ledger=ledger_plan(plan, alloc[~h], frees[~h], idx[~h], lay_cls,
+                                      int(dev_cls.max()) + 1),
+            host_ledger=ledger_plan(plan, alloc[h], frees[h], idx[h],
+                                    [self.ca.host[lc.devices] for lc in lcs],
+                                    len(self.ca.host_memory), host=True),
             devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])))
         self._prepared_cache[key] = prep
         if len(self._prepared_cache) > self.cache_size:
@@ -252,12 +255,9 @@ class Simulator:
         if self.ca is None:
             raise SimulationError("this simulator has no cluster; give one to time a strategy")
         P = self._prepared(strategy, fold)
-        start, end = schedule(P.tasks.deps, P.task_channels, P.duration, P.n_channel_classes)
-        h = P.on_host
-        dev = ledger(P.plan, P.alloc[~h], P.frees[~h], P.idx[~h], start, end, P.layout_classes,
-                     int(P.device_class.max()) + 1)
-        hst = ledger(P.plan, P.alloc[h], P.frees[h], P.idx[h], start, end, P.host_classes,
-                     len(self.ca.host_memory), host=True)
+        start, end = schedule(P.deps_csr, P.channels_csr, P.duration, P.n_channel_classes)
+        dev = ledger(P.device_ledger, start, end)
+        hst = ledger(P.host_ledger, start, end)
         return Run(strategy, P.tasks, P.plan, start, end, P.duration, P.task_channels,
                    P.channels, P.channel_class, P.device_class, dev, hst,
                    float(end.max(initial=0.0)), P.devices_used)
