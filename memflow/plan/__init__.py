@@ -8,6 +8,9 @@
   as an ILP (HiGHS) with a dynamic-programming fallback (Beaumont et al., Euro-Par 2021).
 * :func:`checkpoint` / :func:`checkpoint_table` — recomputation on one device (Chen et al.'s
   √n, Griewank's revolve, recompute-all, the optimal chain schedule), edge boards included.
+* :func:`compress` / :func:`compress_strategy` — COMET's error-bounded compression of saved
+  activations: ratios charged and measured, memory, gradient error, the batch it allows.
+* :func:`refine` — memflow's MCMC search started from any planner's strategy.
 
 **Infeasible plans.** Every planner that returns a :class:`~memflow.Strategy` returns one that
 fits the memory limit in simulation, or raises :class:`Infeasible` (a
@@ -23,11 +26,13 @@ start a search: ``memflow.MCMCSearch(graph, cluster, init=strategy)``.
 from .batch import at_batch
 from .checkpoint import checkpoint, checkpoint_table
 from .common import Infeasible
+from .compress import compress, compress_strategy
 from .convergence import CriticalBatch, Measured
 from .hybrid import hybrid_projection
 from .offload import offload, offload_table
 from .pipeline import pipeline, pipeline_table
+from .refine import refine
 
 __all__ = ["Infeasible", "CriticalBatch", "Measured", "at_batch", "checkpoint",
            "checkpoint_table", "hybrid_projection", "offload", "offload_table", "pipeline",
-           "pipeline_table"]
+           "pipeline_table", "refine", "compress", "compress_strategy"]

@@ -130,7 +130,7 @@ class Outcome:
 
 class Evaluator:
     """A :class:`~memflow.sim.Simulator` for one graph and cluster, judging strategies against
-    ``memory_limit`` (bytes per device; default each device's capacity). Results are cached
+    ``memory_limit`` (bytes or a size string, per device; default each device's capacity). Results are cached
     per strategy, since planners revisit candidates.
     """
 
@@ -139,7 +139,9 @@ class Evaluator:
         self.graph, self.cluster = graph, cluster
         self.sim = Simulator(graph, cluster, optimizer=optimizer, precision=precision)
         cap = cluster.arrays.memory
-        self.bound = cap if memory_limit is None else np.minimum(cap, float(memory_limit))
+        if memory_limit is not None:
+            memory_limit = as_limit(memory_limit, cluster)
+        self.bound = cap if memory_limit is None else np.minimum(cap, memory_limit)
         self.limit = float(self.bound.min()) if memory_limit is None else float(memory_limit)
         self._seen: dict[Strategy, Outcome] = {}
 

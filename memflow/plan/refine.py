@@ -1,0 +1,61 @@
+"""A planner's strategy as the starting point of memflow's MCMC search.
+
+``refine`` runs :class:`memflow.MCMCSearch` from a strategy and reports the planner's and the
+search's best side by side, judged by the same simulator against the same limit. The search
+keeps the best feasible strategy it has seen, the start included, so a search started from a
+plan that fits can only match or beat it (``never_worse``).
+
+>>> import pandas as pd
+>>> from memflow.graph import OpGraph
+>>> from memflow.plan import checkpoint
+>>> n = 6
+>>> units = pd.DataFrame({"fwd_flops": [1e12] * n, "bwd_flops": [2e12] * n},
+...                      index=[f"u{i}" for i in range(n)])
+>>> tensors = pd.DataFrame({"bytes": [2**30] * n + [8],
+...     "producer": ["<input>"] + [f"u{i}" for i in range(n)],
+...     "consumers": [[f"u{i}"] for i in range(n)] + [[]],
+...     "savers": [[f"u{i}"] for i in range(n)] + [[]],
+...     "is_output": [False] * n + [True], "requires_grad": False})
+>>> g = OpGraph(units, tensors, {"batch_size": 8})
+>>> s = checkpoint(g, "1xV100-16GB", "5GiB", method="sqrt")
+>>> r = refine(g, "1xV100-16GB", s, iterations=50, memory_limit="5GiB")
+>>> bool(r["never_worse"]), bool(r["search_time"] <= r["plan_time"])
+(True, True)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ..strategy import Strategy
+from .common import Evaluator, as_cluster
+
+__all__ = ["refine"]
+
+
+def refine(graph, cluster: Any, strategy: Strategy, *, iterations: int = 300,
+           seconds: float | None = None, memory_limit: Any = None, seed: int = 0,
+           optimizer: str = "sgd") -> pd.Series:
+    """Search from ``strategy`` for ``iterations`` steps (or ``seconds``); the plan beside the
+    search's best: ``plan_time``, ``plan_peak``, ``plan_fits``, ``search_time``,
+    ``search_peak``, ``search_fits``, ``speedup`` (plan time / search time), ``iterations``,
+    ``never_worse``. The series' ``attrs["best"]`` is the search's best strategy."""
+    from ..search import MCMCSearch   # the search is heavier; load it when used
+
+    c = as_cluster(cluster)
+    ev = Evaluator(graph, c, memory_limit, optimizer=optimizer)
+    search = MCMCSearch(graph, c, memory_limit=memory_limit, init=strategy, seed=seed,
+                        optimizer=optimizer)
+    search.run(iterations=iterations, seconds=seconds)
+    before, after = ev(strategy), ev(search.best)
+    never_worse = after.fits if before.fits else True
+    if before.fits and after.fits:
+        never_worse = after.time <= before.time * (1 + 1e-9)
+    out = pd.Series({"plan_time": before.time, "plan_peak": before.peak,
+                     "plan_fits": before.fits, "search_time": after.time,
+                     "search_peak": after.peak, "search_fits": after.fits,
+                     "speedup": before.time / after.time, "iterations": search.iteration,
+                     "never_worse": never_worse}, name=strategy.name)
+    out.attrs["best"] = search.best
+    return out
