@@ -1,0 +1,28 @@
+"""Export: a strategy becomes PyTorch training code, and its memory predictions are measured.
+
+* :func:`apply` — the model running a strategy: recompute segments as non-reentrant
+  checkpoints, offloaded units' saved tensors in host memory, compressed ones packed by
+  memflow's error-bounded quantizer, parts on their devices;
+* :func:`script` — a ``torchrun`` training script (DistributedDataParallel over the
+  data-parallel replicas) and the strategy JSON beside it;
+* :func:`validate` — predicted against measured memory (``saved_bytes``, ``offloaded_bytes``,
+  and ``peak_bytes`` on a GPU).
+
+Anything PyTorch code cannot do as the strategy says raises
+:class:`~memflow.errors.ExportError` naming the unit. Modules: :mod:`~.spans` (units as
+stretches of the forward), :mod:`~.tracker` (following them at run time), :mod:`~.segment`
+(recompute), :mod:`~.offload`, :mod:`~.placement`, :mod:`~.sharding`, :mod:`~.exported`,
+:mod:`~.measure`, :mod:`~.validation`, :mod:`~.scripts` and its :mod:`~.train_template`.
+
+>>> import memflow
+>>> sorted(memflow.export.__all__)
+['ExportError', 'Exported', 'apply', 'held_bytes', 'replicas', 'script', 'validate']
+"""
+from ..errors import ExportError
+from .exported import Exported, apply
+from .measure import held_bytes
+from .placement import replicas
+from .scripts import script
+from .validation import validate
+
+__all__ = ["apply", "Exported", "script", "validate", "held_bytes", "replicas", "ExportError"]

@@ -1,0 +1,98 @@
+"""Measure what a model really holds for backward at the end of its forward.
+
+``memflow.graph.measure`` counts what autograd *saves* in a plain forward (its pack hooks see
+every saved tensor). Under export's policies that is not what stays in memory: a recompute
+segment saves holders and keeps its inputs in a closure, an offloading unit keeps host copies,
+a compressing one packed bytes — and those policies install their own ``saved_tensors_hooks``,
+which hide the saves from an outer hook. So :func:`held_bytes` measures the result instead:
+
+* a ``TorchDispatchMode`` notes every storage an op allocates during the forward (a storage
+  that none of the op's inputs had), by weak reference;
+* then everything but the autograd graph is dropped — the outputs, and the inputs, which are
+  copies made here — and the storages still alive are the ones the graph holds: exactly
+  "bytes held for backward at the end of forward, each storage once" of the memory model.
+  Parameters and buffers are not counted.
+
+Host copies made by an :class:`~memflow.export.exported.Exported` model's offloading units are
+counted apart (on a machine without GPU the host and the device are both ``cpu``).
+
+>>> import torch
+>>> from torch import nn
+>>> model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+>>> held_bytes(model, torch.randn(8, 16))     # the input and the ReLU output, as saved_bytes
+{'cpu': 1536}
+"""
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..graph.capture import split_inputs
+from .segment import storage_key
+
+__all__ = ["held_bytes", "HOST"]
+
+HOST = "host"
+"""Key of offloaded bytes in :func:`held_bytes`'s result."""
+
+
+class _Allocations(TorchDispatchMode):
+    """Weak references to every storage an op allocates while the mode is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: dict[int, tuple[StorageWeakRef, int, str]] = {}
+
+    def note(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        if storage._cdata not in self.made:
+            self.made[storage._cdata] = (StorageWeakRef(storage), storage.nbytes(), str(t.device))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        seen = {storage_key(t) for t in pytree.tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor)}
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and storage_key(t) not in seen:
+                self.note(t)
+        return out
+
+
+def _copy_inputs(example_inputs: Any) -> tuple[tuple, dict]:
+    args, kwargs = split_inputs(example_inputs)
+    return pytree.tree_map_only(
+        torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), (args, kwargs))
+
+
+def held_bytes(model: nn.Module, example_inputs: Any) -> dict[str, int]:
+    """Bytes the autograd graph of one forward of ``model`` holds, by device (see module doc).
+
+    ``example_inputs`` as for :func:`memflow.from_torch`; they are copied, so the caller's
+    tensors are not what is counted. Offloaded host copies are under :data:`HOST`.
+    """
+    weights = {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
+    args, kwargs = _copy_inputs(example_inputs)
+    mode = _Allocations()
+    pytree.tree_map_only(torch.Tensor, mode.note, (args, kwargs))
+    with mode:
+        out = model(*args, **kwargs)
+    graph = [t.grad_fn for t in pytree.tree_leaves(out)
+             if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    store = getattr(model, "store", None)
+    host = {ref.cdata for ref in getattr(store, "made", [])}
+    del out, args, kwargs
+    gc.collect()
+    totals: dict[str, int] = {}
+    for key, (ref, nbytes, device) in mode.made.items():
+        if ref.expired() or key in weights:
+            continue
+        where = HOST if key in host else device
+        totals[where] = totals.get(where, 0) + nbytes
+    del graph
+    return totals

@@ -1,0 +1,177 @@
+"""Placement: which torch device runs each unit of one replica, and moving the model there.
+
+A strategy names devices (``gpu0``, ``gpu1``...) and splits each unit into parts: ``sample``
+(data parallel), ``attribute`` (spatial / sequence) and ``parameter`` (output channels). Parts
+are numbered sample-major, then attribute, then parameter (:mod:`memflow.strategy`). Export
+runs data parallelism as whole-model replicas (``DistributedDataParallel`` in the training
+script), so replica ``r`` is the ``r``-th sample part of every unit, and:
+
+* every unit must have the same sample degree (a per-unit batch split is not a replica);
+* an attribute split would need halo exchanges between the parts of a convolution or the
+  positions of a sequence, which export does not generate: it is refused;
+* a parameter split is sharded over output features (``Linear``, ``Conv*`` with one group) or
+  embedding dimensions (``Embedding``) by :mod:`memflow.export.sharding`; other modules, and
+  glue, cannot be sharded.
+
+Everything refused raises :class:`~memflow.errors.ExportError` naming the unit.
+
+Device names map to torch devices with :func:`torch_devices`: ``gpuK`` is ``cuda:K`` modulo
+the GPUs present (one node), or ``cpu`` on a machine without CUDA, so any strategy runs on a
+laptop for testing. Parameters and buffers move to the device of the unit that owns them — the
+first unit, in execution order, whose module holds them (capture's rule, so tied weights go
+with their first user).
+
+>>> from memflow.strategy import Strategy
+>>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu1")] * 2, sample=[2, 2])
+>>> replica_devices(s, 1, {"gpu0": torch.device("cpu"), "gpu1": torch.device("meta")})
+[(device(type='meta'),), (device(type='meta'),)]
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+from ..errors import ExportError
+from .spans import Span, within
+
+__all__ = ["torch_devices", "replicas", "replica_devices", "owned_tensors", "place",
+           "MoveTo"]
+
+
+def torch_devices(names: Sequence[str],
+                  mapping: Mapping[str, str | torch.device] | None = None) -> dict[str, torch.device]:
+    """The torch device of each device name (``mapping`` overrides the default rule).
+
+    >>> torch_devices(["gpu0", "gpu1"], {"gpu1": "meta"})["gpu1"]
+    device(type='meta')
+    """
+    mapping = dict(mapping or {})
+    gpus = torch.cuda.device_count()
+    out = {}
+    for name in names:
+        if name in mapping:
+            out[name] = torch.device(mapping[name])
+        elif gpus:
+            digits = "".join(ch for ch in name if ch.isdigit())
+            out[name] = torch.device("cuda", int(digits or 0) % gpus)
+        else:
+            out[name] = torch.device("cpu")
+    return out
+
+
+def replicas(strategy) -> int:
+    """The data-parallel degree: every unit's sample degree, which must agree.
+
+    >>> from memflow.strategy import Strategy
+    >>> replicas(Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu0",)], sample=[2, 1]))
+    Traceback (most recent call last):
+    ...
+    memflow.errors.ExportError: unit 'b' has sample degree 1 but unit 'a' has 2; export runs data parallelism as whole-model replicas (DistributedDataParallel), so every unit needs the same sample degree
+    """
+    first = int(strategy.sample[0])
+    for u, s in zip(strategy.units, strategy.sample.tolist()):
+        if s != first:
+            raise ExportError(
+                f"unit {u!r} has sample degree {s} but unit {strategy.units[0]!r} has {first}; "
+                "export runs data parallelism as whole-model replicas (DistributedDataParallel), "
+                "so every unit needs the same sample degree")
+    return first
+
+
+def replica_devices(strategy, replica: int,
+                    devices: Mapping[str, torch.device]) -> list[tuple[torch.device, ...]]:
+    """Per unit, the torch devices of replica ``replica``'s parts (one per parameter shard)."""
+    n = replicas(strategy)
+    if not 0 <= replica < n:
+        raise ExportError(f"replica {replica} does not exist; the strategy has {n} "
+                          f"data-parallel replicas (0..{n - 1})")
+    out = []
+    for i, u in enumerate(strategy.units):
+        a, p = int(strategy.attribute[i]), int(strategy.parameter[i])
+        if a > 1:
+            raise ExportError(
+                f"unit {u!r} is split {a} ways over its attribute (spatial or sequence) "
+                "dimension; export cannot generate the halo exchanges this needs. Valid: "
+                "attribute=1, with sample or parameter splits")
+        parts = strategy.devices[i][replica * p:(replica + 1) * p]
+        out.append(tuple(devices[d] for d in parts))
+    return out
+
+
+def owned_tensors(model: nn.Module, spans: Sequence[Span],
+                  modules: Mapping[str, nn.Module]) -> dict[int, list[torch.Tensor]]:
+    """Per unit index, the parameters and buffers it owns (each tensor in one unit only).
+
+    A module unit owns what its module holds; a glue unit what its module holds directly.
+    The first unit in execution order wins, as in capture.
+    """
+    seen: set[int] = set()
+    owned: dict[int, list[torch.Tensor]] = {}
+    for s in spans:
+        if s.module not in modules:
+            continue
+        m = modules[s.module]
+        recurse = s.role == "module"
+        for t in [*m.parameters(recurse=recurse), *m.buffers(recurse=recurse)]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                owned.setdefault(s.index, []).append(t)
+    return owned
+
+
+def place(model: nn.Module, spans: Sequence[Span], modules: Mapping[str, nn.Module],
+          devices: Sequence[Sequence[torch.device]]) -> None:
+    """Move each unit's parameters and buffers to its (first) device, in place.
+
+    What no unit owns (a module never called) goes with the unit of its nearest ancestor.
+    """
+    owned = owned_tensors(model, spans, modules)
+    moved: set[int] = set()
+    for i, tensors in owned.items():
+        for t in tensors:
+            _move(t, devices[i][0])
+            moved.add(id(t))
+    for path, m in modules.items():
+        home = next((s.index for s in reversed(spans) if within(path, s.module)), None)
+        for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
+            if id(t) not in moved and home is not None:
+                _move(t, devices[home][0])
+                moved.add(id(t))
+
+
+def _move(t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        # Replace the data, not the object: optimizers and tied modules keep their reference.
+        t.data = t.data.to(device)
+
+
+class MoveTo(TorchFunctionMode):
+    """Runs every torch call on ``device``: tensor arguments elsewhere are copied there
+    (differentiably) first — the transfers between units placed on different devices. A tensor
+    copied once is reused while it lives, so a unit reads each remote tensor once."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device
+        self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _to(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device == self.device:
+            return t
+        hit = self._copies.get(id(t))
+        if hit is None or hit[0] is not t:
+            hit = self._copies[id(t)] = (t, t.to(self.device, non_blocking=True))
+        return hit[1]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        args, kwargs = pytree.tree_map_only(torch.Tensor, self._to, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+    def __exit__(self, *exc):
+        self._copies.clear()
+        return super().__exit__(*exc)
+

@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Train a model with a memflow strategy: written by ``memflow.export.script``.
+
+Run it with ``torchrun --nproc_per_node <replicas> <this file> --steps 100``: one process per
+data-parallel replica of the strategy, DistributedDataParallel between them (NCCL on GPUs,
+gloo on CPU), each replica running the strategy's memory policies and placement through
+``memflow.export.apply``. Without torchrun it runs one replica in this process.
+
+The configuration below was written for one model and one strategy (the JSON file beside this
+script); flags override it. The batch is synthetic — one fixed batch per replica from the model
+factory, with fixed random targets, so the loss must fall — unless ``--data file.py:fn`` gives
+``fn(rank, world_size, batch_size)``, an iterable of ``(inputs, target)`` batches.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import itertools
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils import _pytree as pytree
+from tqdm import tqdm
+
+from memflow.export import apply, replicas
+from memflow.strategy import Strategy
+
+# ---- configuration (written by memflow.export.script) ----
+MODEL = "chain"                 # a memflow.zoo name, or "path/to/file.py:factory"
+MODEL_OPTIONS: dict = {}        # zoo options (n_layer, hidden, ...) or factory keywords
+BATCH_SIZE = 8                  # global batch, split over the replicas
+STRATEGY = "strategy.json"      # beside this script
+OPTIMIZER = "sgd"               # sgd, momentum or adam
+LR = 0.01
+LOSS = "auto"                   # auto, cross_entropy or mse
+DEVICES: dict = {}              # strategy device name -> torch device (default: gpuK -> cuda:K)
+# ---- end of configuration ----
+
+HERE = Path(__file__).resolve().parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=10, help="training steps")
+    p.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="global batch size")
+    p.add_argument("--lr", type=float, default=LR)
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default=OPTIMIZER)
+    p.add_argument("--loss", choices=("auto", "cross_entropy", "mse"), default=LOSS)
+    p.add_argument("--strategy", default=str(HERE / STRATEGY), help="strategy JSON")
+    p.add_argument("--data", default=None, help="file.py:fn giving (inputs, target) batches")
+    p.add_argument("--devices", default=json.dumps(DEVICES), help="JSON: device name -> torch")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def load_callable(spec: str):
+    """``path/to/file.py:name`` -> the object ``name`` of that file."""
+    path, _, name = spec.rpartition(":")
+    module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def build_model(batch_size: int, seed: int):
+    """``(model, example_inputs)`` on CPU: from the zoo, or from the user's factory."""
+    if ".py:" not in MODEL:
+        from memflow import zoo
+        return zoo.get(MODEL, batch_size=batch_size, device="cpu", seed=seed, **MODEL_OPTIONS)
+    factory = load_callable(MODEL)
+    torch.manual_seed(seed)
+    if "batch_size" in inspect.signature(factory).parameters:
+        return factory(batch_size=batch_size, **MODEL_OPTIONS)
+    return factory(**MODEL_OPTIONS)
+
+
+def as_args(inputs) -> tuple[tuple, dict]:
+    if isinstance(inputs, dict):
+        return (), inputs
+    return (tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)), {}
+
+
+def first_float(output) -> torch.Tensor:
+    for t in pytree.tree_leaves(output):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t
+    raise TypeError(f"the model returned no floating tensor to train on: {type(output)}")
+
+
+def loss_of(kind: str, output, target: torch.Tensor | None, seed: int) -> tuple:
+    """The loss, and the target (drawn once from ``seed`` when not given)."""
+    out = first_float(output)
+    if kind == "auto":
+        kind = "cross_entropy" if out.dim() >= 2 else "mse"
+    if target is None:
+        g = torch.Generator().manual_seed(seed)
+        target = (torch.randint(0, out.shape[-1], out.shape[:-1], generator=g)
+                  if kind == "cross_entropy" else torch.randn(out.shape, generator=g))
+        target = target.to(out.device)
+    if kind == "cross_entropy":
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), target.reshape(-1)), target
+    return F.mse_loss(out.float(), target), target
+
+
+def main(argv: list[str] | None = None) -> list[float]:
+    """Train; returns the loss of every step (averaged over the replicas)."""
+    args = parse_args(argv)
+    distributed = "WORLD_SIZE" in os.environ
+    if distributed:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
+    strategy = Strategy.from_json(Path(args.strategy))
+    if replicas(strategy) != world:
+        raise SystemExit(f"the strategy has {replicas(strategy)} data-parallel replicas; run "
+                         f"torchrun --nproc_per_node {replicas(strategy)} (got {world})")
+    torch.manual_seed(args.seed)
+    model, example = build_model(args.batch_size // world, args.seed + rank)
+    model = apply(model, strategy, inplace=True, replica=rank,
+                  devices=json.loads(args.devices))
+    device = model.devices[0][0]
+    if distributed:
+        single = len({d for parts in model.devices for d in parts}) == 1
+        model = DistributedDataParallel(
+            model, device_ids=[device] if single and device.type == "cuda" else None)
+    if args.data:
+        batches = itertools.cycle(load_callable(args.data)(rank, world, args.batch_size // world))
+    else:
+        batches = itertools.repeat((example, None))
+    params = list(model.parameters())
+    optimizer = (torch.optim.Adam(params, lr=args.lr) if args.optimizer == "adam" else
+                 torch.optim.SGD(params, lr=args.lr,
+                                 momentum=0.9 if args.optimizer == "momentum" else 0.0))
+    losses, target = [], None
+    for step in tqdm(range(args.steps), disable=rank != 0, desc="training"):
+        inputs, given = next(batches)
+        call_args, call_kwargs = pytree.tree_map_only(
+            torch.Tensor, lambda t: t.to(device), as_args(inputs))
+        optimizer.zero_grad(set_to_none=True)
+        loss, target = loss_of(args.loss, model(*call_args, **call_kwargs),
+                               given.to(device) if given is not None else target,
+                               args.seed + 1000 + rank)
+        loss.backward()
+        optimizer.step()
+        value = loss.detach().float()
+        if distributed:
+            dist.all_reduce(value)
+            value /= world
+        losses.append(float(value))
+        if rank == 0:
+            tqdm.write(f"step {step + 1}/{args.steps} loss {losses[-1]:.6f}")
+    if distributed:
+        dist.destroy_process_group()
+    return losses
+
+
+if __name__ == "__main__":
+    main()

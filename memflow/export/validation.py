@@ -1,0 +1,176 @@
+"""``memflow.export.validate``: run a strategy for real and compare memory with the prediction.
+
+Rows (``metric``), each with ``predicted``, ``measured`` and ``error`` (measured / predicted
+- 1):
+
+* ``saved_bytes`` — bytes held for backward on the compute device at the end of the forward,
+  each storage once, parameters and buffers excluded; compressed storages at their packed size.
+  Predicted from the memory model's blocks (:func:`predicted_held`), measured by
+  :func:`~memflow.export.measure.held_bytes` on the exported model;
+* ``offloaded_bytes`` — the same for storages waiting in host memory;
+* ``peak_bytes`` (only with a CUDA GPU) — the peak of one training step (forward, backward,
+  optimizer step), predicted by :func:`memflow.estimate` and measured with
+  ``torch.cuda.max_memory_allocated``.
+
+Both sides describe one replica on the batch given: a data-parallel strategy is measured as
+one replica processing ``example_inputs``, so the prediction is for the same strategy with
+its sample degree folded to 1, and device names are replaced by the torch devices they run on
+here (units that share a device share a placement, with no transfer between them).
+"""
+from __future__ import annotations
+
+import gc
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from ..errors import ExportError
+from ..memory.arrays import graph_arrays
+from ..memory.plan import (A_BWD, A_COMPRESS, A_FWD, A_OFFLOAD, A_XFER, ACTIVATIONS, END,
+                           EVERY_MB, memory_plan)
+from ..strategy.strategy import Strategy
+from .exported import apply
+from .measure import HOST, held_bytes
+from .placement import replica_devices, torch_devices
+from .spans import unit_spans
+
+__all__ = ["validate", "predicted_held", "local_strategy"]
+
+
+def local_strategy(strategy: Strategy, replica: int = 0,
+                   devices: Mapping[str, str | torch.device] | None = None) -> Strategy:
+    """``strategy`` as one process runs it: replica ``replica``, on named torch devices.
+
+    >>> s = Strategy(["a"], devices=[("gpu0", "gpu1")], sample=[2])
+    >>> local_strategy(s, 1, {"gpu1": "cpu"}).devices
+    (('cpu',),)
+    """
+    parts = replica_devices(strategy, replica, torch_devices(strategy.device_names, devices))
+    named = []
+    for u, devs in zip(strategy.units, parts):
+        names = tuple(str(d) for d in devs)
+        if len(set(names)) != len(names):
+            raise ExportError(f"unit {u!r}: its {len(names)} parameter shards all run on "
+                              f"{names[0]} here, so their memory cannot be told apart; "
+                              "validate a parameter split on distinct devices")
+        named.append(names)
+    return Strategy(strategy.units, devices=named, policy=strategy.policy,
+                    error_bound=strategy.error_bound, parameter=strategy.parameter,
+                    attribute=strategy.attribute, stage=strategy.stage,
+                    microbatches=strategy.microbatches, schedule=strategy.schedule,
+                    name=strategy.name)
+
+
+def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
+    """Bytes the memory model holds for backward at the end of the forward, by device name,
+    offloaded bytes under ``"host"`` (summed over the parts of each placement).
+
+    A block counts when it is an activation alive from the forward into the backward: held
+    until the end of a unit's backward (``keep``, segment inputs), or the compressed copy; the
+    host copy for offloading. Micro-batches add up (GPipe holds them all).
+    """
+    # Adapter over memflow.memory.plan; see the export report's request for a memory-plan query.
+    from ..sim.costs import compression_ratios
+
+    strategy.validate(graph)
+    degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
+    plan = memory_plan(graph_arrays(graph), strategy.policy, strategy.segment,
+                       strategy.layout_ids, degrees, strategy.microbatches,
+                       compression_ratios(strategy))
+    in_forward = np.isin(plan.alloc[:, 0], (A_FWD, A_XFER, A_COMPRESS, A_OFFLOAD))
+    held_to_bwd = ((plan.free[:, :, 0] == A_BWD) & (plan.free[:, :, 2] == END)).any(1)
+    on_device = (plan.category == ACTIVATIONS) & ~plan.on_host & in_forward & (
+        held_to_bwd | (plan.alloc[:, 0] == A_COMPRESS))
+    on_host = (plan.category == ACTIVATIONS) & plan.on_host & (plan.alloc[:, 0] == A_OFFLOAD)
+    copies = np.where(plan.per_mb == EVERY_MB, strategy.microbatches, 1)
+    out: dict[str, float] = {}
+    for mask, where in ((on_device, None), (on_host, HOST)):
+        for k in np.flatnonzero(mask):
+            layout = strategy.layouts[int(plan.layout[k])]
+            for device in ([where] * len(layout[3]) if where else layout[3]):
+                out[device] = out.get(device, 0.0) + float(plan.bytes[k] * copies[k])
+    return out
+
+
+def _peak_row(model: nn.Module, graph, local: Strategy, example_inputs: Any,
+              optimizer: str) -> tuple[float, float]:
+    """(predicted, measured) peak bytes of one training step on the GPU."""
+    from ..graph.capture import split_inputs
+    from ..memory import estimate
+
+    predicted = float(estimate(graph, "cuda", optimizer=optimizer, strategy=local).attrs["peak"])
+    opt_cls = {"sgd": torch.optim.SGD, "momentum": torch.optim.SGD, "adam": torch.optim.Adam}
+    kw = {"momentum": 0.9} if optimizer == "momentum" else {}
+    opt = opt_cls[optimizer](model.parameters(), lr=1e-6, **kw)
+    args, kwargs = split_inputs(example_inputs)
+    for step in range(2):       # the second step runs with optimizer state allocated
+        opt.zero_grad(set_to_none=True)
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        out = model(*args, **kwargs)
+        sum(t.float().sum() for t in torch.utils._pytree.tree_leaves(out)
+            if isinstance(t, torch.Tensor) and t.requires_grad).backward()
+        del out
+        opt.step()
+        torch.cuda.synchronize()
+    return predicted, float(torch.cuda.max_memory_allocated())
+
+
+def validate(model: nn.Module, example_inputs: Any, strategy: Strategy, graph=None, *,
+             replica: int = 0, devices: Mapping[str, str | torch.device] | None = None,
+             optimizer: str = "sgd") -> pd.DataFrame:
+    """Predicted against measured memory of ``strategy`` on ``model`` (see the module doc).
+
+    ``model`` and ``example_inputs`` are real tensors (on CPU, or on the GPU for
+    ``peak_bytes``); the model is copied, not changed. ``graph`` is the graph the strategy
+    was made for; without one it is captured from the model with the strategy's units.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from memflow.strategy import Strategy
+    >>> model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    >>> s = Strategy(["0", "1", "2"], devices=[("gpu0",)] * 3).with_policy(
+    ...     {"0": "offload", "1": "recompute"})
+    >>> validate(model, torch.randn(8, 16), s, devices={"gpu0": "cpu"})[["predicted", "measured"]]
+                     predicted  measured
+    metric
+    saved_bytes         2048.0    2048.0
+    offloaded_bytes      512.0     512.0
+    """
+    local = local_strategy(strategy, replica, devices)
+    if graph is None:
+        graph = _capture(model, example_inputs, strategy)
+    exported = apply(model, local, graph, devices={d: d for d in local.device_names})
+    predicted = predicted_held(graph, local)
+    measured = held_bytes(exported, example_inputs)
+    rows = {"saved_bytes": (sum(v for k, v in predicted.items() if k != HOST),
+                            sum(v for k, v in measured.items() if k != HOST)),
+            "offloaded_bytes": (predicted.get(HOST, 0.0), measured.get(HOST, 0))}
+    if torch.cuda.is_available() and any(d.startswith("cuda") for d in local.device_names):
+        rows["peak_bytes"] = _peak_row(exported, graph, local, example_inputs, optimizer)
+    df = pd.DataFrame([(m, float(p), float(x)) for m, (p, x) in rows.items()],
+                      columns=["metric", "predicted", "measured"]).set_index("metric")
+    df["error"] = np.where(df["predicted"] > 0, df["measured"] / df["predicted"].where(
+        df["predicted"] > 0, 1.0) - 1.0, np.where(df["measured"] > 0, np.inf, 0.0))
+    df.attrs.update(strategy=strategy.name, model=graph.meta.get("model"),
+                    predicted_by_device=predicted, measured_by_device=measured)
+    return df
+
+
+def _capture(model: nn.Module, example_inputs: Any, strategy: Strategy):
+    """The graph of ``strategy``'s units: capture with its module units selected."""
+    from ..graph.capture import from_torch
+
+    spans = unit_spans(strategy.units)
+    selected = [s.module for s in spans if s.role == "module"] or "leaves"
+    device = next((t.device.type for t in [*model.parameters(), *model.buffers()]), "cpu")
+    graph = from_torch(model, example_inputs, units=selected,
+                       backend="cuda" if device == "cuda" else "cpu")
+    if graph.names != list(strategy.units):
+        raise ExportError("capturing the model with the strategy's units gave other units "
+                          f"({graph.names[:4]}...); pass the graph the strategy was made for")
+    return graph
