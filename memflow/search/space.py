@@ -67,8 +67,9 @@ class SearchSpace:
         self.recomputable = graph_arrays(graph).recomputable
         bad = [p for p in policies if p not in POLICIES]
         if bad or not policies:
-            raise SearchError(f"policies={list(policies)}: {bad[0] if bad else 'none given'} is "
-                              f"not a memory policy; valid: {', '.join(POLICIES)}")
+            raise SearchError(f"policies={list(policies)}: "
+                              + (f"{bad[0]!r} is not a memory policy" if bad else "none given")
+                              + f"; valid: {', '.join(POLICIES)}")
         if "compress" in policies and not error_bounds:
             raise SearchError("policies include 'compress' but error_bounds is empty; give "
                               "the error bounds the search may use, e.g. error_bounds=(1e-3,)")

@@ -1,0 +1,69 @@
+"""optimal_checkpointing is exact: it matches exhaustive enumeration through the simulator."""
+import numpy as np
+import pytest
+
+import memflow
+from memflow.errors import SearchError
+from memflow.search import optimal_checkpointing
+from memflow.search.checkpointing import chain_violation
+from memflow.strategy import Strategy
+
+from .helpers import FOUR, V100, chain, every_schedule, keep_all_peak, optimum
+
+
+@pytest.mark.parametrize("n, seed, activation", [(6, 0, "gelu"), (7, 1, "relu"), (8, 2, "gelu")])
+def test_matches_exhaustive_at_every_limit(n, seed, activation):
+    table = every_schedule(n, seed, activation)
+    peaks = np.unique(table["peak"])
+    for limit in np.quantile(peaks, [0.0, 0.15, 0.35, 0.5, 0.7, 0.9, 1.0]):
+        res = optimal_checkpointing(chain(n, seed, activation), V100, limit)
+        assert res.time == pytest.approx(optimum(table, limit), rel=1e-12)
+        # what the DP predicts is what the simulator says
+        assert res.peak == res.predicted_peak
+        assert res.time == pytest.approx(res.predicted_time, rel=1e-12)
+        assert res.feasible and res.peak <= limit
+
+
+def test_below_every_schedule_is_a_clear_error():
+    table = every_schedule(6)
+    with pytest.raises(SearchError, match="no keep/recompute schedule .* fits memory_limit"):
+        optimal_checkpointing(chain(6), V100, 0.99 * table["peak"].min())
+
+
+def test_keep_all_when_memory_is_plenty():
+    res = optimal_checkpointing(chain(6), V100)
+    assert res.recomputed == () and res.strategy.policies == ["keep"] * 6
+
+
+def test_slots_only_lose_schedules():
+    table = every_schedule(8, 2)
+    limit = 0.8 * keep_all_peak(table)
+    exact = optimal_checkpointing(chain(8, 2), V100, limit)
+    coarse = optimal_checkpointing(chain(8, 2), V100, limit, slots=4)
+    assert coarse.feasible and coarse.time >= exact.time
+
+
+def test_data_parallel_base_memory_is_exact():
+    g = chain(10, batch=65536)
+    base = Strategy.data_parallel(g, FOUR)
+    keep = memflow.simulate(g, base, FOUR).peak_memory.max()
+    res = optimal_checkpointing(g, FOUR, 0.7 * keep, base=base)
+    assert res.peak == res.predicted_peak <= 0.7 * keep
+    assert res.strategy.devices == base.devices and "optimal checkpointing" in res.strategy.name
+
+
+def test_not_a_chain_names_the_tensor():
+    g = chain(4)
+    t = g.tensors.copy()
+    t.at[1, "consumers"] = ["l1", "l3"]          # a skip connection
+    skip = memflow.graph.OpGraph(g.units.drop(columns=["input_bytes", "output_bytes",
+                                                       "saved_bytes"]), t, g.meta)
+    assert "beyond the next unit" in chain_violation(skip)
+    with pytest.raises(SearchError, match="needs a chain: tensor 1 from l0 is used by"):
+        optimal_checkpointing(skip, V100)
+
+
+def test_rejects_several_placements():
+    g = chain(4)
+    with pytest.raises(SearchError, match="one placement for every unit"):
+        optimal_checkpointing(g, FOUR, base=Strategy.model_parallel(g, FOUR))

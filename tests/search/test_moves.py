@@ -1,0 +1,40 @@
+"""Every move proposes a valid, different strategy and never touches a pinned unit."""
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import memflow
+from memflow.search.moves import MOVES
+from memflow.search.space import SearchSpace
+from memflow.search.synthetic import chain_graph
+
+FOUR = memflow.Cluster.preset("4xV100-16GB")
+
+
+def _unit_state(s, i):
+    return (s.policies[i], float(np.nan_to_num(s.error_bound[i])), int(s.sample[i]),
+            int(s.parameter[i]), int(s.attribute[i]), s.devices[i], int(s.stage[i]))
+
+
+@settings(max_examples=12)
+@given(n=st.integers(2, 6), seed=st.integers(0, 2**16), pins=st.sets(st.integers(0, 5)),
+       batch=st.sampled_from([1, 2, 8, 64]))
+def test_random_walks_stay_valid_and_respect_pins(n, seed, pins, batch):
+    g = chain_graph(n, batch=batch, width=16, seed=seed)
+    space = SearchSpace(g, FOUR, policies=("keep", "recompute", "offload", "compress"),
+                        error_bounds=(1e-3, 1e-2))
+    pinned = sorted(p for p in pins if p < n)
+    space.pinned[pinned] = True
+    rng = np.random.default_rng(seed)
+    s = memflow.Strategy.single_device(g)
+    frozen = {i: _unit_state(s, i) for i in pinned}
+    for _ in range(60):
+        name = list(MOVES)[int(rng.integers(len(MOVES)))]
+        prop = MOVES[name](rng, s, space)
+        if prop is None:
+            continue
+        assert prop.move == name and prop.strategy != s
+        assert prop.unit in g.names and not space.pinned[g.names.index(prop.unit)]
+        prop.strategy.validate(g, FOUR)
+        s = prop.strategy
+        assert {i: _unit_state(s, i) for i in pinned} == frozen

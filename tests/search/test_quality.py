@@ -1,0 +1,26 @@
+"""Done-when of issue 4: the search reaches the exhaustive optimum (within 1%) on chains of
+10 units under limits between 30% and 80% of keep-all, within 3,000 iterations, for several
+seeds. (benchmarks/bench_search.py runs 10–14 units and more seeds.)"""
+import pytest
+
+from memflow.search import MCMCSearch, optimal_checkpointing
+
+from .helpers import V100, chain, every_schedule, keep_all_peak, optimum
+
+BUDGET = 3000
+
+
+@pytest.mark.parametrize("fraction", [0.65, 0.8])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_within_one_percent_of_the_exhaustive_optimum(fraction, seed):
+    table = every_schedule(10)
+    limit = fraction * keep_all_peak(table)
+    best = optimum(table, limit)
+    # the exact DP agrees with enumeration (so the benchmark can use it on longer chains)
+    assert optimal_checkpointing(chain(10), V100, limit).time == pytest.approx(best, rel=1e-12)
+    search = MCMCSearch(chain(10), V100, memory_limit=limit, seed=seed,
+                        policies=("keep", "recompute"))
+    search.run(iterations=BUDGET, callback=lambda s: s.best_cost > 1.01 * best)
+    assert search.best_cost <= 1.01 * best, f"not within 1% after {search.iteration} steps"
+    assert search.best_score.feasible and search.best_score.peak.max() <= limit
+    assert search.iteration <= BUDGET
