@@ -31,7 +31,7 @@ from .units import ROOT
 
 __all__ = ["unit_table", "tensor_table", "HEAD_ATTRIBUTES"]
 
-HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead")
+HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "heads")
 _RECURRENT = ("LSTM", "GRU", "RNN")
 
 
