@@ -12,9 +12,12 @@ and memory considerations", Euro-Par 2021), for ``M`` micro-batches and ``P`` st
 
 Both solvers minimise the period subject to every stage's memory; they are exact for this
 model and agree (the tests check them against enumeration). The ILP's variables are
-``x[i, s]`` (unit ``i`` on stage ``s``); the stage index ``Σ_s s·x[i, s]`` starts at 0, ends
-at ``P − 1`` and grows by 0 or 1 from one unit to the next, so every stage is a non-empty
-contiguous run, and a cut after unit ``i`` is that growth.
+``z[i, s] = 1`` when unit ``i`` runs on stage ``s`` or an earlier one: non-increasing in
+``i`` and non-decreasing in ``s``, so stages are contiguous runs; unit ``i`` is on stage ``s``
+when ``z[i, s] − z[i, s−1] = 1``, and a cut after unit ``i`` is ``Σ_s z[i, s] − z[i+1, s]``.
+This cumulative form keeps the relaxation tight: HiGHS proves the optimum of a 319-unit
+Inception-v3 on 4 stages in seconds, where the (unit, stage) assignment form had not within
+20 s.
 """
 from __future__ import annotations
 
@@ -88,67 +91,88 @@ def stage_memory(chain: Chain, stage: np.ndarray, flight: np.ndarray) -> np.ndar
 def solve_milp(chain: Chain, limits: np.ndarray, flight: np.ndarray, *,
                time_limit: float = 20.0) -> tuple[np.ndarray, float] | None:
     """Stage per unit and period minimising the period under ``limits`` (bytes per stage), or
-    None when HiGHS proves there is none or finds none within ``time_limit`` seconds."""
+    None when HiGHS proves there is none or does not prove an optimum within ``time_limit``
+    seconds (callers then use :func:`solve_dp`)."""
     n, P = chain.n, len(limits)
     if P > n:
         return None
+    if P == 1:
+        return solve_dp(chain, limits, flight)
     # HiGHS works to absolute tolerances: scale time and bytes to O(1) first
     t_unit = float(max(chain.time.sum(), chain.cut.max(initial=0.0), 1e-30))
     b_unit = float(max(np.max(limits), 1e-30))
-    chain = Chain(chain.time / t_unit, chain.weights / b_unit, chain.act / b_unit,
-                  chain.tmp / b_unit, chain.cut / t_unit)
+    time, cut = chain.time / t_unit, chain.cut / t_unit
+    weights, act, tmp = chain.weights / b_unit, chain.act / b_unit, chain.tmp / b_unit
     limits = np.asarray(limits, np.float64) / b_unit
-    nx = n * P
-    T, m0 = nx, nx + 1                  # the period, then one transient variable per stage
-    nv = nx + 1 + P
-
-    def xi(i, s):
-        return i * P + s
-
-    rows, cols, vals, lo, hi = [], [], [], [], []
-    r = 0
+    Q = P - 1                   # z[i, s] = 1 when unit i is on stage s or earlier (s < P - 1)
+    nz = n * Q
+    T, m0 = nz, nz + 1          # the period, then the largest transient of each stage
+    nv = nz + 1 + P
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
 
     def add(entries, lb, ub):
-        nonlocal r
         for c, v in entries:
-            rows.append(r)
+            rows.append(len(lo))
             cols.append(c)
             vals.append(v)
         lo.append(lb)
         hi.append(ub)
-        r += 1
 
-    for i in range(n):
-        add([(xi(i, s), 1.0) for s in range(P)], 1.0, 1.0)
-    for i in range(n - 1):              # stage grows by 0 or 1; a growth is a cut
-        step = [(xi(i + 1, s), float(s)) for s in range(1, P)] + \
-               [(xi(i, s), -float(s)) for s in range(1, P)]
-        add(step, 0.0, 1.0)
-        if chain.cut[i] > 0:
-            add(step + [(T, -1.0 / chain.cut[i])], -np.inf, 0.0)
-    for s in range(P):
-        add([(xi(i, s), float(chain.time[i])) for i in range(n)] + [(T, -1.0)], -np.inf, 0.0)
-        add([(xi(i, s), float(chain.weights[i] + flight[s] * chain.act[i])) for i in range(n)]
-            + [(m0 + s, 1.0)], -np.inf, float(limits[s]))
+    def on(i: int, s: int, coef: float) -> tuple[list, float]:
+        """coef · x[i, s] = coef · (z[i, s] − z[i, s−1]) as (entries, constant)."""
+        entries = ([(i * Q + s, coef)] if s < Q else []) + \
+                  ([(i * Q + s - 1, -coef)] if s > 0 else [])
+        return entries, coef if s == Q else 0.0
+
+    def total(coefs: np.ndarray, s: int) -> tuple[list, float]:
+        entries, const = [], 0.0
         for i in range(n):
-            if chain.tmp[i] > 0:
-                add([(xi(i, s), float(chain.tmp[i])), (m0 + s, -1.0)], -np.inf, 0.0)
-    A = sparse.csr_array((vals, (rows, cols)), shape=(r, nv))
+            e, c = on(i, s, float(coefs[i]))
+            entries += e
+            const += c
+        return entries, const
+
+    for i in range(n - 1):              # later units are on the same stage or a later one
+        for s in range(Q):
+            add([(i * Q + Q + s, 1.0), (i * Q + s, -1.0)], -np.inf, 0.0)
+    for i in range(n):
+        for s in range(1, Q):
+            add([(i * Q + s - 1, 1.0), (i * Q + s, -1.0)], -np.inf, 0.0)
+    for s in range(P):
+        e, c = total(np.ones(n), s)
+        add(e, 1.0 - c, np.inf)                                  # every stage has a unit
+        e, c = total(time, s)
+        add(e + [(T, -1.0)], -np.inf, -c)                        # its time is within the period
+        e, c = total(weights + flight[s] * act, s)
+        add(e + [(m0 + s, 1.0)], -np.inf, limits[s] - c)         # its memory within the limit
+        for i in np.flatnonzero(tmp > 0):
+            e, c = on(int(i), s, float(tmp[i]))
+            add(e + [(m0 + s, -1.0)], -np.inf, -c)
+    for i in np.flatnonzero(cut > 0):   # a cut after unit i: z[i, s] − z[i+1, s] = 1 for one s
+        if i < n - 1:
+            add([(i * Q + s, float(cut[i])) for s in range(Q)]
+                + [((i + 1) * Q + s, -float(cut[i])) for s in range(Q)] + [(T, -1.0)],
+                -np.inf, 0.0)
+    A = sparse.csr_array((vals, (rows, cols)), shape=(len(lo), nv))
     lb, ub = np.zeros(nv), np.ones(nv)
     ub[T:] = np.inf
-    lb[xi(0, 0)] = ub[xi(0, 0)] = 1.0
-    lb[xi(n - 1, P - 1)] = ub[xi(n - 1, P - 1)] = 1.0
+    lb[0] = 1.0                  # the first unit is on stage 0
+    ub[(n - 1) * Q + Q - 1] = 0  # the last on the last stage
     cost = np.zeros(nv)
     cost[T] = 1.0
     integrality = np.zeros(nv)
-    integrality[:nx] = 1
+    integrality[:nz] = 1
     res = milp(cost, integrality=integrality, bounds=Bounds(lb, ub),
                constraints=LinearConstraint(A, lo, hi),
                options={"time_limit": float(time_limit)})
-    if res.x is None:
+    if res.status != 0 or res.x is None:
         return None
-    stage = res.x[:nx].reshape(n, P).argmax(1)
-    return stage, period(chain, stage) * t_unit
+    stage = (Q - res.x[:nz].reshape(n, Q).round().sum(1)).astype(np.int64)
+    return stage, period(chain, stage)
 
 
 def solve_dp(chain: Chain, limits: np.ndarray, flight: np.ndarray) -> tuple[np.ndarray, float] | None:
