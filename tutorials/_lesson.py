@@ -1,0 +1,113 @@
+"""Small helpers shared by the lessons in ``tutorials/`` (everything else is memflow's own API).
+
+* :func:`line_chart` — a quick bokeh line chart for numbers that no memflow view draws
+  (a trade-off curve, acceptance rate against temperature);
+* :func:`student_copy` — the teacher's tool: copies of the lessons with every reference answer
+  blanked and the outputs cleared, for students to fill in (``python tutorials/_lesson.py
+  --student OUT_DIR``).
+
+A reference answer is a line of a code cell ending in ``# reference answer``::
+
+    adam_bytes = 2 * trainable  # reference answer
+
+In the student copy it becomes ``adam_bytes = ...  # your answer``, so the check cell below it
+fails until the student writes an answer.
+
+>>> blank_answers("x = 2 * y  # reference answer\\nprint(x)")
+'x = ...  # your answer\\nprint(x)'
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = ["line_chart", "blank_answers", "student_copy", "LESSONS"]
+
+LESSONS = sorted(p.name for p in Path(__file__).parent.glob("[0-9][0-9]_*.ipynb"))
+"""The lesson notebooks, in order."""
+
+_ANSWER = re.compile(r"^(?P<lhs>\s*[^=#]+?=)(?!=)\s*.*#\s*reference answer\s*$")
+_PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
+
+
+def line_chart(data: Any, x: str, ys: Sequence[str] | Mapping[str, str], *, title: str = "",
+               x_label: str | None = None, y_label: str = "", log_x: bool = False,
+               log_y: bool = False, width: int = 640, height: int = 300, show: bool = True):
+    """One line (with markers) per column of ``ys`` against column ``x`` of ``data``.
+
+    ``data`` is a DataFrame or a dict of columns; ``ys`` a list of column names or a mapping
+    column -> legend label. The figure is shown (bokeh must have been set up in the notebook,
+    e.g. by ``memflow_widgets.setup()``) and returned.
+    """
+    import pandas as pd
+    from bokeh.io import show as bokeh_show
+    from bokeh.models import ColumnDataSource
+    from bokeh.plotting import figure
+
+    frame = pd.DataFrame(data).reset_index(drop=isinstance(data, dict))
+    labels = dict(ys) if isinstance(ys, Mapping) else {c: c for c in ys}
+    fig = figure(width=width, height=height, title=title, x_axis_label=x_label or x,
+                 y_axis_label=y_label, x_axis_type="log" if log_x else "linear",
+                 y_axis_type="log" if log_y else "linear", tools="pan,wheel_zoom,reset,save")
+    source = ColumnDataSource(frame)
+    for i, (col, label) in enumerate(labels.items()):
+        color = _PALETTE[i % len(_PALETTE)]
+        fig.line(x, col, source=source, color=color, line_width=2, legend_label=label)
+        fig.scatter(x, col, source=source, color=color, size=6, legend_label=label)
+    fig.legend.location = "top_right"
+    fig.legend.click_policy = "hide"
+    fig.toolbar.logo = None
+    if show:
+        bokeh_show(fig)
+    return fig
+
+
+def blank_answers(source: str) -> str:
+    """``source`` (a code cell) with every reference answer replaced by ``...``."""
+    out = []
+    for line in source.splitlines():
+        m = _ANSWER.match(line)
+        out.append(f"{m.group('lhs')} ...  # your answer" if m else line)
+    return "\n".join(out)
+
+
+def student_copy(out_dir: str | Path, lessons: Sequence[str] | None = None) -> list[Path]:
+    """Write the lessons to ``out_dir`` with reference answers blanked and outputs cleared.
+
+    Returns the paths written. ``_lesson.py`` is copied too, so the copies run on their own.
+    """
+    import shutil
+
+    import nbformat
+
+    here = Path(__file__).parent
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in lessons or LESSONS:
+        nb = nbformat.read(here / name, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.source = blank_answers(cell.source)
+                cell.outputs, cell.execution_count = [], None
+        nb.metadata.pop("widgets", None)
+        nbformat.write(nb, out / name)
+        written.append(out / name)
+    shutil.copy(here / "_lesson.py", out / "_lesson.py")
+    return written
+
+
+def _main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="memflow tutorials: teacher's tools")
+    parser.add_argument("--student", metavar="OUT_DIR", required=True,
+                        help="write student copies of the lessons (answers blanked) here")
+    parser.add_argument("lessons", nargs="*", help="lesson notebooks (default: all)")
+    args = parser.parse_args(argv)
+    for path in student_copy(args.student, args.lessons or None):
+        print(path)
+
+
+if __name__ == "__main__":
+    _main()
