@@ -90,26 +90,29 @@ def layout_cost(ca, key: tuple) -> LayoutCost:
                       param_ring=_ring(ca, by_region), replica_ring=_ring(ca, by_param))
 
 
-def ring_time(nbytes: float, ring: tuple[float, float, int]) -> float:
-    """Ring all-reduce: ``2(n−1)/n · S/B + 2(n−1)·latency``.
+def ring_time(nbytes, bandwidth, latency, members):
+    """Ring all-reduce time ``2(n−1)/n · S/B + 2(n−1)·latency`` (0 for fewer than 2
+    members); works on numbers and on numpy arrays.
 
-    >>> ring_time(1e9, (1e10, 1e-5, 4))
+    >>> float(ring_time(1e9, 1e10, 1e-5, 4))
     0.15006
     """
-    bw, lat, n = ring
-    if n < 2:
-        return 0.0
-    return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+    n = np.maximum(members, 1)
+    return np.where(members > 1, 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency,
+                    0.0)
 
 
-def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool) -> tuple[np.ndarray, float, float]:
+def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
+              route: Callable[[int, int], list[int]] | None = None) -> tuple[np.ndarray, float, float]:
     """Channels, seconds per byte of the whole tensor, and latency of copying a tensor from
     placement ``src`` to placement ``dst`` (both ``(s, p, a, devices)``).
 
     Each destination part needs its sample × attribute region (the whole tensor when it does
     not scale with the batch); it takes each overlapping piece from the producer part with the
     same parameter rank (modulo), or from its own device when that already holds the region.
+    ``route(a, b)`` (default: the cluster's) gives the link ids between two device positions.
     """
+    route = route or ca.routing.route
     s1, p1, a1, n1 = src
     s2, p2, a2, n2 = dst
     d1 = ca.devices.get_indexer(list(n1))
@@ -136,7 +139,7 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool) -> tuple[np.ndarray,
             holders = d1[(P1[:, 0] == sj) & (P1[:, 1] == aj)]
             if e in holders:
                 continue
-            path = ca.routing.route(int(d1[k1]), e)
+            path = route(int(d1[k1]), e)
             for lid in path:
                 load[lid] = load.get(lid, 0.0) + ov
             lat = max(lat, float(ca.link_latency[path].sum()))

@@ -27,8 +27,8 @@ KINDS = ("forward", "backward", "recompute", "transfer", "allreduce", "offload",
          "compress", "decompress", "optimizer")
 K_FWD, K_BWD, K_RECOMP, K_XFER, K_ALLRED, K_OFFLOAD, K_PREFETCH, K_COMPRESS, K_DECOMP, K_OPT = \
     range(len(KINDS))
-ROLES = ("compute", "comm-parameter", "comm-replica", "to-host", "from-host", "copy", "copy-back")
-R_COMPUTE, R_COMM_PARAM, R_COMM_REPL, R_D2H, R_H2D, R_COPY, R_COPYBACK = range(len(ROLES))
+ROLES = ("compute", "comm", "to-host", "from-host", "copy", "copy-back")
+R_COMPUTE, R_COMM, R_D2H, R_H2D, R_COPY, R_COPYBACK = range(len(ROLES))
 BUCKET_CAP = 25 * 2 ** 20       # DDP's bucket_cap_mb
 FIRST_BUCKET = 2 ** 20          # DDP's first bucket is small so communication starts early
 
@@ -42,7 +42,7 @@ class Tasks:
     mb: list[int] = field(default_factory=list)
     role: list[int] = field(default_factory=list)
     key: list[int] = field(default_factory=list)      # layout, or copy id for copies
-    work: list[float] = field(default_factory=list)   # bytes for data movement, else unused
+    work: list[float] = field(default_factory=list)   # bytes moved (compute: TP all-reduce)
     deps: list[list[int]] = field(default_factory=list)
     anchor: dict[tuple[int, int, int], int] = field(default_factory=dict)
     first_mb: dict[tuple[int, int], int] = field(default_factory=dict)  # (kind, key) -> task
@@ -139,8 +139,8 @@ def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
             for v in ga.readers[t]:
                 in_grad_bytes[v] += size
     sa = degrees[layout, 0] * degrees[layout, 2]
-    out_bytes /= sa
-    in_grad_bytes /= sa
+    tp_out = np.where(p > 1, out_bytes / sa, 0.0)
+    tp_in = np.where(p > 1, in_grad_bytes / sa, 0.0)
     copies_from: dict[int, list[int]] = {}
     copies_back: dict[int, list[int]] = {}
     for ci, c in enumerate(plan.copies):
@@ -153,10 +153,8 @@ def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
         if segment[u] >= 0:
             seg_units.setdefault(int(segment[u]), []).append(u)
     by_stage = [np.flatnonzero(stage == s).tolist() for s in range(stages)]
-    final_mb = {}
-    for s, op, m in program_order(stages, M, strategy.schedule):
-        if op == "B":
-            final_mb[s] = m
+    order_ops = program_order(stages, M, strategy.schedule)
+    final_mb = {s: m for s, op, m in order_ops if op == "B"}
 
     T = Tasks()
     fwd_done: dict[tuple[int, int], int] = {}   # (unit, mb) -> task readers wait for
@@ -173,16 +171,15 @@ def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
                 out.append(T.anchor[(kind, key, m)])
         return out
 
-    for s, op, m in program_order(stages, M, strategy.schedule):
+    for s, op, m in order_ops:
         units = by_stage[s]
         if op == "F":
             for u in units:
                 lay = int(layout[u])
-                f = T.add(K_FWD, u, m, R_COMPUTE, lay, resolve(reads[u], m), anchor=(A_FWD, u))
-                done = f
-                if p[u] > 1 and out_bytes[u] > 0:   # Megatron: all-reduce the block's output
-                    done = T.add(K_ALLRED, u, m, R_COMM_PARAM, lay, [f], out_bytes[u])
-                fwd_done[(u, m)] = done
+                # Megatron: a split unit all-reduces its output (work: bytes), synchronously
+                f = T.add(K_FWD, u, m, R_COMPUTE, lay, resolve(reads[u], m), tp_out[u],
+                          (A_FWD, u))
+                done = fwd_done[(u, m)] = f
                 if plan.offloaded[u] > 0:
                     T.add(K_OFFLOAD, u, m, R_D2H, lay, [f], plan.offloaded[u], (A_OFFLOAD, u))
                 if plan.compressed[u] > 0:
@@ -203,8 +200,8 @@ def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
                       plan.offloaded[u], (A_PREFETCH, u))
             if segment[u] >= 0 and (u + 1 >= n or segment[u + 1] != segment[u]):
                 for v in seg_units[int(segment[u])]:
-                    prev_compute = T.add(K_RECOMP, v, m, R_COMPUTE, lay, list(wait),
-                                         anchor=(A_RECOMP, v))
+                    prev_compute = T.add(K_RECOMP, v, m, R_COMPUTE, lay, list(wait), tp_out[v],
+                                         (A_RECOMP, v))
             if plan.compressed[u] > 0:
                 T.add(K_DECOMP, u, m, R_COMPUTE, lay, [T.anchor[(A_COMPRESS, u, m)]],
                       plan.compressed[u], (A_DECOMP, u))
@@ -212,12 +209,9 @@ def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
             for kind in (A_PREFETCH, A_DECOMP):
                 if (kind, u, m) in T.anchor:
                     deps.append(T.anchor[(kind, u, m)])
-            b = T.add(K_BWD, u, m, R_COMPUTE, lay, deps, anchor=(A_BWD, u))
-            prev_compute = b
-            done = b
-            if p[u] > 1 and in_grad_bytes[u] > 0:   # ... and its input gradient in backward
-                done = T.add(K_ALLRED, u, m, R_COMM_PARAM, lay, [b], in_grad_bytes[u])
-            bwd_done[(u, m)] = done
+            # ... and its input gradient in backward
+            b = T.add(K_BWD, u, m, R_COMPUTE, lay, deps, tp_in[u], (A_BWD, u))
+            prev_compute = done = bwd_done[(u, m)] = b
             for ci in copies_back.get(u, ()):
                 T.add(K_XFER, u, m, R_COPYBACK, ci, [done], plan.copies[ci].bytes, (A_GXFER, ci))
             if j + 1 < len(order) and plan.offloaded[order[j + 1]] > 0:
@@ -232,12 +226,12 @@ def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
                 mine = [u for u in order if layout[u] == lay]
                 for bucket in _buckets(ga, layout, p, mine):
                     size = float(sum(ga.trainable_bytes[u] / p[u] for u in bucket))
-                    T.add(K_ALLRED, bucket[-1], m, R_COMM_REPL, lay,
+                    T.add(K_ALLRED, bucket[-1], m, R_COMM, lay,
                           [bwd_done[(u, m)] for u in bucket], size)
     n_layouts = len(degrees)
     last_of_layout: dict[int, list[int]] = {}
     for tid, (kind, role, key) in enumerate(zip(T.kind, T.role, T.key)):
-        if role in (R_COMPUTE, R_COMM_REPL, R_COMM_PARAM) and kind in (K_BWD, K_ALLRED):
+        if role in (R_COMPUTE, R_COMM) and kind in (K_BWD, K_ALLRED):
             last_of_layout.setdefault(key, []).append(tid)
     for lay in range(n_layouts):
         T.add(K_OPT, -1, 0, R_COMPUTE, lay, last_of_layout.get(lay, [])[-4:],

@@ -45,17 +45,26 @@ def anchor_tasks(plan: MemoryPlan, anchor: dict, first_mb: dict, microbatches: i
     mb = np.concatenate([np.tile(np.arange(M), int(every.sum())),
                          np.zeros(int((~every).sum()), np.int64)])
 
-    def resolve(anch: np.ndarray, per_mb: np.ndarray) -> np.ndarray:
-        out = np.empty(len(anch), np.int64)
-        for r, ((kind, key, edge), m, pm) in enumerate(zip(anch.tolist(), mb.tolist(),
-                                                            per_mb.tolist())):
-            tid = anchor[(kind, key, m)] if pm == EVERY_MB else first_mb[(kind, key)]
-            out[r] = tid * 2 + edge
-        return out
+    # dense lookup tables: (kind, key, microbatch) -> task, and (kind, key) -> first task
+    n_kinds = 1 + max((k[0] for k in anchor), default=0)
+    n_keys = 1 + max((k[1] for k in anchor), default=0)
+    table = np.full((n_kinds, n_keys, M), -1, np.int64)
+    if anchor:
+        a = np.array(list(anchor), np.int64)
+        table[a[:, 0], a[:, 1], a[:, 2]] = np.fromiter(anchor.values(), np.int64, len(anchor))
+    first = np.full((n_kinds, n_keys), -1, np.int64)
+    if first_mb:
+        f = np.array(list(first_mb), np.int64)
+        first[f[:, 0], f[:, 1]] = np.fromiter(first_mb.values(), np.int64, len(first_mb))
+    pm = plan.per_mb[idx] == EVERY_MB
 
-    pm = plan.per_mb[idx]
-    alloc = resolve(plan.alloc[idx], pm)
-    frees = np.stack([resolve(plan.free[idx, j], pm) for j in range(3)], 1)
+    def resolve(anch: np.ndarray) -> np.ndarray:
+        kind, key, edge = anch[:, 0], anch[:, 1], anch[:, 2]
+        tid = np.where(pm, table[kind, key, mb], first[kind, key])
+        return tid * 2 + edge
+
+    alloc = resolve(plan.alloc[idx])
+    frees = np.stack([resolve(plan.free[idx, j]) for j in range(3)], 1)
     return alloc, frees, idx
 
 

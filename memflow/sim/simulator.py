@@ -20,7 +20,7 @@ from ..strategy.strategy import Strategy
 from .costs import (OPTIMIZER_LAUNCHES, OPTIMIZER_TRAFFIC, compress_model, compression_ratios,
                     copy_cost, layout_cost, ring_time)
 from .expand import (K_ALLRED, K_BWD, K_COMPRESS, K_DECOMP, K_FWD, K_OFFLOAD, K_OPT,
-                     K_PREFETCH, K_RECOMP, K_XFER, R_COMM_PARAM, R_COMM_REPL, R_COMPUTE,
+                     K_PREFETCH, K_RECOMP, K_XFER, R_COMM, R_COMPUTE,
                      R_COPY, R_COPYBACK, R_D2H, R_H2D, Tasks, expand)
 from .folding import classes
 from .ledger import Ledger, LedgerPlan, anchor_tasks, ledger, ledger_plan
@@ -110,6 +110,7 @@ class Simulator:
         self.ca = cluster.arrays if cluster is not None else None
         self._layout_cost: dict[tuple, Any] = {}
         self._copy_cost: dict[tuple, Any] = {}
+        self._routes: dict[tuple[int, int], list[int]] = {}
         self._compress: tuple | None = None
         self._prepared_cache: OrderedDict[tuple, _Prepared] = OrderedDict()
 
@@ -139,8 +140,14 @@ class Simulator:
         k = (src, dst, per_sample)
         cc = self._copy_cost.get(k)
         if cc is None:
-            cc = self._copy_cost[k] = copy_cost(self.ca, src, dst, per_sample)
+            cc = self._copy_cost[k] = copy_cost(self.ca, src, dst, per_sample, self._route)
         return cc
+
+    def _route(self, a: int, b: int) -> list[int]:
+        path = self._routes.get((a, b))
+        if path is None:
+            path = self._routes[(a, b)] = self.ca.routing.route(a, b)
+        return path
 
     def _timing(self, strategy: Strategy, T: Tasks, plan: MemoryPlan):
         """Duration and raw channel ids of every task."""
@@ -167,15 +174,17 @@ class Simulator:
             f16 = np.array([lc.flops16 for lc in lcs])[L]
             mem = np.array([lc.mem_rate for lc in lcs])[L]
             launch = np.array([lc.launch for lc in lcs])[L]
-            dur[comp] = np.maximum(flops / np.where(half, f16, f32), moved / mem) + ops * launch
+            ring = np.array([lc.param_ring for lc in lcs])[L]
+            dur[comp] = (np.maximum(flops / np.where(half, f16, f32), moved / mem) + ops * launch
+                         + ring_time(work[comp], ring[:, 0], ring[:, 1], ring[:, 2]))
         channels: dict[tuple[int, int], np.ndarray] = {}
-        for i in np.flatnonzero(~comp):
+        red = np.flatnonzero(kind == K_ALLRED)
+        if len(red):   # DDP's gradient buckets over the replicas
+            ring = np.array([lc.replica_ring for lc in lcs])[key[red]]
+            dur[red] = ring_time(work[red], ring[:, 0], ring[:, 1], ring[:, 2])
+        for i in np.flatnonzero(~comp & (kind != K_ALLRED)):
             k, L, w = int(kind[i]), int(key[i]), float(work[i])
-            if k == K_ALLRED:
-                lc = lcs[L]
-                ring = lc.param_ring if T.role[i] == R_COMM_PARAM else lc.replica_ring
-                dur[i] = ring_time(w, ring)
-            elif k in (K_OFFLOAD, K_PREFETCH):
+            if k in (K_OFFLOAD, K_PREFETCH):
                 _, per, lat = lcs[L].d2h if k == K_OFFLOAD else lcs[L].h2d
                 dur[i] = w * per + lat
             elif k in (K_COMPRESS, K_DECOMP):
@@ -195,14 +204,13 @@ class Simulator:
                 lc = lcs[L]
                 dur[i] = (OPTIMIZER_TRAFFIC[self.optimizer] * train / lc.mem_rate
                           + OPTIMIZER_LAUNCHES * lc.launch)
-        role = np.asarray(T.role)
-        for r, L in set(zip(role.tolist(), key.tolist())):
+        for r, L in set(zip(T.role, T.key)):
             if (r, L) in channels:
                 continue
             lc = lcs[L] if r not in (R_COPY, R_COPYBACK) else None
             if r == R_COMPUTE:
                 channels[(r, L)] = lc.devices
-            elif r in (R_COMM_PARAM, R_COMM_REPL):
+            elif r == R_COMM:
                 channels[(r, L)] = n + lc.devices
             elif r == R_D2H:
                 channels[(r, L)] = 2 * n + lc.d2h[0]
