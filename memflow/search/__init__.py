@@ -23,8 +23,8 @@ _EXPORTS = {
     "ChainsResult": "memflow.search.parallel",
     "optimal_checkpointing": "memflow.search.checkpointing",
     "CheckpointResult": "memflow.search.checkpointing",
-    "exhaustive": "memflow.search.exhaustive",
-    "ExhaustiveResult": "memflow.search.exhaustive",
+    "exhaustive": "memflow.search.enumeration",
+    "ExhaustiveResult": "memflow.search.enumeration",
     "baselines": "memflow.search.initial",
 }
 

@@ -87,8 +87,8 @@ def baselines(graph, cluster, *, memory_limit: Any = None) -> dict[str, Strategy
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
-    >>> sorted(baselines(chain_graph(4, batch=8), memflow.Cluster.preset("4xV100-16GB")))[:3]
-    ['data parallel', 'data parallel, optimal checkpointing', 'data parallel, recompute all']
+    >>> sorted(baselines(chain_graph(4, batch=8), memflow.Cluster.preset("4xV100-16GB")))[:4]
+    ['data parallel', 'data parallel, offload (vDNN dynamic)', 'data parallel, optimal checkpointing', 'data parallel, recompute all']
     """
     dp = data_parallel(graph, cluster)
     out = {dp.name: dp,

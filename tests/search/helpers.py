@@ -6,7 +6,7 @@ from functools import lru_cache
 import numpy as np
 
 import memflow
-from memflow.search.exhaustive import exhaustive
+from memflow.search import exhaustive
 from memflow.search.synthetic import chain_graph
 
 V100 = memflow.Cluster.preset("1xV100-16GB")
