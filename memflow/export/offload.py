@@ -126,9 +126,10 @@ class HostStore:
         if copy.host is not None:
             # Copy this view's elements into the storage's host image: other parts of the
             # storage may still change (an RNN writes its gates into one buffer step by step).
-            image = copy.host.view(t.dtype)
-            image.as_strided(t.size(), t.stride(), t.storage_offset()).copy_(
-                t.detach(), non_blocking=pinned)
+            # An expanded view repeats elements (stride 0): copy each element once.
+            size = [1 if st == 0 else n for n, st in zip(t.size(), t.stride())]
+            image = copy.host.view(t.dtype).as_strided(size, t.stride(), t.storage_offset())
+            image.copy_(t.detach().as_strided(size, t.stride()), non_blocking=pinned)
         return Offloaded(copy, t)
 
     @staticmethod
