@@ -108,8 +108,9 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
     placement ``src`` to placement ``dst`` (both ``(s, p, a, devices)``).
 
     Each destination part needs its sample × attribute region (the whole tensor when it does
-    not scale with the batch); it takes each overlapping piece from the producer part with the
-    same parameter rank (modulo), or from its own device when that already holds the region.
+    not scale with the batch: then from the producer part of the same sample and attribute
+    index, modulo); it takes each overlapping piece from the producer part with the same
+    parameter rank (modulo), or from its own device when that already holds the region.
     ``route(a, b)`` (default: the cluster's) gives the link ids between two device positions.
     """
     route = route or ca.routing.route
@@ -132,8 +133,8 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
             if per_sample:
                 ov = (max(0.0, min(hi_s, (sj + 1) / s1) - max(lo_s, sj / s1))
                       * max(0.0, min(hi_a, (aj + 1) / a1) - max(lo_a, aj / a1)))
-            else:
-                ov = 1.0 if (sj, aj) == (0, 0) else 0.0
+            else:   # replicated: from the producer part of the same replica
+                ov = 1.0 if (sj, aj) == (si % s1, ai % a1) else 0.0
             if ov <= 0:
                 continue
             holders = d1[(P1[:, 0] == sj) & (P1[:, 1] == aj)]

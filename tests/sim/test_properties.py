@@ -52,7 +52,7 @@ def _check(run) -> None:
     assert run.iteration_time >= busy - 1e-12
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(cases())
 def test_ledger_and_schedule_are_sound(case):
     g, s = case
@@ -61,7 +61,7 @@ def test_ledger_and_schedule_are_sound(case):
         _check(Simulator(g, CLUSTER, optimizer=opt).run(s))
 
 
-@settings(max_examples=60)
+@settings(max_examples=40)
 @given(cases(), st.sampled_from(["sgd", "adam"]))
 def test_folding_changes_nothing(case, optimizer):
     g, s = case
