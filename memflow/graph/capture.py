@@ -188,7 +188,7 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
             for pname, t in named:
                 state[pname] = _fake_like(t)
                 owner = pname.rsplit(".", 1)[0] if "." in pname else ROOT
-                recorder.add_weight(state[pname], pname, owner, is_buffer)
+                recorder.add_weight(state[pname], owner, is_buffer)
     for t in pytree.tree_leaves((fake_args, fake_kwargs)):
         if isinstance(t, torch.Tensor):
             recorder.add_input(t)

@@ -86,7 +86,6 @@ class Storage:
 class Weight:
     """A parameter or buffer storage, owned by the first span that reads it."""
 
-    name: str
     numel: int
     nbytes: int
     trainable: bool
@@ -165,7 +164,7 @@ class Recorder(TorchDispatchMode):
 
     def pre_hook(self, module: nn.Module, args: Any) -> None:
         """Forward pre-hook: ``module`` starts running."""
-        path = self.paths.get(module, type(module).__name__)
+        path = self.paths[module]
         role = "module" if path in self.selected else "glue"
         self._stack.append(self._frame(path, type(module).__name__, role))
         self._update_owner()
@@ -225,11 +224,11 @@ class Recorder(TorchDispatchMode):
         per_sample = t.dim() > 0 and t.shape[0] == self.batch_size
         self._new_storage(t, -1, per_sample).requires_grad = t.requires_grad
 
-    def add_weight(self, t: torch.Tensor, name: str, module: str, is_buffer: bool) -> None:
-        """Register a parameter or buffer (excluded from activations)."""
+    def add_weight(self, t: torch.Tensor, module: str, is_buffer: bool) -> None:
+        """Register a parameter or buffer of ``module`` (never an activation)."""
         key = _key(t)
         if key not in self.weights:
-            self.weights[key] = Weight(name, t.numel(), t.untyped_storage().nbytes(),
+            self.weights[key] = Weight(t.numel(), t.untyped_storage().nbytes(),
                                        bool(t.requires_grad), is_buffer, module)
 
     def mark_outputs(self, outputs: Iterable[torch.Tensor]) -> None:
