@@ -22,11 +22,14 @@ is the simulated iteration time on one device (all tasks share one stream). On a
 ``base`` the memory is still exact, the time is the compute time (gradient all-reduces overlap
 it), and the result reports the simulated time.
 
-It applies to chains: every activation is used by its producer and the next unit only (and
-the model's output comes from the last unit). ``units="blocks"`` usually gives one.
+It applies to chains: graphs in which every tensor is used within a few units of its producer
+(``MAX_SPAN``; one for a strict chain, two where in-place activations or views make a tensor
+reach one unit further) and the model's outputs come from the last units. The DP's state then
+carries the policies of that many units on each side (:mod:`memflow.search.chainmem`).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -35,16 +38,13 @@ import numpy as np
 
 from ..errors import SearchError
 from ..memory.arrays import graph_arrays
-from ..memory.plan import A_BWD, A_FWD, A_OPT, A_RECOMP
 from ..sim import Simulator
 from ..sim.expand import K_FWD
 from ..strategy import Strategy
+from .chainmem import END_, KEEP_, MAX_SPAN, REC_, START_, ChainMemory, span
 from .cost import memory_limits
 
 __all__ = ["optimal_checkpointing", "CheckpointResult", "chain_violation"]
-
-KEEP_, REC_, START_, END_ = 0, 1, 2, 3
-_DE_BRUIJN = (0, 0, 0, 1, 0, 1, 1, 1)   # every 3-window of {keep, recompute}, cyclically
 
 
 @dataclass(frozen=True)
@@ -62,144 +62,16 @@ class CheckpointResult:
 
 
 def chain_violation(graph) -> str | None:
-    """Why ``graph`` is not a chain (a sentence naming the tensor and units), or None.
+    """Why ``graph`` is too far from a chain for :func:`optimal_checkpointing` (a sentence
+    naming the tensor and units), or None: every tensor must be used within ``MAX_SPAN`` units
+    of its producer, and the model's outputs must come from the last units.
 
     >>> from memflow.search.synthetic import chain_graph
     >>> chain_violation(chain_graph(4)) is None
     True
     """
-    ga = graph_arrays(graph)
-    n = ga.n
-    for t in range(len(ga.bytes)):
-        p = int(ga.producer[t])
-        users = set(ga.readers[t]) | set(ga.savers[t])
-        far = sorted(u for u in users if u not in (p, p + 1))
-        src = ga.names[p] if p >= 0 else "the model's input"
-        if far:
-            return (f"tensor {t} from {src} is used by {[ga.names[u] for u in far]}, beyond the "
-                    "next unit")
-        if ga.is_output[t] and p != n - 1:
-            return f"tensor {t} from {src} is a model output but not from the last unit"
-    return None
-
-
-class _Anchors:
-    """Allocations and frees of the blocks one unit owns in one neighbourhood, symbolic."""
-
-    def __init__(self, nbytes, alloc, free):
-        self.nbytes = np.asarray(nbytes, np.float64)
-        self.alloc = np.asarray(alloc, np.int64).reshape(-1, 3)
-        self.free = np.asarray(free, np.int64).reshape(-1, 3, 3)
-        self.tail = (self.free[:, :, 0] == A_OPT).any(1)
-
-
-class _Order:
-    """Program order of a schedule around one block: forward passes, then per unit in reverse
-    its segment's recomputations and its backward, then the optimizer step.
-
-    ``pos`` numbers task edges (start even, end odd). On one stream time never decreases
-    along program order, so the ledger's rule — free a block at its latest candidate anchor,
-    the later in program order at equal times — is the largest position.
-    """
-
-    def __init__(self, n: int, seg_end: np.ndarray):
-        self.n, self.seg_end = n, seg_end
-
-    def pos(self, anchor: np.ndarray) -> np.ndarray:
-        n = self.n
-        kind, unit, edge = anchor[..., 0], anchor[..., 1], anchor[..., 2]
-        if not ((kind == A_FWD) | (kind == A_RECOMP) | (kind == A_BWD) | (kind == A_OPT)).all():
-            raise SearchError("optimal_checkpointing met a transfer, offload or compression in "
-                              "the memory plan; it plans keep/recompute on one placement only")
-        u = np.minimum(np.maximum(unit, 0), n - 1)
-        slot = 2 * n + (2 * n + 2) * (n - 1 - np.where(kind == A_RECOMP, self.seg_end[u], u))
-        return np.where(kind == A_FWD, 2 * u + edge,
-                        np.where(kind == A_RECOMP, slot + 2 * u + edge,
-                                 np.where(kind == A_BWD, slot + 2 * n + edge,
-                                          2 * n + (2 * n + 2) * n + edge)))
-
-    def free(self, frees: np.ndarray, alloc: np.ndarray) -> np.ndarray:
-        """Position at which each block (candidate anchors ``(k, 3, 3)``) is freed."""
-        return np.maximum(self.pos(frees).max(1), alloc | 1)
-
-
-class _Chain:
-    """The per-unit blocks of a chain, probed from the memory plan."""
-
-    def __init__(self, sim: Simulator, base: Strategy):
-        ga = sim.ga
-        self.n = n = ga.n
-        self.items: list[dict[tuple[int, int, int], _Anchors]] = [{} for _ in range(n)]
-        names = list(base.units)
-        for s in range(len(_DE_BRUIJN)):
-            types = [_DE_BRUIJN[(u + s) % len(_DE_BRUIJN)] for u in range(n)]
-            probe = base.with_policy(recompute=[names[u] for u in range(n) if types[u] == REC_])
-            plan = sim.plan(probe)
-            self.persistent = float(plan.persistent[0].sum())
-            owner = np.where(plan.alloc[:, 0] == A_OPT, -1, plan.alloc[:, 1])
-            opt = owner < 0
-            self.opt_bytes = float(plan.bytes[opt].sum())
-            for u in range(n):
-                ctx = (START_ if u == 0 else types[u - 1], types[u],
-                       END_ if u == n - 1 else types[u + 1])
-                mine = owner == u
-                self.items[u][ctx] = _Anchors(plan.bytes[mine], plan.alloc[mine],
-                                              plan.free[mine])
-        # parameter gradients (freed by the optimizer) do not depend on the neighbourhood
-        any_ctx = [next(iter(self.items[u].values())) for u in range(n)]
-        self.tail = np.array([float(x.nbytes[x.tail].sum()) for x in any_ctx])
-        self.tail_after = np.concatenate([np.cumsum(self.tail[::-1])[::-1][1:], [0.0]])
-
-    def _ctx(self, u: int, t: dict[int, int]) -> tuple[int, int, int]:
-        return (START_ if u == 0 else t.get(u - 1, KEEP_), t[u],
-                END_ if u == self.n - 1 else t.get(u + 1, KEEP_))
-
-    def transition(self, a: int, b: int, kind: int, tp: int, tn: int) -> tuple[float, float]:
-        """Local peak over the points of block ``a..b`` and the bytes it leaves held."""
-        n = self.n
-        t = {u: kind for u in range(a, b + 1)}
-        if a > 0:
-            t[a - 1] = tp
-        if b + 1 < n:
-            t[b + 1] = tn
-        seg_end = np.arange(n)
-        if kind == REC_:
-            seg_end[a:b + 1] = b
-        order = _Order(n, seg_end)
-        parts = [self.items[u][self._ctx(u, t)] for u in range(a, b + 1)]
-        own = len(parts)
-        if a > 0:
-            parts.append(self.items[a - 1][self._ctx(a - 1, t)])
-        if b + 1 < n:
-            parts.append(self.items[b + 1][self._ctx(b + 1, t)])
-        nbytes = np.concatenate([p.nbytes for p in parts])
-        alloc = order.pos(np.concatenate([p.alloc for p in parts]))
-        free = order.free(np.concatenate([p.free for p in parts]), alloc)
-        which = np.concatenate([np.full(len(p.nbytes), k) for k, p in enumerate(parts)])
-        tail = np.concatenate([p.tail for p in parts])
-
-        def bwd(u: int, edge: int) -> int:
-            return int(order.pos(np.array([A_BWD, u, edge])))
-
-        # blocks of unit a-1 held through this one are in the held bytes already, and the
-        # next unit's parameter gradients are in tail_after
-        drop = (which == own) & (alloc <= 2 * a) & (free >= bwd(a, 1)) if a > 0 else \
-            np.zeros(len(which), bool)
-        if b + 1 < n:
-            drop |= (which == len(parts) - 1) & tail
-        keep = ~drop
-        nbytes, alloc, free, which = nbytes[keep], alloc[keep], free[keep], which[keep]
-        pts = [2 * u for u in range(a, b + 1)] + [bwd(u, 0) for u in range(a, b + 1)]
-        if kind == REC_:
-            pts += [int(order.pos(np.array([A_RECOMP, u, 0]))) for u in range(a, b + 1)]
-        at = np.array(pts)
-        cover = ((alloc[None, :] <= at[:, None]) & (free[None, :] >= at[:, None])) @ nbytes
-        cover = cover + np.where(at >= 2 * n, self.tail_after[b], 0.0)
-        held = 0.0
-        if b + 1 < n:
-            mine = (which < own) & (alloc <= 2 * (b + 1)) & (free >= bwd(b + 1, 1))
-            held = float(nbytes[mine].sum())
-        return float(cover.max(initial=0.0)), held
+    D, why = span(graph_arrays(graph))
+    return why if D > MAX_SPAN else None
 
 
 def _resolve(device: Any):
@@ -250,66 +122,98 @@ def optimal_checkpointing(graph, device: Any, memory_limit: Any = None, *,
     fwd = np.zeros(len(graph))
     kinds = np.asarray(run.tasks.kind)
     np.add.at(fwd, np.asarray(run.tasks.unit)[kinds == K_FWD], run.duration[kinds == K_FWD])
-    chain = _Chain(sim, base)
-    n = chain.n
-    rec_ok = sim.ga.recomputable
-    budget = limit - chain.persistent
-    quantum = budget / slots if slots else 0.0
-    fronts: dict[tuple[int, int, int], list] = {(0, START_, k): [(0.0, 0.0, 0.0, None)]
-                                                for k in (KEEP_, REC_) if k == KEEP_ or rec_ok[0]}
-    memo: dict[tuple, tuple[float, float]] = {}
-    finals = []
-    for a in range(n):
-        for (sa, tp, ta) in sorted(k for k in fronts if k[0] == a):
-            front = _pareto(fronts.pop((sa, tp, ta)))
-            ends = [a] if ta == KEEP_ else _run_ends(rec_ok, a)
-            for b in ends:
-                nexts = [END_] if b == n - 1 else [KEEP_] + ([REC_] if ta == KEEP_ and
-                                                             rec_ok[b + 1] else [])
-                for tn in nexts:
-                    key = (a, b, ta, tp, tn)
-                    if key not in memo:
-                        memo[key] = chain.transition(a, b, ta, tp, tn)
-                    local, held = memo[key]
-                    dt = float(fwd[a:b + 1].sum()) if ta == REC_ else 0.0
-                    for i, (H, T, P, _) in enumerate(front):
-                        if H + local > budget * (1 + 1e-12):
-                            break          # fronts are sorted by held bytes
-                        H2 = H + held
-                        if quantum:
-                            H2 = math.ceil(H2 / quantum - 1e-9) * quantum
-                        entry = (H2, T + dt, max(P, H + local), (a, b, ta, front, i))
-                        if b == n - 1:
-                            finals.append(entry)
-                        else:
-                            fronts.setdefault((b + 1, ta, tn), []).append(entry)
-    opt_peak = chain.opt_bytes + float(chain.tail.sum())
-    finals = [f for f in finals if opt_peak <= budget]
-    if not finals:
+    chain = ChainMemory(sim, base, span(sim.ga)[0])
+    T, P, rec = _solve(chain, fwd, sim.ga.recomputable, limit - chain.persistent, slots)
+    if rec is None:
         raise SearchError(f"no keep/recompute schedule of {graph.meta.get('model', 'the chain')}"
                           f" fits memory_limit={limit:,.0f} bytes on {list(base.devices[0])}")
-    H, T, P, back = min(finals, key=lambda f: (f[1], f[2]))
-    rec: list[int] = []
-    while back is not None:
-        a, b, ta, front, i = back
-        if ta == REC_:
-            rec += range(a, b + 1)
-        back = front[i][3]
-    names = [graph.names[u] for u in sorted(rec)]
+    names = [graph.names[u] for u in rec]
     label = "optimal checkpointing" if len(base.devices[0]) == 1 else \
         f"{base.name}, optimal checkpointing"
     best = base.with_policy(recompute=names).with_schedule(name=label)
     ev = sim.evaluate(best)
     peak = float(ev.peak[used].max())
     return CheckpointResult(best, ev.iteration_time, peak, bool(peak <= limit),
-                            run.iteration_time + T, chain.persistent + max(P, opt_peak), limit,
-                            tuple(names))
+                            run.iteration_time + T, chain.persistent + P, limit, tuple(names))
 
 
-def _run_ends(rec_ok: np.ndarray, a: int) -> list[int]:
-    """Last units of the recompute segments that may start at ``a``."""
+def _solve(chain: ChainMemory, fwd: np.ndarray, rec_ok: np.ndarray, budget: float,
+           slots: int | None) -> tuple[float, float, list[int] | None]:
+    """The DP: (extra time, peak above the persistent bytes, recomputed units) of the best
+    schedule within ``budget``; ``None`` units when nothing fits.
+
+    States are (first unit of the next block, policies of the ``D+1`` units before it, the
+    committed policies of it and the ``D-1`` after); each keeps a Pareto front of
+    (held bytes, time, peak so far, back pointer)."""
+    n, D = chain.n, chain.D
+    quantum = budget / slots if slots else 0.0
+    fronts: dict[tuple, list] = {}
+    for com in _assignments(0, D, n, rec_ok, {}):
+        fronts[(0, (START_,) * (D + 1), com)] = [(0.0, 0.0, 0.0, None)]
+    memo: dict[tuple, tuple[float, float]] = {}
+    finals = []
+    for a in range(n):
+        for key in sorted(k for k in fronts if k[0] == a):
+            _, hist, com = key
+            front = _pareto(fronts.pop(key))
+            known = {v: x for v, x in zip(range(a - D - 1, a + D), hist + com) if 0 <= v < n}
+            kind = com[0]
+            for b in _block_ends(a, com, n, rec_ok):
+                t = {**known, **{v: kind for v in range(a, b + 1)}}
+                if kind == REC_ and b + 1 < n:
+                    t[b + 1] = KEEP_           # segments are maximal runs
+                dt = float(fwd[a:b + 1].sum()) if kind == REC_ else 0.0
+                lo = max(b, a + D - 1) + 1
+                for more in _assignments(lo, b + D + 1, n, rec_ok, t):
+                    tt = {**t, **{v: x for v, x in zip(range(lo, b + D + 1), more) if v < n}}
+                    window = tuple(tt.get(v, END_) for v in range(a - D - 1, b + D + 1))
+                    if (a, b, window) not in memo:
+                        memo[(a, b, window)] = chain.transition(a, b, tt)
+                    local, held = memo[(a, b, window)]
+                    nxt = (b + 1, tuple(tt.get(v, START_) for v in range(b - D, b + 1)),
+                           tuple(tt.get(v, END_) for v in range(b + 1, b + D + 1)))
+                    for i, (H, T, P, _) in enumerate(front):
+                        if H + local > budget * (1 + 1e-12):
+                            break          # fronts are sorted by held bytes
+                        H2 = H + held
+                        if quantum:
+                            H2 = math.ceil(H2 / quantum - 1e-9) * quantum
+                        entry = (H2, T + dt, max(P, H + local), (a, b, kind, front, i))
+                        (finals if b == n - 1 else fronts.setdefault(nxt, [])).append(entry)
+    opt_peak = chain.opt_bytes + float(chain.tail.sum())
+    finals = [f for f in finals if opt_peak <= budget]
+    if not finals:
+        return math.inf, math.inf, None
+    _, T, P, back = min(finals, key=lambda f: (f[1], f[2]))
+    rec: list[int] = []
+    while back is not None:
+        a, b, kind, front, i = back
+        if kind == REC_:
+            rec += range(a, b + 1)
+        back = front[i][3]
+    return T, max(P, opt_peak), sorted(rec)
+
+
+def _assignments(lo: int, hi: int, n: int, rec_ok: np.ndarray,
+                 fixed: dict[int, int]) -> list[tuple[int, ...]]:
+    """Every choice of keep/recompute for units ``lo … hi-1`` (END beyond the chain), those in
+    ``fixed`` as given, recompute only where allowed."""
+    options = [[END_] if v >= n else [fixed[v]] if v in fixed else
+               [KEEP_, REC_] if rec_ok[v] else [KEEP_] for v in range(lo, hi)]
+    return [tuple(c) for c in itertools.product(*options)]
+
+
+def _block_ends(a: int, com: tuple[int, ...], n: int, rec_ok: np.ndarray) -> list[int]:
+    """Last units of the blocks that may start at ``a`` given the committed policies ``com``
+    of units ``a … a+D-1``: ``a`` itself for a kept unit; for a segment, where the committed
+    run of recomputed units ends, or anywhere after it while units may be recomputed."""
+    if com[0] == KEEP_:
+        return [a]
+    run = next((k for k, x in enumerate(com) if x != REC_), None)
+    if run is not None:
+        return [a + run - 1]
     out = []
-    for b in range(a, len(rec_ok)):
+    for b in range(a + len(com) - 1, n):
         if not rec_ok[b]:
             break
         out.append(b)

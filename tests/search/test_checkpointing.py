@@ -1,10 +1,13 @@
 """optimal_checkpointing is exact: it matches exhaustive enumeration through the simulator."""
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from sim.graphs import graphs   # the simulator's random graphs (tests/sim/graphs.py)
 
 import memflow
 from memflow.errors import SearchError
-from memflow.search import optimal_checkpointing
+from memflow.search import exhaustive, optimal_checkpointing
 from memflow.search.checkpointing import chain_violation
 from memflow.strategy import Strategy
 
@@ -52,15 +55,28 @@ def test_data_parallel_base_memory_is_exact():
     assert res.strategy.devices == base.devices and "optimal checkpointing" in res.strategy.name
 
 
-def test_not_a_chain_names_the_tensor():
-    g = chain(4)
-    t = g.tensors.copy()
-    t.at[1, "consumers"] = ["l1", "l3"]          # a skip connection
+def test_too_long_a_reach_names_the_tensor():
+    g = chain(8)
+    t = g.tensors.drop(columns=["first_saver", "last_consumer"])
+    t.at[2, "consumers"] = ["l1", "l7"]          # a skip connection over six units
     skip = memflow.graph.OpGraph(g.units.drop(columns=["input_bytes", "output_bytes",
                                                        "saved_bytes"]), t, g.meta)
-    assert "beyond the next unit" in chain_violation(skip)
-    with pytest.raises(SearchError, match="needs a chain: tensor 1 from l0 is used by"):
+    assert chain_violation(skip) == "tensor 2 from l0 is used 7 units later, by l7"
+    with pytest.raises(SearchError, match="needs a chain: tensor 2 from l0 is used 7 units"):
         optimal_checkpointing(skip, V100)
+
+
+@settings(max_examples=10)
+@given(g=graphs(max_units=6), q=st.floats(0, 1), optimizer=st.sampled_from(["sgd", "adam"]))
+def test_exact_on_graphs_with_short_skips(g, q, optimizer):
+    """Random graphs with skip connections, shared savers and temporaries (the simulator's
+    own test generator): wherever the DP applies it finds the exhaustive optimum."""
+    assume(chain_violation(g) is None)
+    table = exhaustive(g, V100, optimizer=optimizer).table
+    limit = float(np.quantile(np.unique(table["peak"]), q))
+    res = optimal_checkpointing(g, V100, limit, optimizer=optimizer)
+    assert res.time == pytest.approx(optimum(table, limit), rel=1e-9)
+    assert res.peak == res.predicted_peak <= limit
 
 
 def test_rejects_several_placements():
