@@ -20,15 +20,17 @@ import torch
 __all__ = ["pack_bits", "unpack_bits", "packed_size"]
 
 
-# Multiply tricks on 64-bit words of 8 code bytes (Warren, "Hacker's Delight", 7-2):
-# GATHER moves bit 8i of a word to bit 56+i, so one multiply packs bit j of 8 codes into a
-# byte; SPREAD copies a byte into all 8 bytes and MASK keeps bit i in byte i, the inverse.
-# Products wrap modulo 2**64, which is what these tricks rely on.
+# A multiply trick on 64-bit words of 8 code bytes (Warren, "Hacker's Delight", 7-2): keeping
+# bit j of each byte (positions 8i+j) and multiplying by GATHER >> j moves byte i's bit to
+# position 56+i with no collisions or carries, so one multiply packs bit j of 8 codes into the
+# top byte. Products wrap modulo 2**64, which is what the trick relies on.
 _LOW_BITS = 0x0101010101010101
 _GATHER = 0x0102040810204080
-_SPREAD = 0x0101010101010101
-_MASK = 0x8040201008040201 - 2 ** 64   # as a signed int64
-_ROUND_UP = 0x7F7F7F7F7F7F7F7F
+
+
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 torch takes it."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def packed_size(n: int, bits: int) -> int:
@@ -55,24 +57,47 @@ def _code_bytes(codes: torch.Tensor, bits: int) -> list[torch.Tensor]:
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack non-negative int codes (< 2**bits, 1-D) into a ``(bits, ceil(n/8))`` uint8 tensor."""
     parts = _code_bytes(codes, bits)
-    words = parts[0].numel() // 8
-    out = torch.empty((bits, words), dtype=torch.uint8, device=codes.device)
+    out = torch.empty((bits, parts[0].numel() // 8), dtype=torch.uint8, device=codes.device)
     for j in range(bits):
-        w = parts[j // 8].view(torch.int64)
-        gathered = torch.bitwise_and(w >> (j % 8), _LOW_BITS).mul_(_GATHER) >> 56
-        out[j] = torch.bitwise_and(gathered, 0xFF).to(torch.uint8)
+        k = j % 8
+        word = torch.bitwise_and(parts[j // 8].view(torch.int64), _signed(_LOW_BITS << k))
+        word.mul_(_GATHER >> k)
+        word >>= 56
+        out[j].copy_(word)  # the int64 -> uint8 cast keeps the low byte: the packed bits
     return out
 
 
+_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def _bit_tables(device: torch.device) -> torch.Tensor:
+    """(8, 256, 8) uint8: table[j][v] holds bit i of byte v, shifted to position j, in byte i."""
+    if device not in _TABLES:
+        v = torch.arange(256, dtype=torch.uint8).unsqueeze(1)
+        bits = torch.bitwise_and(v >> torch.arange(8, dtype=torch.uint8), 1)
+        _TABLES[device] = torch.stack([bits << j for j in range(8)]).to(device)
+    return _TABLES[device]
+
+
 def unpack_bits(planes: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """Inverse of :func:`pack_bits`: the first ``n`` codes, as int32."""
+    """Inverse of :func:`pack_bits`: the first ``n`` codes, as uint8 (``bits <= 8``) or int32.
+
+    Each plane byte expands to 8 code bytes through a 256-entry table (one gather), which
+    moves less memory than shifting and masking each bit out.
+    """
     words = (n + 7) // 8
-    codes = torch.zeros(words * 8, dtype=torch.int32, device=planes.device)
-    for m in range(0, bits, 8):  # one byte of every code at a time, in uint8
+    tables = _bit_tables(planes.device)
+    parts = []
+    for m in range(0, bits, 8):  # one byte of every code at a time
         part = torch.zeros(words * 8, dtype=torch.uint8, device=planes.device)
         for j in range(m, min(bits, m + 8)):
-            spread = planes[j].to(torch.int64).mul_(_SPREAD)
-            bit = torch.bitwise_and(spread, _MASK).add_(_ROUND_UP) >> 7
-            part |= torch.bitwise_and(bit, _LOW_BITS).view(torch.uint8) << (j - m)
-        codes |= part.to(torch.int32) << m
+            part.add_(tables[j - m][planes[j].long()].view(-1))  # disjoint bits: add == or
+        parts.append(part)
+    if not parts:
+        return torch.zeros(n, dtype=torch.uint8, device=planes.device)
+    if len(parts) == 1:
+        return parts[0][:n]
+    codes = parts[0].to(torch.int32)
+    for m, part in enumerate(parts[1:], start=1):
+        codes |= part.to(torch.int32) << (8 * m)
     return codes[:n]

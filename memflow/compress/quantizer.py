@@ -5,11 +5,12 @@ Uniform scalar quantization on a grid of ``step = 2·eb`` (a hair less, so float
 matters): ``x ≈ (q + offset)·step`` when the values span zero, so that zero is a grid point and
 comes back exactly (a ReLU's backward tests ``output > 0``), else ``x ≈ min + q·step``; codes bit-packed at the minimum width
 (:mod:`~memflow.compress.bitpack`), all in torch ops on the tensor's own device. The bound is
-then *checked* element by element in float64 on the reconstruction in the tensor's dtype;
+then *checked* element by element on the reconstruction in the tensor's dtype (a float32
+difference against a threshold a hair under the bound, which rounding cannot fool);
 any element that misses it (float rounding, or a 16-bit dtype too coarse to land within eb) is
 stored exactly as an outlier, as are NaN and ±inf. So the guarantee holds by construction,
 not by argument. ``relative=True`` means ``eb · (max - min)`` over the finite values (SZ's
-REL mode). An optional lossless stage (zlib, on CPU) squeezes the bit planes further.
+REL mode). An optional lossless stage (zlib level 1, on CPU) squeezes the bit planes further.
 
 When the codes would need 24 bits or more (float32 integers stop being exact there), as many
 bits as the dtype itself, or the packed form would not be smaller (a handful of elements), the
@@ -27,6 +28,7 @@ import math
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import MemflowError
@@ -38,7 +40,6 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MAX_CODE_BITS = {torch.float32: 23, torch.float64: 31}  # codes stay exact in the working
                                                           # float and fit an int32
 _STEP_MARGIN = 1 - 2 ** -12          # step a hair under 2·eb: float rounding stays inside eb
-_CHECK_CHUNK = 1 << 22               # elements checked at once in float64 (bounds transients)
 _HEADER_BYTES = 32                   # min, step, bits, count, shape: a fixed small header
 
 
@@ -126,22 +127,34 @@ def _check_args(tensor: torch.Tensor, error_bound: float) -> float:
     return eb
 
 
-def _reconstruct(codes: torch.Tensor, packed: Packed, work: torch.dtype) -> torch.Tensor:
-    # the same ops in compress (to check the bound) and decompress (to rebuild): same values
-    out = codes.to(work)
+def _reconstruct(codes: torch.Tensor, packed: Packed, work: torch.dtype,
+                 inplace: bool = False) -> torch.Tensor:
+    """Values in the working float. The same ops run in compress (to check the bound) and in
+    decompress (to rebuild), so both see the same numbers."""
+    out = codes if inplace and codes.dtype == work else codes.to(work)
     if packed.offset:
         out.add_(packed.offset)     # integers below 2**24: exact in float32
-    return out.mul_(packed.step).add_(packed.base).to(packed.dtype)
+    out.mul_(packed.step)
+    return out.add_(packed.base) if packed.base else out
 
 
-def _violations(flat: torch.Tensor, recon: torch.Tensor, eb: float) -> torch.Tensor:
-    """Indices where the reconstruction misses the bound (NaN/inf compare as misses)."""
-    bad = []
-    for lo in range(0, flat.numel(), _CHECK_CHUNK):
-        a, b = flat[lo:lo + _CHECK_CHUNK].double(), recon[lo:lo + _CHECK_CHUNK].double()
-        ok = (a - b).abs() <= eb
-        bad.append(torch.nonzero(~ok).flatten() + lo)
-    return torch.cat(bad) if bad else flat.new_zeros(0, dtype=torch.int64)
+def _threshold(bound: float, work: torch.dtype) -> float:
+    """A working-float number just under ``bound``: a difference computed in ``work`` (relative
+    rounding error <= eps/2) that does not exceed it is truly within ``bound``."""
+    eps = torch.finfo(work).eps
+    target = bound * (1 - 2 * eps)
+    if work == torch.float32:  # round down to a float32, so the comparison is exact
+        t = np.float32(target)
+        return float(t if t <= target else np.nextafter(t, np.float32(0)))
+    return target
+
+
+def _step(low: float, high: float, bound: float, dtype: torch.dtype) -> float:
+    # Leave room for the final cast to a 16-bit dtype (rounding up to half an ulp of the
+    # largest value) unless that ulp is comparable to the bound itself.
+    cast = max(abs(low), abs(high)) * torch.finfo(dtype).eps / 2
+    half = bound * _STEP_MARGIN - cast
+    return 2 * (half if half > bound / 2 else bound * _STEP_MARGIN)
 
 
 def compress(tensor: torch.Tensor, error_bound: float, *, relative: bool = False,
@@ -162,45 +175,55 @@ def compress(tensor: torch.Tensor, error_bound: float, *, relative: bool = False
     flat = x.reshape(-1)
     n = flat.numel()
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    finite = torch.isfinite(flat)
     values = flat.to(work)
-    if n and bool(finite.any()):
-        low = float(torch.where(finite, values, math.inf).min())
-        high = float(torch.where(finite, values, -math.inf).max())
-    else:
-        low = high = 0.0
+    low, high = (float(v) for v in torch.aminmax(values)) if n else (0.0, 0.0)
+    # min and max propagate NaN and show inf: finite extremes mean every element is finite
+    all_finite = math.isfinite(low) and math.isfinite(high)
+    if not all_finite:  # rare: range over the finite values only
+        finite = torch.isfinite(values)
+        any_finite = bool(finite.any())
+        low = float(torch.where(finite, values, math.inf).min()) if any_finite else 0.0
+        high = float(torch.where(finite, values, -math.inf).max()) if any_finite else 0.0
     bound = eb * (high - low) if relative else eb
     packed = Packed(x.shape, x.dtype, x.device, bound, base=low)
     if high == low:  # constant (or empty): every finite element is `low`; no codes at all
         codes = torch.zeros(n, dtype=torch.int32, device=x.device)
     else:
-        # Leave room for the final cast to a 16-bit dtype (rounding up to half an ulp of the
-        # largest value) unless that ulp is comparable to the bound itself.
-        cast = max(abs(low), abs(high)) * torch.finfo(x.dtype).eps / 2
-        half = bound * _STEP_MARGIN - cast
-        step = 2 * (half if half > bound / 2 else bound * _STEP_MARGIN)
+        step = _step(low, high, bound, x.dtype)
         levels = (high - low) / step + 2
         limit = min(_MAX_CODE_BITS[work], x.dtype.itemsize * 8 - 1)
         if not levels < 2.0 ** limit or \
                 packed_size(n, math.ceil(math.log2(levels))) + _HEADER_BYTES >= n * x.itemsize:
             packed.raw = x.clone()  # too many bits (or an overflow to inf), or too few elements
             return packed
-        if low <= 0 <= high:  # anchor the grid at zero
-            packed.base, packed.offset = 0.0, int(round(low / step))
-            codes = torch.round(values / step).sub_(packed.offset).clamp_(min=0)
-        else:
-            codes = torch.round((values - low) / step)
-        codes = torch.where(finite, codes, 0).to(torch.int32)
-        packed.step, packed.bits = step, int(codes.max()).bit_length()
-    recon = _reconstruct(codes, packed, work)
-    index = _violations(flat, recon, bound)
-    if index.numel():
+        packed.step = step
+        if low <= 0 <= high:  # anchor the grid at zero: round(v/step) - round(low/step) >= 0
+            packed.base = 0.0
+            packed.offset = int(torch.round(torch.tensor(low, dtype=work) / step))
+            q = torch.div(values, step).round_()
+            if packed.offset:
+                q.sub_(packed.offset)
+        else:                 # v - low >= 0 exactly, so codes start at 0
+            q = torch.sub(values, low).div_(step).round_()
+        if not all_finite:
+            q.nan_to_num_(0.0, 0.0, 0.0)
+        packed.bits = int(q.max()).bit_length()
+        codes = q.to(torch.int32)
+    # rebuild in place on the float codes: the same values decompress gets from int codes
+    recon = _reconstruct(codes if packed.bits == 0 else q, packed, work, inplace=True)
+    if x.dtype != work:
+        recon = recon.to(x.dtype).to(work)
+    miss = recon.sub_(values).abs_() > _threshold(bound, work)  # NaN compares False:
+    if not all_finite:
+        miss |= ~finite                                          # count them in
+    if bool(miss.any()):
+        index = torch.nonzero(miss).flatten()
         packed.outlier_index = index.to(torch.int32 if n < 2 ** 31 else torch.int64)
         packed.outlier_value = flat[index].clone()
     if packed.bits:
         planes = pack_bits(codes, packed.bits)
         if lossless:
-            packed.zipped = zlib.compress(planes.cpu().numpy().tobytes(), 6)
+            packed.zipped = zlib.compress(planes.cpu().numpy().tobytes(), 1)
         else:
             packed.planes = planes
     return packed
@@ -219,7 +242,7 @@ def decompress(packed: Packed) -> torch.Tensor:
     n = packed.numel
     work = torch.float64 if packed.dtype == torch.float64 else torch.float32
     if packed.bits == 0:
-        codes = torch.zeros(n, dtype=torch.int32, device=packed.device)
+        codes = torch.zeros(n, dtype=torch.uint8, device=packed.device)
     else:
         planes = packed.planes
         if packed.zipped is not None:
@@ -227,7 +250,7 @@ def decompress(packed: Packed) -> torch.Tensor:
             planes = torch.frombuffer(buf, dtype=torch.uint8).view(packed.bits, -1)
             planes = planes.to(packed.device)
         codes = unpack_bits(planes, packed.bits, n)
-    out = _reconstruct(codes, packed, work)
+    out = _reconstruct(codes, packed, work).to(packed.dtype)
     if packed.outlier_index is not None:
         out[packed.outlier_index.long()] = packed.outlier_value
     return out.view(packed.shape)
