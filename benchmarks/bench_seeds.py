@@ -31,7 +31,10 @@ GB = 1e9
 
 def row(sim: Simulator, s: Strategy, ideal_time: float | None, paper: str) -> dict:
     r = sim.evaluate(s)
-    return {"peak_GB": r.peak.max() / GB, "capacity_GB": r.capacity.max() / GB,
+    at_peak = sim.result(s).breakdown().iloc[0]
+    return {"peak_GB": r.peak.max() / GB, "activations_at_peak_GB": at_peak["activations"] / GB,
+            "weights+grads_GB": (at_peak["weights"] + at_peak["gradients"]) / GB,
+            "capacity_GB": r.capacity.max() / GB,
             "feasible": r.feasible, "time_ms": r.iteration_time * 1e3,
             "overhead": (r.iteration_time / ideal_time - 1) if ideal_time else 0.0,
             "paper": paper}

@@ -112,37 +112,43 @@ def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
     copies: list[Copy] = []
     last = n - 1
 
+    # plain lists: this loop reads single elements, which numpy makes slow
+    pol_l, seg_l, lay_l = policy.tolist(), segment.tolist(), layout.tolist()
+    sa_l, p_l, ratio_l = sa.tolist(), p.tolist(), np.asarray(ratio, np.float64).tolist()
+    producer, nbytes_t = ga.producer.tolist(), ga.bytes.tolist()
+    per_sample, is_output = ga.per_sample.tolist(), ga.is_output.tolist()
+    requires_grad = ga.requires_grad.tolist()
     for t in range(len(ga.bytes)):
-        prod = int(ga.producer[t])
-        size = float(ga.bytes[t]) / (M if ga.per_sample[t] else 1)
+        prod = int(producer[t])
+        size = float(nbytes_t[t]) / (M if per_sample[t] else 1)
         readers, savers = ga.readers[t], ga.savers[t]
         users = sorted(set(readers) | set(savers) - {prod})
-        home = int(layout[prod]) if prod >= 0 else int(layout[users[0]]) if users else -1
+        home = int(lay_l[prod]) if prod >= 0 else int(lay_l[users[0]]) if users else -1
         if home < 0:
             continue
         groups: dict[int, list[int]] = {}
         for v in users:
-            groups.setdefault(int(layout[v]), []).append(v)
+            groups.setdefault(int(lay_l[v]), []).append(v)
         groups = {home: groups.pop(home, []), **groups}   # the producer's placement first
         home_row = None
         grad_sources: list[tuple[int, tuple]] = []   # (backward position, anchor)
         out_xfers: list[tuple] = []
         for lay, members in groups.items():
             is_home = lay == home
-            r = [v for v in readers if layout[v] == lay]
-            sv = [v for v in savers if layout[v] == lay]
+            r = [v for v in readers if lay_l[v] == lay]
+            sv = [v for v in savers if lay_l[v] == lay]
             if is_home:
-                share = 1.0 / sa[prod] if (prod >= 0 and ga.per_sample[t]) else (
-                    1.0 / sa[members[0]] if (members and ga.per_sample[t]) else 1.0)
-                internal = prod >= 0 and not readers and not ga.is_output[t]
-                if internal and p[prod] > 1:
-                    share /= p[prod]
+                share = 1.0 / sa_l[prod] if (prod >= 0 and per_sample[t]) else (
+                    1.0 / sa_l[members[0]] if (members and per_sample[t]) else 1.0)
+                internal = prod >= 0 and not readers and not is_output[t]
+                if internal and p_l[prod] > 1:
+                    share /= p_l[prod]
                 alloc = (A_FWD, prod, START) if prod >= 0 else None
             else:
-                share = 1.0 / sa[members[0]] if ga.per_sample[t] else 1.0
+                share = 1.0 / sa_l[members[0]] if per_sample[t] else 1.0
                 ci = len(copies)
                 copies.append(Copy(t, home, lay, size * share, min(members), max(members),
-                                   bool(ga.requires_grad[t] and r)))
+                                   bool(requires_grad[t] and r)))
                 alloc = (A_XFER, ci, START)
                 out_xfers.append((A_XFER, ci, END))
             nbytes = size * share
@@ -150,10 +156,10 @@ def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
             fwd_last = max(r) if r else (prod if (is_home and prod >= 0) else min(members))
             fwd_free = (A_FWD, fwd_last, END)
             # what holds it for backward
-            pol = {int(policy[v]) for v in sv}
-            seg_in = [seg_first[int(segment[v])] for v in members
-                      if segment[v] >= 0 and (prod < 0 or not is_home
-                                              or segment[prod] != segment[v])]
+            pol = {int(pol_l[v]) for v in sv}
+            seg_in = [seg_first[int(seg_l[v])] for v in members
+                      if seg_l[v] >= 0 and (prod < 0 or not is_home
+                                              or seg_l[prod] != seg_l[v])]
             first_saver = min(sv) if sv else None
             hold_end = None
             if KEEP in pol or seg_in:
@@ -167,7 +173,7 @@ def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
                 state = RECOMPUTE
             else:
                 state = None
-            model_out = is_home and bool(ga.is_output[t])
+            model_out = is_home and bool(is_output[t])
             out_free = (A_BWD, last, START) if model_out else None
             if alloc is None:       # a model input: present before the step starts
                 alloc = (A_FWD, min(members), START)
@@ -175,9 +181,9 @@ def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
                 row = blocks.add(lay, nbytes, ACTIVATIONS, alloc, (A_BWD, hold_end, END),
                                  out_free)
             elif state in (COMPRESS, OFFLOAD):
-                carrier = max(v for v in sv if policy[v] == state)
+                carrier = max(v for v in sv if pol_l[v] == state)
                 go, back = (A_COMPRESS, A_DECOMP) if state == COMPRESS else (A_OFFLOAD, A_PREFETCH)
-                stored = nbytes / ratio[carrier] if state == COMPRESS else nbytes
+                stored = nbytes / ratio_l[carrier] if state == COMPRESS else nbytes
                 if state == COMPRESS:
                     compressed[carrier] += nbytes
                 else:
@@ -192,15 +198,15 @@ def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
             if is_home:
                 home_row = row
             # re-materialized by its segment's recomputation
-            if is_home and prod >= 0 and segment[prod] >= 0 and state in (RECOMPUTE, None):
+            if is_home and prod >= 0 and seg_l[prod] >= 0 and state in (RECOMPUTE, None):
                 if state == RECOMPUTE:
                     end = (A_BWD, first_saver, END)
                 else:
-                    inside = [v for v in r if segment[v] == segment[prod]]
+                    inside = [v for v in r if seg_l[v] == seg_l[prod]]
                     end = (A_RECOMP, max(inside) if inside else prod, END)
                 blocks.add(lay, nbytes, ACTIVATIONS, (A_RECOMP, prod, START), end)
             # the gradient of this copy
-            if ga.requires_grad[t] and (r or model_out):
+            if requires_grad[t] and (r or model_out):
                 g_alloc = (A_BWD, last, START) if model_out else (A_BWD, max(r), START)
                 if is_home:
                     grad_sources.append((n if model_out else max(r), g_alloc))
@@ -209,11 +215,11 @@ def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
                     grad_sources.append((min(members), (A_GXFER, ci, START)))
         if out_xfers and home_row is not None:   # the producer's copy stays until all have left
             blocks.rows[home_row][6][2] = out_xfers[-1]
-        if grad_sources and ga.requires_grad[t]:
+        if grad_sources and requires_grad[t]:
             anchor = max(grad_sources)[1]
             end = (A_BWD, prod if prod >= 0 else min(users), END)
-            share = (1.0 / sa[prod] if prod >= 0 else 1.0 / sa[users[0]]) \
-                if ga.per_sample[t] else 1.0
+            share = (1.0 / sa_l[prod] if prod >= 0 else 1.0 / sa_l[users[0]]) \
+                if per_sample[t] else 1.0
             blocks.add(home, size * share, TRANSIENT, anchor, end)
 
     # temporaries of each unit's forward, backward and recomputation

@@ -156,6 +156,10 @@ def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
     order_ops = program_order(stages, M, strategy.schedule)
     final_mb = {s: m for s, op, m in order_ops if op == "B"}
 
+    # plain lists: the loops below read single elements, which numpy makes slow
+    lay_l, seg_l = layout.tolist(), segment.tolist()
+    off_l, comp_l = plan.offloaded.tolist(), plan.compressed.tolist()
+    tpo_l, tpi_l = tp_out.tolist(), tp_in.tolist()
     T = Tasks()
     fwd_done: dict[tuple[int, int], int] = {}   # (unit, mb) -> task readers wait for
     bwd_done: dict[tuple[int, int], int] = {}
@@ -174,16 +178,20 @@ def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
     for s, op, m in order_ops:
         units = by_stage[s]
         if op == "F":
+            offloading: list[int] = []
             for u in units:
-                lay = int(layout[u])
-                # Megatron: a split unit all-reduces its output (work: bytes), synchronously
-                f = T.add(K_FWD, u, m, R_COMPUTE, lay, resolve(reads[u], m), tp_out[u],
-                          (A_FWD, u))
+                lay = int(lay_l[u])
+                # Megatron: a split unit all-reduces its output (work: bytes), synchronously;
+                # vDNN: a forward waits for the previous unit's offload, which bounds memory
+                f = T.add(K_FWD, u, m, R_COMPUTE, lay, resolve(reads[u], m) + offloading,
+                          tpo_l[u], (A_FWD, u))
                 done = fwd_done[(u, m)] = f
-                if plan.offloaded[u] > 0:
-                    T.add(K_OFFLOAD, u, m, R_D2H, lay, [f], plan.offloaded[u], (A_OFFLOAD, u))
-                if plan.compressed[u] > 0:
-                    T.add(K_COMPRESS, u, m, R_COMPUTE, lay, [f], plan.compressed[u],
+                offloading = []
+                if off_l[u] > 0:
+                    offloading = [T.add(K_OFFLOAD, u, m, R_D2H, lay, [f], off_l[u],
+                                        (A_OFFLOAD, u))]
+                if comp_l[u] > 0:
+                    T.add(K_COMPRESS, u, m, R_COMPUTE, lay, [f], comp_l[u],
                           (A_COMPRESS, u))
                 for ci in copies_from.get(u, ()):
                     c = plan.copies[ci]
@@ -193,37 +201,37 @@ def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
         order = units[::-1]
         prev_compute: int | None = None
         for j, u in enumerate(order):
-            lay = int(layout[u])
+            lay = int(lay_l[u])
             wait = resolve(grads_in[u], m)
-            if prev_compute is None and plan.offloaded[u] > 0:
+            if prev_compute is None and off_l[u] > 0:
                 T.add(K_PREFETCH, u, m, R_H2D, lay, [T.anchor[(A_OFFLOAD, u, m)]],
-                      plan.offloaded[u], (A_PREFETCH, u))
-            if segment[u] >= 0 and (u + 1 >= n or segment[u + 1] != segment[u]):
-                for v in seg_units[int(segment[u])]:
-                    prev_compute = T.add(K_RECOMP, v, m, R_COMPUTE, lay, list(wait), tp_out[v],
+                      off_l[u], (A_PREFETCH, u))
+            if seg_l[u] >= 0 and (u + 1 >= n or seg_l[u + 1] != seg_l[u]):
+                for v in seg_units[int(seg_l[u])]:
+                    prev_compute = T.add(K_RECOMP, v, m, R_COMPUTE, lay, list(wait), tpo_l[v],
                                          (A_RECOMP, v))
-            if plan.compressed[u] > 0:
+            if comp_l[u] > 0:
                 T.add(K_DECOMP, u, m, R_COMPUTE, lay, [T.anchor[(A_COMPRESS, u, m)]],
-                      plan.compressed[u], (A_DECOMP, u))
+                      comp_l[u], (A_DECOMP, u))
             deps = wait + [fwd_done[(u, m)]]
             for kind in (A_PREFETCH, A_DECOMP):
                 if (kind, u, m) in T.anchor:
                     deps.append(T.anchor[(kind, u, m)])
             # ... and its input gradient in backward
-            b = T.add(K_BWD, u, m, R_COMPUTE, lay, deps, tp_in[u], (A_BWD, u))
+            b = T.add(K_BWD, u, m, R_COMPUTE, lay, deps, tpi_l[u], (A_BWD, u))
             prev_compute = done = bwd_done[(u, m)] = b
             for ci in copies_back.get(u, ()):
                 T.add(K_XFER, u, m, R_COPYBACK, ci, [done], plan.copies[ci].bytes, (A_GXFER, ci))
-            if j + 1 < len(order) and plan.offloaded[order[j + 1]] > 0:
+            if j + 1 < len(order) and off_l[order[j + 1]] > 0:
                 v = order[j + 1]
-                T.add(K_PREFETCH, v, m, R_H2D, int(layout[v]),
-                      [T.anchor[(A_OFFLOAD, v, m)], -(b + 1)], plan.offloaded[v],
+                T.add(K_PREFETCH, v, m, R_H2D, int(lay_l[v]),
+                      [T.anchor[(A_OFFLOAD, v, m)], -(b + 1)], off_l[v],
                       (A_PREFETCH, v))
         if m == final_mb[s]:   # DDP: all-reduce gradient buckets as backward produces them
-            for lay in sorted({int(layout[u]) for u in units}):
+            for lay in sorted({int(lay_l[u]) for u in units}):
                 if not replicated[lay]:
                     continue
-                mine = [u for u in order if layout[u] == lay]
+                mine = [u for u in order if lay_l[u] == lay]
                 for bucket in _buckets(ga, layout, p, mine):
                     size = float(sum(ga.trainable_bytes[u] / p[u] for u in bucket))
                     T.add(K_ALLRED, bucket[-1], m, R_COMM, lay,
