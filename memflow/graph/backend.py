@@ -127,7 +127,7 @@ class RuleMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-# ---------------------------------------------------------------------------- CPU rules
+# ---------------------------------------------------------------------------- output rules
 
 def _float32_stats(args: tuple, kwargs: dict, out: Any) -> Any:
     # CUDA keeps a normalization's saved mean and inverse std in float32 (the accumulation
@@ -188,7 +188,7 @@ def _mkldnn_workspace(args: tuple, kwargs: dict, out: Any) -> Any:
     return (*out[:3], workspace)
 
 
-# ---------------------------------------------------------------------------- CUDA rules
+# ---------------------------------------------------------------------------- function rules
 
 def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any) -> Any:
     return args[index] if len(args) > index else kwargs.get(name, default)
