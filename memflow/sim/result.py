@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..memory.plan import CATEGORIES
-from .expand import KINDS, R_COPY, R_COPYBACK, ROLES
+from .expand import KINDS, R_COMPUTE, R_COPY, R_COPYBACK, ROLES
 
 __all__ = ["SimResult"]
 
@@ -126,19 +126,20 @@ class SimResult:
         return pd.DataFrame.from_dict(rows, orient="index", columns=list(CATEGORIES))
 
     def summary(self) -> pd.DataFrame:
-        """Per device: peak, capacity, headroom, busy time of its compute stream."""
-        tl = self.timeline
-        busy = {}
-        for d in self.peak_memory.index:
-            mine = tl[(tl["resource"].str.split(",").map(lambda x, d=d: d in x))
-                      & ~tl["resource"].str.startswith("comm:")
-                      & tl["kind"].isin(["forward", "backward", "recompute", "compress",
-                                         "decompress", "optimizer"])]
-            busy[d] = float((mine["end"] - mine["start"]).sum())
+        """Per device: peak, capacity, headroom, busy time of its compute stream, utilization."""
+        r, sim = self._run, self._sim
+        role, key = np.asarray(r.tasks.role), np.asarray(r.tasks.key)
+        compute = role == R_COMPUTE
+        per_layout = np.bincount(key[compute], weights=r.duration[compute],
+                                 minlength=len(self.strategy.layouts))
+        busy = np.zeros(len(sim.ca.devices))
+        for L, k in enumerate(self.strategy.layouts):
+            busy[sim.ca.devices.get_indexer(list(k[3]))] += per_layout[L]
+        busy = pd.Series(busy[r.devices_used], index=self.peak_memory.index)
         return pd.DataFrame({"peak": self.peak_memory, "capacity": self.capacity,
                              "headroom": self.capacity - self.peak_memory,
-                             "compute_busy": pd.Series(busy),
-                             "utilization": pd.Series(busy) / self.iteration_time})
+                             "compute_busy": busy,
+                             "utilization": busy / self.iteration_time})
 
     def __repr__(self) -> str:
         worst = self.peak_memory.max() if len(self.peak_memory) else 0.0

@@ -88,11 +88,18 @@ class _Prepared:
 class Simulator:
     """Simulate strategies of one graph on one cluster.
 
-    >>> import memflow
-    >>> g = memflow.zoo.graph("mlp", batch_size=8)                    # doctest: +SKIP
-    >>> sim = Simulator(g, memflow.Cluster.preset("4xV100-16GB"))      # doctest: +SKIP
-    >>> sim.evaluate(memflow.Strategy.data_parallel(g, 4)).feasible    # doctest: +SKIP
-    True
+    >>> import pandas as pd, memflow
+    >>> from memflow.graph import OpGraph
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1e9, 1e9], "bwd_flops": [2e9, 2e9],
+    ...                           "param_bytes": [1 << 20] * 2, "trainable_bytes": [1 << 20] * 2},
+    ...                          index=["a", "b"]),
+    ...             pd.DataFrame({"bytes": [1000, 2000], "producer": ["<input>", "a"],
+    ...                           "consumers": [["a"], ["b"]], "savers": [["a"], ["b"]]}),
+    ...             {"batch_size": 8})
+    >>> sim = Simulator(g, memflow.Cluster.preset("4xV100-16GB"))
+    >>> ev = sim.evaluate(memflow.Strategy.data_parallel(g, 4))
+    >>> ev.feasible, ev.peak.shape
+    (True, (4,))
     """
 
     def __init__(self, graph, cluster, *, optimizer: str = "sgd", precision: str | None = None):

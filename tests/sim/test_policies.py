@@ -78,3 +78,12 @@ def test_data_parallel_allreduce_and_folding():
     assert unfolded.iteration_time == r.iteration_time
     assert r.summary().shape[0] == 4
     assert "feasible" in repr(r) and "<table" in r._repr_html_()
+
+
+def test_captured_model_single_device_matches_estimate():
+    import memflow
+    g = memflow.zoo.graph("mlp", batch_size=16)
+    for optimizer in ("sgd", "adam"):
+        r = simulate(g, Strategy.single_device(g), V100, optimizer=optimizer)
+        est = estimate(g, "cuda", optimizer=optimizer)
+        assert r.peak_memory["gpu0"] == est.loc["total", "at_peak"]
