@@ -81,7 +81,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
                            f"over several devices (this one uses {strategy.device_names})")
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
     plan = memory_plan(ga, strategy.policy, strategy.segment, strategy.layout_ids, degrees,
-                       strategy.microbatches, compression_ratios(strategy), optimizer=optimizer,
+                       strategy.microbatches, compression_ratios(strategy, ga.half),
+                       optimizer=optimizer,
                        foreach=foreach)
     T = expand(ga, strategy, plan)
     step = np.arange(len(T.kind), dtype=np.float64)      # program order, one task at a time

@@ -151,26 +151,23 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
     return links, float(per_byte), lat
 
 
-def compress_model() -> tuple[Callable[[float], float], float]:
-    """``(ratio(error_bound), bytes/s)`` of activation compression.
-
-    From :mod:`memflow.compress` when it is installed; until then an SZ-like rule: about 4×
-    at an error bound of 1e-3, growing with the log of the bound, at cuSZ's ~100 GB/s.
-    """
-    try:
-        from ..compress import THROUGHPUT, expected_ratio
-    except ImportError:
-        return (lambda eb: float(np.clip(1.0 + 1.0 * np.log10(eb / 1e-6), 1.0, 64.0)), 1e11)
-    return expected_ratio, float(THROUGHPUT)
+def compress_model() -> tuple[Callable[..., float], Callable[..., float]]:
+    """``(expected_ratio, throughput)`` of activation compression, from
+    :mod:`memflow.compress` (imported on first use: it loads torch)."""
+    from ..compress.model import expected_ratio, throughput
+    return expected_ratio, throughput
 
 
-def compression_ratios(strategy, ratio_of: Callable[[float], float] | None = None) -> np.ndarray:
-    """Compression ratio per unit (1 where the policy is not compress)."""
+def compression_ratios(strategy, half: np.ndarray | None = None,
+                       ratio_of: Callable[..., float] | None = None) -> np.ndarray:
+    """Compression ratio per unit (1 where the policy is not compress); ``half`` marks units
+    whose saved maps are 16-bit (default: none)."""
     from ..strategy.strategy import COMPRESS
     ratio = np.ones(len(strategy))
     comp = np.flatnonzero(strategy.policy == COMPRESS)
     if len(comp) and ratio_of is None:
         ratio_of = compress_model()[0]
     for i in comp:
-        ratio[i] = max(1.0, float(ratio_of(float(strategy.error_bound[i]))))
+        dtype = "float16" if half is not None and half[i] else "float32"
+        ratio[i] = max(1.0, float(ratio_of(float(strategy.error_bound[i]), dtype)))
     return ratio

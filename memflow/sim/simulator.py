@@ -123,7 +123,8 @@ class Simulator:
 
     @property
     def compression(self) -> tuple:
-        """``(ratio(error_bound), bytes/s)``, loaded when a strategy first compresses."""
+        """``(expected_ratio, throughput)`` of :mod:`memflow.compress`, loaded when a strategy
+        first compresses."""
         if self._compress is None:
             self._compress = compress_model()
         return self._compress
@@ -132,7 +133,8 @@ class Simulator:
     def plan(self, strategy: Strategy, *, foreach: bool = True) -> MemoryPlan:
         """The memory plan of ``strategy`` (blocks with anchors)."""
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-        ratio = compression_ratios(strategy, lambda eb: self.compression[0](eb))
+        ratio = compression_ratios(strategy, self.ga.half,
+                                   lambda eb, dtype: self.compression[0](eb, dtype))
         return memory_plan(self.ga, strategy.policy, strategy.segment, strategy.layout_ids,
                            degrees, strategy.microbatches, ratio, optimizer=self.optimizer,
                            foreach=foreach)
@@ -195,7 +197,9 @@ class Simulator:
                 _, per, lat = lcs[L].d2h if k == K_OFFLOAD else lcs[L].h2d
                 dur[i] = w * per + lat
             elif k in (K_COMPRESS, K_DECOMP):
-                dur[i] = w / self.compression[1]
+                rate = self.compression[1](lcs[L].mem_rate, decompress=k == K_DECOMP,
+                                           error_bound=float(strategy.error_bound[unit[i]]))
+                dur[i] = w / rate
             elif k == K_XFER:
                 c = plan.copies[L]
                 src, dst = keys[c.src_layout], keys[c.dst_layout]

@@ -38,7 +38,7 @@ def test_single_device_keep_all_matches_estimate(optimizer):
 def test_policies_remove_exactly_what_they_drop(policy, removed, monkeypatch):
     g = chain()
     sim = Simulator(g, V100)
-    sim._compress = (lambda eb: 5.0, 1e11)
+    sim._compress = (lambda eb, dtype: 5.0, lambda bw, **kw: 1e11)
     keep = activations_when_backward_starts(sim.result(Strategy.single_device(g)))
     s = Strategy.single_device(g).with_policy({"u1": policy})
     got = activations_when_backward_starts(sim.result(s))
