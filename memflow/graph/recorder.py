@@ -316,6 +316,11 @@ class Recorder(TorchDispatchMode):
     # ------------------------------------------------------------------ ops
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type != "cpu":
+            # Code written for a GPU (.cuda(), device="cuda") runs on the fake CPU tensors:
+            # a fake CUDA tensor would abort autograd in a CPU build of torch.
+            kwargs = {**kwargs, "device": torch.device("cpu")}
         if self.phase is None or func.namespace == "prim":
             return func(*args, **kwargs)
         forward = self.phase == "forward"

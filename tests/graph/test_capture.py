@@ -137,3 +137,18 @@ def test_backend_and_autocast_names_are_validated():
         from_torch(nn.Linear(2, 2), torch.randn(1, 2), backend="tpu")
     with pytest.raises(CaptureError, match="autocast='half' is not supported"):
         from_torch(nn.Linear(2, 2), torch.randn(1, 2), autocast="half")
+
+
+def test_tensors_made_for_a_gpu_inside_forward_are_captured():
+    class Gpu(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            bias = torch.ones(4, device="cuda", requires_grad=True)
+            return self.lin(x) * bias
+
+    g = from_torch(Gpu(), torch.randn(2, 4))
+    assert g.names == ["<root>", "lin", "<root>#2"]          # ones(); lin; the product
+    assert g.units.loc["<root>#2", "saved_bytes"] == 2 * 4 * 4 + 4 * 4    # both operands
