@@ -3,10 +3,11 @@
 ``from_torch(..., units=...)`` accepts
 
 * ``"leaves"`` (default): every leaf module (a module without children);
-* ``"blocks"``: repeated blocks — children of one parent that are themselves containers and
-  share their class with a sibling (the bottlenecks of a ResNet stage, the three
-  ``InceptionA`` of Inception-v3), or that sit in an ``nn.ModuleList`` (the layers of a
-  transformer, even just one) — and, outside every block, the leaves;
+* ``"blocks"``: repeated blocks — modules with children that share their class with a sibling
+  (the three ``InceptionA`` of Inception-v3) or that sit in a plain container
+  (``nn.Sequential``, ``nn.ModuleDict``: the bottlenecks of a ResNet stage), every layer of an
+  ``nn.ModuleList`` (the layers of a transformer, even just one, whatever their class) — and,
+  outside every block, the leaves. Other plain containers are looked through;
 * an ``int`` depth ``d``: the modules ``d`` levels below the root (``0`` is the root itself)
   and the leaves above that depth;
 * a list of module paths (as ``model.named_modules()`` names them; ``"<root>"`` is the root).
@@ -38,6 +39,8 @@ from ..errors import CaptureError
 
 __all__ = ["ROOT", "LOSS", "module_paths", "select_units", "describe_units"]
 
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
 ROOT = "<root>"
 """Path of the model itself in unit names."""
 
@@ -63,14 +66,18 @@ def _blocks(model: nn.Module, paths: dict[nn.Module, str]) -> set[str]:
 
     def visit(m: nn.Module) -> None:
         kids = _children(m)
-        counts = Counter(type(k) for k in kids if _children(k))
+        counts = Counter(type(k) for k in kids if _children(k) and not isinstance(k, _CONTAINERS))
         for k in kids:
-            if _children(k) and (counts[type(k)] > 1 or isinstance(m, nn.ModuleList)):
-                selected.add(paths[k])          # a block: nothing inside it is searched
-            elif _children(k):
-                visit(k)
-            else:
+            if not _children(k):
                 selected.add(paths[k])          # a leaf outside every block
+            elif isinstance(m, nn.ModuleList):
+                selected.add(paths[k])          # a layer of a layer list, whatever its class
+            elif isinstance(k, _CONTAINERS):
+                visit(k)                        # otherwise a plain container is looked through
+            elif counts[type(k)] > 1 or isinstance(m, _CONTAINERS):
+                selected.add(paths[k])          # a block: nothing inside it is searched
+            else:
+                visit(k)
 
     if not _children(model):
         return {ROOT}
