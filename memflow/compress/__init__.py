@@ -11,7 +11,10 @@ bound; :class:`compressed_saved_tensors` applies them to what autograd saves for
 (True, True)
 """
 from .hooks import compressed_saved_tensors
+from .measure import measure
+from .model import DEFAULT_ERROR_BOUND, THROUGHPUT, expected_ratio, launches, throughput
 from .quantizer import FLOAT_DTYPES, Packed, compress, compressed_bytes, decompress
 
 __all__ = ["Packed", "compress", "decompress", "compressed_bytes", "compressed_saved_tensors",
-           "FLOAT_DTYPES"]
+           "measure", "expected_ratio", "throughput", "launches", "THROUGHPUT",
+           "DEFAULT_ERROR_BOUND", "FLOAT_DTYPES"]

@@ -89,28 +89,28 @@ class Exported(nn.Module):
 
     # ------------------------------------------------------------------ running
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        m = self.strategy.microbatches
-        if m == 1:
-            return self._run(args, kwargs)
-        return _concat([self._run(a, k) for a, k in _split(args, kwargs, m)])
-
-    def _run(self, args: tuple, kwargs: dict) -> Any:
         self._state.clear()
         self._state.update(storage_key(t) for t in [*self.module.parameters(),
                                                      *self.module.buffers()])
         self.store.reset()
-        self.segments = []
-        observe = self.store.observer() if self._offloads else contextlib.nullcontext()
+        m = self.strategy.microbatches
         try:
-            with observe:
-                try:
-                    with self.tracker.running():
-                        out = self.module(*args, **kwargs)
-                except BaseException:
-                    self._unwind()      # inside ``observe``: hook contexts leave in order
-                    raise
+            if m == 1:
+                return self._run(args, kwargs)
+            return _concat([self._run(a, k) for a, k in _split(args, kwargs, m)])
         finally:
             self.store.copies.clear()         # the graph holds what backward needs
+
+    def _run(self, args: tuple, kwargs: dict) -> Any:
+        self.segments = []
+        observe = self.store.observer() if self._offloads else contextlib.nullcontext()
+        with observe:
+            try:
+                with self.tracker.running():
+                    out = self.module(*args, **kwargs)
+            except BaseException:
+                self._unwind()      # inside ``observe``: hook contexts leave in order
+                raise
         segments, self.segments = self.segments, []     # their checkpoints hold them now
         for seg in segments:
             seg.check_inputs()
@@ -216,9 +216,9 @@ def apply(model: nn.Module, strategy, graph=None, *, inplace: bool = False, repl
     """
     if not isinstance(model, nn.Module):
         raise ExportError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    spans = unit_spans(strategy.units, graph)
     if graph is not None:
         strategy.validate(graph)
-    spans = unit_spans(strategy.units, graph)
     for s in spans:
         if s.module == LOSS and strategy.policy[s.index] != KEEP:
             raise ExportError(f"unit {s.name!r} is the loss, which runs in your training loop, "

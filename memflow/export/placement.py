@@ -129,24 +129,31 @@ def place(model: nn.Module, spans: Sequence[Span], modules: Mapping[str, nn.Modu
 
     What no unit owns (a module never called) goes with the unit of its nearest ancestor.
     """
-    owned = owned_tensors(model, spans, modules)
-    moved: set[int] = set()
-    for i, tensors in owned.items():
+    target: dict[int, tuple[torch.Tensor, torch.device]] = {}
+    for i, tensors in owned_tensors(model, spans, modules).items():
         for t in tensors:
-            _move(t, devices[i][0])
-            moved.add(id(t))
+            target[id(t)] = (t, devices[i][0])
     for path, m in modules.items():
         home = next((s.index for s in reversed(spans) if within(path, s.module)), None)
         for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
-            if id(t) not in moved and home is not None:
-                _move(t, devices[home][0])
-                moved.add(id(t))
-
-
-def _move(t: torch.Tensor, device: torch.device) -> None:
-    if t.device != device:
-        # Replace the data, not the object: optimizers and tied modules keep their reference.
-        t.data = t.data.to(device)
+            if id(t) not in target and home is not None:
+                target[id(t)] = (t, devices[home][0])
+    replaced: dict[int, torch.Tensor] = {}
+    for t, device in target.values():
+        if t.device == device:
+            continue
+        moved = t.data.to(device)
+        if torch._has_compatible_shallow_copy_type(t, moved):
+            # Replace the data, not the object: optimizers and tied modules keep it.
+            t.data = moved
+        else:       # another tensor type (the meta device): swap the object, as Module.to does
+            replaced[id(t)] = (nn.Parameter(moved, t.requires_grad)
+                               if isinstance(t, nn.Parameter) else moved)
+    for m in model.modules():
+        for table in (m._parameters, m._buffers):
+            for name, t in table.items():
+                if t is not None and id(t) in replaced:
+                    table[name] = replaced[id(t)]
 
 
 class MoveTo(TorchFunctionMode):

@@ -51,7 +51,7 @@ def _slice(module: nn.Module, start: int, stop: int) -> nn.Module:
     """A copy of ``module`` keeping outputs ``start:stop`` (rows of the weight, or columns of
     an embedding table)."""
     # A deep copy that skips the full weight and bias (memo entries stand in for them).
-    part = copy.deepcopy(module, {id(t): None for t in (module.weight, module.bias)
+    part = copy.deepcopy(module, {id(t): None for t in (module.weight, getattr(module, "bias", None))
                                   if t is not None})
     axis = 1 if isinstance(module, nn.Embedding) else 0
     part.weight = nn.Parameter(module.weight.detach().narrow(axis, start, stop - start).clone(),

@@ -77,9 +77,9 @@ def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
 
     strategy.validate(graph)
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-    plan = memory_plan(graph_arrays(graph), strategy.policy, strategy.segment,
-                       strategy.layout_ids, degrees, strategy.microbatches,
-                       compression_ratios(strategy))
+    ga = graph_arrays(graph)
+    plan = memory_plan(ga, strategy.policy, strategy.segment, strategy.layout_ids, degrees,
+                       strategy.microbatches, compression_ratios(strategy, ga.half))
     in_forward = np.isin(plan.alloc[:, 0], (A_FWD, A_XFER, A_COMPRESS, A_OFFLOAD))
     held_to_bwd = ((plan.free[:, :, 0] == A_BWD) & (plan.free[:, :, 2] == END)).any(1)
     on_device = (plan.category == ACTIVATIONS) & ~plan.on_host & in_forward & (

@@ -121,8 +121,10 @@ def revolve_snapshots(steps: int, snaps: int) -> list[int]:
 class _Planner:
     """The kept sets of every method, turned into strategies and simulated."""
 
-    def __init__(self, graph, device: Any, memory_limit: Any, optimizer: str):
+    def __init__(self, graph, device: Any, memory_limit: Any, optimizer: str,
+                 slots: int | None = None):
         check_graph(graph, "checkpoint")
+        self.slots = slots
         self.graph = graph
         self.cluster = as_cluster(device, "device")
         self.device = str(self.cluster.devices.index[0])
@@ -171,7 +173,7 @@ class _Planner:
         from ..errors import SearchError
         try:
             res = optimal_checkpointing(self.graph, self.cluster, limit,
-                                        optimizer=self.optimizer)
+                                        optimizer=self.optimizer, slots=self.slots)
         except SearchError as exc:
             if "needs a chain" in str(exc):
                 raise PlanError(f"checkpoint: method 'optimal' applies to chains only: {exc}"
@@ -215,7 +217,7 @@ class _Planner:
 
 
 def checkpoint(graph, device: Any, memory_limit: Any = None, method: str = "sqrt", *,
-               optimizer: str = "sgd") -> Strategy:
+               optimizer: str = "sgd", slots: int | None = None) -> Strategy:
     """The fastest ``method`` checkpointing strategy of ``graph`` on one device within
     ``memory_limit`` (bytes or a size string; default the device's capacity).
 
@@ -223,25 +225,27 @@ def checkpoint(graph, device: Any, memory_limit: Any = None, method: str = "sqrt
     :class:`~memflow.Cluster`, whose first device is used. ``method`` is one of ``"optimal"``,
     ``"sqrt"``, ``"revolve"``, ``"all"`` (see the module). Raises
     :class:`~memflow.plan.common.Infeasible` with the smallest memory the method reaches when
-    it cannot fit.
+    it cannot fit. ``slots`` is passed to ``optimal_checkpointing``: it rounds memory to
+    ``limit / slots`` as rotor does, which bounds the work on long chains.
     """
     if method not in METHODS:
         raise PlanError(f"checkpoint: unknown method {method!r}; valid: {', '.join(METHODS)}")
-    return _Planner(graph, device, memory_limit, optimizer).plan(method).strategy
+    return _Planner(graph, device, memory_limit, optimizer, slots).plan(method).strategy
 
 
 def checkpoint_table(graph, device: Any, methods: Iterable[str] = METHODS, *,
-                     memory_limit: Any = None, optimizer: str = "sgd") -> pd.DataFrame:
+                     memory_limit: Any = None, optimizer: str = "sgd",
+                     slots: int | None = None) -> pd.DataFrame:
     """Per method: the smallest peak memory at which training still runs, its time, and the
     fastest plan within ``memory_limit`` (default the device's capacity).
 
     Rows: ``keep all`` and each method. Columns: ``min_memory`` (bytes), ``time_at_min`` (s),
     ``overhead_at_min`` (time over keep-all's, e.g. 0.3 = 30% slower), ``fits`` (a plan within
     the limit exists), ``time`` and ``peak`` of the fastest such plan, ``strategy`` (its name).
-    A method that cannot run (``optimal`` without :mod:`memflow.search`) gets ``NaN`` and its
-    reason in ``strategy``.
+    A method that cannot run (``optimal`` on a graph that is not a chain) gets ``NaN`` and
+    its reason in ``strategy``. ``slots`` as for :func:`checkpoint`.
     """
-    p = _Planner(graph, device, memory_limit, optimizer)
+    p = _Planner(graph, device, memory_limit, optimizer, slots)
     ref = p.ev(p.base)
     rows = [{"method": "keep all", "min_memory": ref.peak, "time_at_min": ref.time,
              "fits": ref.fits, "time": ref.time if ref.fits else math.nan,

@@ -36,13 +36,20 @@ def chain_widths(n: int, width: int = 1024, seed: int | None = 0) -> list[int]:
 
 
 def chain_graph(n: int = 10, *, widths: Sequence[int] | None = None, width: int = 1024,
-                batch: int = 64, seed: int | None = 0, activation: str = "gelu") -> OpGraph:
+                batch: int = 64, seed: int | None = 0, activation: str = "gelu",
+                expansion: int | Sequence[int] = 0) -> OpGraph:
     """A chain of ``n`` dense layers ``l0 … l{n-1}`` as an :class:`~memflow.graph.OpGraph`.
 
     Layer ``i`` reads ``x[i]`` (``batch × w[i-1]`` floats, the input for ``l0``), saves it for
     its weight gradient, and produces ``x[i+1]`` (``batch × w[i]``). With ``"relu"`` the
     activation saves its output (the next layer's input, so two layers hold it); with
     ``"gelu"`` it saves its input, an internal tensor only this layer holds.
+
+    ``expansion=k`` (or one ``k`` per layer, 0 for a dense layer) makes a unit a transformer
+    MLP block instead, ``Linear(w[i-1], k·w[i])
+    → GELU → Linear(k·w[i], w[i])``: it saves its input and two hidden tensors ``k`` times
+    wider than its output, so most of its memory is internal and recomputing the block alone
+    (holding only its narrow input) saves most of it.
 
     >>> g = chain_graph(3, widths=(8, 32, 4), width=16, batch=2)
     >>> g.names, g.units["saved_bytes"].tolist()
@@ -55,18 +62,31 @@ def chain_graph(n: int = 10, *, widths: Sequence[int] | None = None, width: int 
         raise SearchError(f"widths={w} must be {n} positive integers (one per layer)")
     names = [f"l{i}" for i in range(n)]
     fan_in = [width] + w[:-1]
+    ex = [int(expansion)] * n if isinstance(expansion, (int, float)) else list(expansion)
+    if len(ex) != n or min(ex) < 0:
+        raise SearchError(f"expansion={ex} must be one integer >= 0 or {n} of them")
     f4 = 4
+    params, fwd, moved, fwd_tmp, bwd_tmp = [], [], [], [], []
+    for a, b, k in zip(fan_in, w, ex):
+        if k:   # fc1: a×h, fc2: h×b; saved: the input, GELU's input and fc2's input
+            h = k * b
+            params.append(a * h + h + h * b + b)
+            fwd.append(2.0 * batch * (a * h + h * b) + 8.0 * batch * h)
+            moved.append(f4 * (batch * a + a * h + h * b + 4 * batch * h + batch * b))
+            fwd_tmp.append(0)
+            bwd_tmp.append(f4 * batch * h)
+        else:
+            params.append(a * b + b)
+            fwd.append(2.0 * batch * a * b + batch * b)
+            moved.append(f4 * (batch * a + a * b + 3 * batch * b))
+            fwd_tmp.append(f4 * batch * b if activation == "relu" else 0)
+            bwd_tmp.append(f4 * batch * b)
     units = pd.DataFrame({
-        "module": [f"layers.{i}" for i in range(n)], "kind": "Dense",
-        "params": [a * b + b for a, b in zip(fan_in, w)],
-        "fwd_flops": [2.0 * batch * a * b + batch * b for a, b in zip(fan_in, w)],
-        "bwd_flops": [4.0 * batch * a * b + batch * b for a, b in zip(fan_in, w)],
-        "fwd_bytes_moved": [f4 * (batch * a + a * b + 3 * batch * b) for a, b in zip(fan_in, w)],
-        "bwd_bytes_moved": [f4 * (2 * batch * a + 2 * a * b + 4 * batch * b)
-                            for a, b in zip(fan_in, w)],
-        "fwd_ops": 3, "bwd_ops": 5,
-        "fwd_tmp_bytes": [f4 * batch * b if activation == "relu" else 0 for b in w],
-        "bwd_tmp_bytes": [f4 * batch * b for b in w],
+        "module": [f"layers.{i}" for i in range(n)],
+        "kind": ["MLPBlock" if k else "Dense" for k in ex],
+        "params": params, "fwd_flops": fwd, "bwd_flops": [2.0 * f for f in fwd],
+        "fwd_bytes_moved": moved, "bwd_bytes_moved": [2 * m for m in moved],
+        "fwd_ops": 3, "bwd_ops": 5, "fwd_tmp_bytes": fwd_tmp, "bwd_tmp_bytes": bwd_tmp,
         "max_parameter_degree": w, "max_attribute_degree": 1,
     }, index=pd.Index(names, name="unit"))
     units["param_bytes"] = units["params"] * f4
@@ -74,17 +94,18 @@ def chain_graph(n: int = 10, *, widths: Sequence[int] | None = None, width: int 
     rows = []
     for i in range(n):
         prev = INPUT if i == 0 else names[i - 1]
-        savers = [names[i]] if (i == 0 or activation == "gelu") else [names[i - 1], names[i]]
+        shared = activation == "relu" and not ex[i] and i > 0
         rows.append(dict(bytes=f4 * batch * fan_in[i], producer=prev, consumers=[names[i]],
-                         savers=savers, is_output=False, requires_grad=i > 0,
-                         shape=(batch, fan_in[i])))
-        if activation == "gelu":
-            rows.append(dict(bytes=f4 * batch * w[i], producer=names[i], consumers=[],
+                         savers=[names[i - 1], names[i]] if shared else [names[i]],
+                         is_output=False, requires_grad=i > 0, shape=(batch, fan_in[i])))
+        inner = [ex[i] * w[i]] * 2 if ex[i] else [w[i]] if activation == "gelu" else []
+        for size in inner:
+            rows.append(dict(bytes=f4 * batch * size, producer=names[i], consumers=[],
                              savers=[names[i]], is_output=False, requires_grad=True,
-                             shape=(batch, w[i])))
+                             shape=(batch, size)))
     rows.append(dict(bytes=f4 * batch * w[-1], producer=names[-1], consumers=[],
-                     savers=[names[-1]] if activation == "relu" else [], is_output=True,
-                     requires_grad=True, shape=(batch, w[-1])))
+                     savers=[names[-1]] if activation == "relu" and not ex[-1] else [],
+                     is_output=True, requires_grad=True, shape=(batch, w[-1])))
     return OpGraph(units, pd.DataFrame(rows),
                    {"model": f"chain{n}", "batch_size": batch, "backend": "cuda",
                     "units": "blocks"})
