@@ -11,7 +11,7 @@
 Anything PyTorch code cannot do as the strategy says raises
 :class:`~memflow.errors.ExportError` naming the unit. Modules: :mod:`~.spans` (units as
 stretches of the forward), :mod:`~.tracker` (following them at run time), :mod:`~.segment`
-(recompute), :mod:`~.offload`, :mod:`~.placement`, :mod:`~.sharding`, :mod:`~.exported`,
+(recompute), :mod:`~.saved` (offload, compress), :mod:`~.placement`, :mod:`~.sharding`, :mod:`~.exported`,
 :mod:`~.measure`, :mod:`~.validation`, :mod:`~.scripts` and its :mod:`~.train_template`.
 
 >>> import memflow

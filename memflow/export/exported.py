@@ -7,9 +7,9 @@ and sets each unit's policy up for exactly its span:
 * ``keep``: nothing — autograd keeps what it saves;
 * ``recompute``: consecutive recomputed units (``strategy.segment``) run as one non-reentrant
   checkpoint (:class:`~memflow.export.segment.Segment`);
-* ``offload``: what the unit saves goes to host memory (:class:`~memflow.export.offload.HostStore`);
-* ``compress``: what the unit saves is packed by memflow's error-bounded quantizer
-  (:class:`memflow.compress.compressed_saved_tensors`, each element within the bound);
+* ``offload``: what the unit saves goes to host memory; ``compress``: it is packed by
+  memflow's error-bounded quantizer, each element within the bound
+  (:class:`~memflow.export.saved.SavedStore`);
 * placement: the unit's parameters live on its device; when a replica spans several devices
   its inputs are copied to it (:class:`~memflow.export.placement.MoveTo`), and parameter
   splits are sharded (:mod:`memflow.export.sharding`);
@@ -50,7 +50,7 @@ from torch.utils import _pytree as pytree
 from ..errors import ExportError
 from ..graph.units import LOSS, ROOT
 from ..strategy.strategy import COMPRESS, KEEP, OFFLOAD, POLICIES, RECOMPUTE
-from .offload import HostStore
+from .saved import SavedStore
 from .placement import MoveTo, place, replica_devices, torch_devices
 from .segment import Segment, storage_key
 from .sharding import shard
@@ -80,9 +80,9 @@ class Exported(nn.Module):
         for i in np.flatnonzero(segment >= 0).tolist():
             self._segment_units.setdefault(int(segment[i]), []).append(i)
         self._multi = len({d for devs in devices for d in devs}) > 1
-        self._offloads = bool((strategy.policy == OFFLOAD).any())
+        self._observe = bool(np.isin(strategy.policy, (OFFLOAD, COMPRESS)).any())
         self._state: set[int] = set()
-        self.store = HostStore(self._state)
+        self.store = SavedStore(self._state)
         self._open: list[Any] = []            # what unit starts set up, innermost last
         self.segments: list[Segment] = []     # segments of the last forward
         self.tracker = UnitTracker(module, spans, self._start, self._end)
@@ -99,11 +99,11 @@ class Exported(nn.Module):
                 return self._run(args, kwargs)
             return _concat([self._run(a, k) for a, k in _split(args, kwargs, m)])
         finally:
-            self.store.copies.clear()         # the graph holds what backward needs
+            self.store.records.clear()        # the graph holds what backward needs
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
         self.segments = []
-        observe = self.store.observer() if self._offloads else contextlib.nullcontext()
+        observe = self.store.observer() if self._observe else contextlib.nullcontext()
         with observe:
             try:
                 with self.tracker.running():
@@ -131,12 +131,9 @@ class Exported(nn.Module):
             self.segments.append(seg)
             self._open.append(seg)
         elif policy == OFFLOAD:
-            self._enter(self.store.hooks())
+            self._enter(self.store.offload())
         elif policy == COMPRESS:
-            from ..compress import compressed_saved_tensors
-            # Buffers are model state, not activations: saved as they are, like parameters.
-            self._enter(compressed_saved_tensors(float(self.strategy.error_bound[i]),
-                                                 skip=list(self.module.buffers())))
+            self._enter(self.store.compress(float(self.strategy.error_bound[i])))
         if self._multi and len(self.devices[i]) == 1:
             self._enter(MoveTo(self.devices[i][0]))
 

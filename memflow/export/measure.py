@@ -85,7 +85,7 @@ def held_bytes(model: nn.Module, example_inputs: Any) -> dict[str, int]:
     graph = [t.grad_fn for t in pytree.tree_leaves(out)
              if isinstance(t, torch.Tensor) and t.grad_fn is not None]
     store = getattr(model, "store", None)
-    host = {ref.cdata for ref in getattr(store, "made", [])}
+    host = {ref.cdata for ref in getattr(store, "host_made", [])}
     del out, args, kwargs
     gc.collect()
     totals: dict[str, int] = {}

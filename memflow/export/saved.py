@@ -1,24 +1,31 @@
-"""Offload: what an ``offload`` unit saves for backward waits in host memory.
+"""What ``offload`` and ``compress`` units keep for backward: host images and packed bytes.
 
-Like ``torch.autograd.graph.save_on_cpu``, scoped to the units that offload, with two
-differences that make it realise the memory model exactly (``docs/data-model.md``):
+:class:`SavedStore` gives the ``saved_tensors_hooks`` each such unit runs under:
 
-* parameters and buffers are left where they are: they are not activations and stay on the
-  device anyway (``save_on_cpu`` would copy the weights of every Linear to the host each step);
-* a storage has one host image per forward however many views of it are saved (each saved view
-  copies its own elements into it), and the views are rebuilt on it in backward — the memory
-  model counts storages, not views.
+* ``offload`` (:meth:`SavedStore.offload`) works like ``torch.autograd.graph.save_on_cpu``
+  scoped to the unit, copying to pinned memory without blocking when the tensor is on a GPU;
+* ``compress`` (:meth:`SavedStore.compress`) packs floating tensors with memflow's
+  error-bounded quantizer (:func:`memflow.compress.compress`: every element within the bound).
 
-The copy goes to pinned memory without blocking the host when the tensor is on a GPU; in
-backward each unpack brings its storage back to the device it came from.
+Both realise the memory model (``docs/data-model.md``) exactly:
+
+* parameters and buffers stay where they are: they are not activations and stay on the device
+  anyway (``save_on_cpu`` would copy every Linear's weight to the host at each step);
+* a storage has one host image per forward however many views of it are saved (each view
+  copies its own elements into it: an RNN writes its gates into one buffer step by step), and
+  backward rebuilds the views on it — the memory model counts storages, not views;
+* a storage stays on the device at full size when any unit holding it keeps it or it is a
+  recompute segment's input, however many others offload or compress it. :meth:`hold` is told
+  of such storages (the :meth:`observer` sees what ``keep`` units save): a copy made before is
+  dropped and its views rebuilt on the device storage; none is made after.
 
 >>> import torch
->>> store = HostStore(state=set())
+>>> store = SavedStore(state=set())
 >>> x = torch.randn(4, 4, requires_grad=True)
->>> with store.hooks():
+>>> with store.offload():
 ...     y = (x * 2).sin()               # sin saves its input, x * 2
 >>> y.sum().backward()
->>> len(store.copies), torch.allclose(x.grad, 2 * (x * 2).cos())
+>>> len(store.records), torch.allclose(x.grad, 2 * (x * 2).cos())
 (1, True)
 """
 from __future__ import annotations
@@ -30,33 +37,44 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .segment import storage_key
 
-__all__ = ["HostStore", "Offloaded"]
+__all__ = ["SavedStore"]
+
+_Hooks = torch.autograd.graph.saved_tensors_hooks
 
 
-class _HostCopy:
-    """One storage's host copy, or the device storage itself once something holds it there."""
+class _Record:
+    """One storage: its host image, its compressed views, or the device storage once held."""
 
-    __slots__ = ("ref", "host", "device")
+    __slots__ = ("ref", "host", "device", "packs")
 
-    def __init__(self, ref: StorageWeakRef, host: torch.Tensor):
-        self.ref, self.host, self.device = ref, host, None
+    def __init__(self, t: torch.Tensor):
+        self.ref = StorageWeakRef(t.untyped_storage())
+        self.host: torch.Tensor | None = None
+        self.device: torch.Tensor | None = None
+        self.packs: list[_Saved] = []
 
 
-class Offloaded:
-    """A saved tensor whose storage waits on the host: the copy and how to rebuild the view."""
+class _Saved:
+    """A saved view of a recorded storage: rebuilt from the device storage, the host image,
+    or its compressed pack."""
 
-    __slots__ = ("copy", "device", "dtype", "offset", "size", "stride")
+    __slots__ = ("record", "pack", "unpack", "device", "dtype", "offset", "size", "stride")
 
-    def __init__(self, copy: _HostCopy, t: torch.Tensor):
-        self.copy = copy
+    def __init__(self, record: _Record, t: torch.Tensor, pack: Any = None, unpack: Any = None):
+        self.record, self.pack, self.unpack = record, pack, unpack
         self.device, self.dtype = t.device, t.dtype
         self.offset, self.size, self.stride = t.storage_offset(), t.size(), t.stride()
 
+    @property
+    def view(self) -> tuple:
+        return self.offset, tuple(self.size), self.stride, self.dtype
+
     def restore(self) -> torch.Tensor:
-        """The saved tensor, on its device again."""
-        data = self.copy.device
+        if self.pack is not None:
+            return self.unpack(self.pack)
+        data = self.record.device
         if data is None:
-            data = self.copy.host.to(self.device, non_blocking=True)
+            data = self.record.host.to(self.device, non_blocking=True)
         return torch.empty(0, dtype=self.dtype, device=self.device).set_(
             data.untyped_storage(), self.offset, self.size, self.stride)
 
@@ -66,72 +84,91 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
-class HostStore:
-    """The offloading ``saved_tensors_hooks`` of one model; ``state`` = storage keys of its
-    parameters and buffers. :meth:`reset` at the start of each forward.
+def _restore(saved: Any) -> torch.Tensor:
+    return saved.restore() if isinstance(saved, _Saved) else saved
 
-    The memory model keeps a storage on the device when any unit holding it keeps it (or it
-    is a recompute segment's input), however many others offload it. :meth:`hold` is told of
-    those storages: one offloaded before is brought back to its device storage (the host copy
-    is dropped), one offloaded later is not copied.
-    """
+
+class SavedStore:
+    """The offload and compress hooks of one model; ``state`` = storage keys of its
+    parameters and buffers. :meth:`reset` at the start of each forward."""
 
     def __init__(self, state: set[int]):
         self.state = state
-        self.copies: dict[int, _HostCopy] = {}
+        self.records: dict[int, _Record] = {}
         self.held: set[int] = set()
-        self.made: list[StorageWeakRef] = []    # host copies of this forward (for measuring)
+        self.host_made: list[StorageWeakRef] = []     # host images of this forward (measuring)
 
     def reset(self) -> None:
-        """Forget the previous forward's copies (its graph holds what it still needs)."""
-        self.copies.clear()
+        """Forget the previous forward (its graph holds what it still needs)."""
+        self.records.clear()
         self.held.clear()
-        self.made = []
+        self.host_made = []
 
-    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
-        """The context under which an offloading unit runs."""
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-    def observer(self) -> torch.autograd.graph.saved_tensors_hooks:
+    def observer(self) -> _Hooks:
         """The context around the whole forward: what units without a policy context save
         (``keep``) stays on the device."""
-        return torch.autograd.graph.saved_tensors_hooks(self._kept, self.unpack)
+        return _Hooks(self._kept, _restore)
+
+    def _kept(self, t: torch.Tensor) -> torch.Tensor:
+        self.hold(t)
+        return t
 
     def hold(self, t: torch.Tensor) -> None:
         """``t``'s storage stays on the device for backward."""
         key = storage_key(t)
         self.held.add(key)
-        copy = self.copies.get(key)
-        if copy is not None and not copy.ref.expired():
-            copy.device, copy.host = _bytes_of(t), None
+        record = self.records.get(key)
+        if record is not None and not record.ref.expired():
+            record.device, record.host = _bytes_of(t), None
+            for saved in record.packs:
+                saved.pack = None
+            record.packs = []
 
-    def _kept(self, t: torch.Tensor) -> torch.Tensor:
-        if self.copies:
-            self.hold(t)
-        else:
-            self.held.add(storage_key(t))
-        return t
-
-    def pack(self, t: torch.Tensor) -> Any:
+    def _record(self, t: torch.Tensor) -> _Record | None:
+        """The record of ``t``'s storage, or None when it stays as it is."""
         key = storage_key(t)
         if key in self.state or key in self.held:
-            return t
-        copy = self.copies.get(key)
-        pinned = t.device.type == "cuda"
-        if copy is None or copy.ref.expired():    # expired: a new storage at a reused address
-            host = torch.empty(t.untyped_storage().nbytes(), dtype=torch.uint8, device="cpu",
-                               pin_memory=pinned)
-            copy = self.copies[key] = _HostCopy(StorageWeakRef(t.untyped_storage()), host)
-            self.made.append(StorageWeakRef(host.untyped_storage()))
-        if copy.host is not None:
-            # Copy this view's elements into the storage's host image: other parts of the
-            # storage may still change (an RNN writes its gates into one buffer step by step).
-            # An expanded view repeats elements (stride 0): copy each element once.
-            size = [1 if st == 0 else n for n, st in zip(t.size(), t.stride())]
-            image = copy.host.view(t.dtype).as_strided(size, t.stride(), t.storage_offset())
-            image.copy_(t.detach().as_strided(size, t.stride()), non_blocking=pinned)
-        return Offloaded(copy, t)
+            return None
+        record = self.records.get(key)
+        if record is None or record.ref.expired():    # expired: a new storage, reused address
+            record = self.records[key] = _Record(t)
+        return record
 
-    @staticmethod
-    def unpack(packed: Any) -> torch.Tensor:
-        return packed.restore() if isinstance(packed, Offloaded) else packed
+    def offload(self) -> _Hooks:
+        """The context under which an offloading unit runs."""
+        return _Hooks(self._offload, _restore)
+
+    def _offload(self, t: torch.Tensor) -> Any:
+        record = self._record(t)
+        if record is None:
+            return t
+        pinned = t.device.type == "cuda"
+        if record.host is None and record.device is None:
+            record.host = torch.empty(t.untyped_storage().nbytes(), dtype=torch.uint8,
+                                      device="cpu", pin_memory=pinned)
+            self.host_made.append(StorageWeakRef(record.host.untyped_storage()))
+        if record.host is not None:
+            # This view's elements into the host image (an expanded view repeats elements:
+            # stride 0, copied once).
+            size = [1 if st == 0 else n for n, st in zip(t.size(), t.stride())]
+            image = record.host.view(t.dtype).as_strided(size, t.stride(), t.storage_offset())
+            image.copy_(t.detach().as_strided(size, t.stride()), non_blocking=pinned)
+        return _Saved(record, t)
+
+    def compress(self, error_bound: float) -> _Hooks:
+        """The context under which a unit compressing within ``error_bound`` runs."""
+        from ..compress import FLOAT_DTYPES, compress, decompress
+
+        def pack(t: torch.Tensor) -> Any:
+            record = self._record(t)
+            if record is None or t.dtype not in FLOAT_DTYPES or t.layout != torch.strided:
+                return t            # weights, held storages, integers and masks stay as they are
+            view = (t.storage_offset(), tuple(t.size()), t.stride(), t.dtype)
+            for saved in record.packs:      # the same view saved twice is packed once
+                if saved.view == view:
+                    return saved
+            saved = _Saved(record, t, compress(t.detach(), error_bound), decompress)
+            record.packs.append(saved)
+            return saved
+
+        return _Hooks(pack, _restore)
