@@ -155,3 +155,44 @@ def test_the_real_search_pauses_between_proposals(search):
     run(scenario())
     assert runner.state == "paused"
     assert search.iteration == runner.steps == len(search.history)
+
+
+def test_slow_listeners_are_told_less_often():
+    search = CallLog(seconds_per_step=0.001)
+    runner = SearchRunner(search, flush_seconds=0.01, max_overhead=0.1)
+    told: list[int] = []
+
+    def slow(r):
+        if r.state == "running":
+            told.append(r.steps)
+            time.sleep(0.02)               # 20 ms a flush: at most 10% → every 0.2 s
+
+    runner.add_listener(slow)
+
+    async def scenario():
+        runner.start()
+        await asyncio.sleep(1.0)
+        runner.pause()
+        await runner.wait()
+
+    run(scenario())
+    assert runner.flush_interval >= 0.19
+    assert len(told) <= 8                  # not the ~100 that flush_seconds alone would give
+
+
+def test_a_slow_pause_does_not_slow_the_charts_after_resume():
+    runner = SearchRunner(CallLog(seconds_per_step=0.001), flush_seconds=0.01)
+    runner.add_listener(lambda r: time.sleep(0.3) if r.state == "paused" else None)
+
+    async def scenario():
+        runner.start()
+        await until(lambda: runner.steps > 10)
+        runner.pause()
+        await runner.wait()
+        runner.resume()
+        await until(lambda: runner.steps > 40)
+        runner.pause()
+        await runner.wait()
+
+    run(scenario())
+    assert runner.flush_interval < 0.1

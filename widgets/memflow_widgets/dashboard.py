@@ -30,6 +30,8 @@ from .runner import SearchRunner
 
 __all__ = ["SearchDashboard"]
 
+_REDRAW_SHARE = 0.02    # the share of the time the best strategy's memory chart may take
+
 
 def _progress_charts(window: int) -> tuple[Any, ColumnDataSource, ColumnDataSource]:
     acceptance = ColumnDataSource({"iteration": np.empty(0, np.int64), "rate": np.empty(0)})
@@ -70,7 +72,8 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
     window:
         proposals in the rolling acceptance rate.
     best_seconds:
-        the memory chart of the best strategy is redrawn at most this often while running.
+        the memory chart of the best strategy is redrawn at most this often while running, and
+        less often when redrawing it is slow (it may take 2% of the time at most).
     """
 
     def __init__(self, search: Any, *, max_iterations: int | None = None, window: int = 200,
@@ -84,7 +87,8 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         self.window = window
         self.rollover = rollover
         self.best_seconds = best_seconds
-        self._drawn = (float("nan"), 0.0)   # (best cost drawn in the memory chart, when)
+        # (the best strategy drawn in the memory chart, when, seconds until the next redraw)
+        self._drawn = (search.best, time.perf_counter(), best_seconds)
 
         self.start_button = ipywidgets.Button(description="Start", icon="play",
                                               button_style="success")
@@ -136,20 +140,22 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         self.pause_button.disabled = state != "running"
         self.resume_button.disabled = state not in ("paused", "done", "failed")
         self.step_button.disabled = runner.running
-        self.pins.set_enabled(not runner.running)
-        if not runner.running:
+        if not runner.running:       # the table is locked while running: nothing to redraw
+            self.pins.set_enabled(True)
             self.pins.refresh()
+        elif not self.pins.rows[0].pin.disabled:
+            self.pins.set_enabled(False)
         self.iteration.value = f"iteration <b data-counter='iteration'>{self.feed.seen:,}</b>"
         self.counters.value = self._counters_html()
 
     def _draw_best(self, *, force: bool) -> None:
-        cost = self.feed.best_cost
-        drawn, when = self._drawn
+        drawn, when, gap = self._drawn
         now = time.perf_counter()
-        changed = not (cost == drawn or (cost != cost and drawn != drawn))
-        if changed and (force or now - when >= self.best_seconds):
+        best = self.search.best
+        if best is not drawn and (force or now - when >= gap):
             self.memory.update(self.search.best_result)
-            self._drawn = (cost, now)
+            spent = time.perf_counter() - now
+            self._drawn = (best, now, max(self.best_seconds, spent / _REDRAW_SHARE))
 
     def _counters_html(self) -> str:
         r = self.runner

@@ -45,18 +45,22 @@ class SearchRunner:
         target duration of one chunk of steps: the longest a click waits.
     flush_seconds:
         how often listeners are told while running (chart updates are batched to this).
+    max_overhead:
+        the share of the time listeners may take: when they are slow (a large history, a busy
+        machine) they are told less often than ``flush_seconds``, so the search keeps its pace.
     max_iterations:
         stop (state ``done``) after this many steps run by this runner; None runs until paused.
     """
 
     def __init__(self, search: Any, *, chunk_seconds: float = 0.03, flush_seconds: float = 0.2,
-                 max_iterations: int | None = None) -> None:
+                 max_overhead: float = 0.03, max_iterations: int | None = None) -> None:
         if not callable(getattr(search, "step", None)):
             raise TypeError(f"SearchRunner: search must have a step(n) method; "
                             f"got {type(search).__name__}")
         self.search = search
         self.chunk_seconds = chunk_seconds
         self.flush_seconds = flush_seconds
+        self.max_overhead = max_overhead
         self.max_iterations = max_iterations
         self.state: State = "idle"
         self.error: BaseException | None = None
@@ -64,6 +68,7 @@ class SearchRunner:
         self.rate = 0.0           # proposals per second over the last flush period
         self.listeners: list[Listener] = []
         self._chunk = 1
+        self._flush_gap = flush_seconds         # seconds between flushes, see max_overhead
         self._pause_requested = False
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -74,6 +79,11 @@ class SearchRunner:
     def running(self) -> bool:
         """True while the search task is alive (``running`` or ``pausing``)."""
         return self.state in ("running", "pausing")
+
+    @property
+    def flush_interval(self) -> float:
+        """Seconds between the listeners' periodic calls now (``flush_seconds`` or more)."""
+        return self._flush_gap
 
     def start(self) -> None:
         """Start (or resume) the search on the running event loop; returns at once.
@@ -144,7 +154,8 @@ class SearchRunner:
         state. A listener that raises does not stop the search (the error goes to ``error``)."""
         self.listeners.append(listener)
 
-    def _notify(self) -> None:
+    def _notify(self) -> float:
+        """Tell every listener; return the seconds they took."""
         now = time.perf_counter()
         t, s = self._mark
         if now - t > 1e-3 and self.steps > s:
@@ -155,6 +166,7 @@ class SearchRunner:
                 listener(self)
             except Exception as exc:  # a broken chart must not kill the search
                 self.error = exc
+        return time.perf_counter() - now
 
     def _set_state(self, state: State) -> None:
         self.state = state
@@ -183,8 +195,12 @@ class SearchRunner:
                 dt = time.perf_counter() - t0
                 self.steps += n
                 self._resize_chunk(n, dt)
-                if t0 + dt - last_flush >= self.flush_seconds:
-                    self._notify()
+                if t0 + dt - last_flush >= self._flush_gap:
+                    # Slow listeners are told less often (see max_overhead). Only these periodic
+                    # flushes count: a pause's redraw is a one-off that must not slow the charts
+                    # after the resume.
+                    cost = self._notify()
+                    self._flush_gap = max(self.flush_seconds, cost / self.max_overhead)
                     last_flush = time.perf_counter()
                 await asyncio.sleep(0)   # let the kernel handle clicks and comm messages
         except Exception as exc:

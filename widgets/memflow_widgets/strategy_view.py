@@ -93,7 +93,10 @@ class StrategyView(BokehView):
         self.graph = graph
         self.strategy = strategy
         df = unit_frame(graph, strategy)
-        dg = graph.to_networkx()
+        # The topology only (OpGraph.to_networkx would also copy every column and the meta).
+        dg = nx.DiGraph()
+        dg.add_nodes_from(graph.names)
+        dg.add_edges_from(zip(graph.edges["src"], graph.edges["dst"]))
         pos = layout_positions(dg, layout=layout, wrap=wrap)
         xy = np.array([pos[u] for u in df.index], dtype=float).reshape(-1, 2)
         biggest = float(df["memory"].max()) or 1.0
