@@ -89,15 +89,92 @@ class _Blocks:
         return len(self.rows) - 1
 
 
+@dataclass
+class _Placed:
+    """What the placements alone decide: per tensor its copies, sizes, anchors and gradients."""
+
+    tensors: list[tuple]   # (prod, records, last transfer out, gradient rows)
+    copies: list[Copy]
+
+
+def _placements(ga: GraphArrays, lay_l: list[int], sa_l: list[float], p_l: list[int],
+                M: int) -> _Placed:
+    n, last = ga.n, ga.n - 1
+    producer, nbytes_t = ga.producer.tolist(), ga.bytes.tolist()
+    per_sample, is_output = ga.per_sample.tolist(), ga.is_output.tolist()
+    requires_grad = ga.requires_grad.tolist()
+    copies: list[Copy] = []
+    out: list[tuple] = []
+    for t in range(len(nbytes_t)):
+        prod = producer[t]
+        size = float(nbytes_t[t]) / (M if per_sample[t] else 1)
+        readers, savers = ga.readers[t], ga.savers[t]
+        users = sorted(set(readers) | set(savers) - {prod})
+        home = lay_l[prod] if prod >= 0 else lay_l[users[0]] if users else -1
+        if home < 0:
+            continue
+        groups: dict[int, list[int]] = {}
+        for v in users:
+            groups.setdefault(lay_l[v], []).append(v)
+        groups = {home: groups.pop(home, []), **groups}   # the producer's placement first
+        records, grads = [], []
+        grad_sources: list[tuple[int, tuple]] = []   # (backward position, anchor)
+        last_xfer = None
+        for lay, members in groups.items():
+            is_home = lay == home
+            r = [v for v in readers if lay_l[v] == lay]
+            sv = [v for v in savers if lay_l[v] == lay]
+            ci = -1
+            if is_home:
+                share = 1.0 / sa_l[prod] if (prod >= 0 and per_sample[t]) else (
+                    1.0 / sa_l[members[0]] if (members and per_sample[t]) else 1.0)
+                if prod >= 0 and not readers and not is_output[t] and p_l[prod] > 1:
+                    share /= p_l[prod]           # internal to a split unit: split too
+                # a model input is present before the step starts
+                alloc = (A_FWD, prod, START) if prod >= 0 else (A_FWD, min(members), START)
+            else:
+                share = 1.0 / sa_l[members[0]] if per_sample[t] else 1.0
+                ci = len(copies)
+                copies.append(Copy(t, home, lay, size * share, min(members), max(members),
+                                   bool(requires_grad[t] and r)))
+                alloc = (A_XFER, ci, START)
+                last_xfer = (A_XFER, ci, END)
+            nbytes = size * share
+            fwd_last = max(r) if r else (prod if (is_home and prod >= 0) else min(members))
+            model_out = is_home and bool(is_output[t])
+            out_free = (A_BWD, last, START) if model_out else None
+            records.append((lay, members, r, sv, is_home, nbytes, alloc, (A_FWD, fwd_last, END),
+                            out_free))
+            if requires_grad[t] and (r or model_out):   # the gradient of this copy
+                g_alloc = (A_BWD, last, START) if model_out else (A_BWD, max(r), START)
+                if is_home:
+                    grad_sources.append((n if model_out else max(r), g_alloc))
+                else:
+                    grads.append([lay, False, nbytes, TRANSIENT, EVERY_MB, g_alloc,
+                                  [(A_GXFER, ci, END)] * 3])
+                    grad_sources.append((min(members), (A_GXFER, ci, START)))
+        if grad_sources and requires_grad[t]:
+            end = (A_BWD, prod if prod >= 0 else min(users), END)
+            share = (1.0 / sa_l[prod] if prod >= 0 else 1.0 / sa_l[users[0]]) \
+                if per_sample[t] else 1.0
+            grads.append([home, False, size * share, TRANSIENT, EVERY_MB, max(grad_sources)[1],
+                          [end] * 3])
+        out.append((prod, records, last_xfer, [g for g in grads if g[2] > 0]))
+    return _Placed(out, copies)
+
+
 def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout: np.ndarray,
                 degrees: np.ndarray, microbatches: int, ratio: np.ndarray, *,
-                optimizer: str = "sgd", foreach: bool = True) -> MemoryPlan:
+                optimizer: str = "sgd", foreach: bool = True,
+                cache: dict | None = None) -> MemoryPlan:
     """The blocks of one training step.
 
     ``degrees`` is ``(layouts, 3)``: sample, parameter, attribute of each layout; ``layout``,
     ``policy``, ``segment`` and ``ratio`` (compression ratio, used where ``policy`` is
     compress) are per unit. ``foreach`` selects PyTorch's multi-tensor optimizer kernels (the
     CUDA default: one optimizer-sized temporary for Adam) over the per-parameter loop (CPU).
+    ``cache`` (a dict the caller keeps) holds what the placements alone decide, so strategies
+    that differ in memory policies only share it.
     """
     n, M = ga.n, int(microbatches)
     s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
@@ -105,95 +182,46 @@ def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
     blocks = _Blocks()
     offloaded = np.zeros(n)
     compressed = np.zeros(n)
-    seg_first = {}
-    for i in range(n):
-        if segment[i] >= 0:
-            seg_first.setdefault(int(segment[i]), i)
-    copies: list[Copy] = []
-    last = n - 1
-
-    # plain lists: this loop reads single elements, which numpy makes slow
+    # plain lists: the loop below reads single elements, which numpy makes slow
     pol_l, seg_l, lay_l = policy.tolist(), segment.tolist(), layout.tolist()
-    sa_l, p_l, ratio_l = sa.tolist(), p.tolist(), np.asarray(ratio, np.float64).tolist()
-    producer, nbytes_t = ga.producer.tolist(), ga.bytes.tolist()
-    per_sample, is_output = ga.per_sample.tolist(), ga.is_output.tolist()
-    requires_grad = ga.requires_grad.tolist()
-    for t in range(len(ga.bytes)):
-        prod = int(producer[t])
-        size = float(nbytes_t[t]) / (M if per_sample[t] else 1)
-        readers, savers = ga.readers[t], ga.savers[t]
-        users = sorted(set(readers) | set(savers) - {prod})
-        home = int(lay_l[prod]) if prod >= 0 else int(lay_l[users[0]]) if users else -1
-        if home < 0:
-            continue
-        groups: dict[int, list[int]] = {}
-        for v in users:
-            groups.setdefault(int(lay_l[v]), []).append(v)
-        groups = {home: groups.pop(home, []), **groups}   # the producer's placement first
+    ratio_l = np.asarray(ratio, np.float64).tolist()
+    key = (layout.tobytes(), degrees.tobytes(), M)
+    placed = cache.get(key) if cache is not None else None
+    if placed is None:
+        placed = _placements(ga, lay_l, sa.tolist(), p.tolist(), M)
+        if cache is not None:
+            cache[key] = placed
+    seg_first: dict[int, int] = {}
+    for i, g in enumerate(seg_l):
+        if g >= 0:
+            seg_first.setdefault(g, i)
+    rows = blocks.rows
+    for prod, records, last_xfer, grads in placed.tensors:
         home_row = None
-        grad_sources: list[tuple[int, tuple]] = []   # (backward position, anchor)
-        out_xfers: list[tuple] = []
-        for lay, members in groups.items():
-            is_home = lay == home
-            r = [v for v in readers if lay_l[v] == lay]
-            sv = [v for v in savers if lay_l[v] == lay]
-            if is_home:
-                share = 1.0 / sa_l[prod] if (prod >= 0 and per_sample[t]) else (
-                    1.0 / sa_l[members[0]] if (members and per_sample[t]) else 1.0)
-                internal = prod >= 0 and not readers and not is_output[t]
-                if internal and p_l[prod] > 1:
-                    share /= p_l[prod]
-                alloc = (A_FWD, prod, START) if prod >= 0 else None
-            else:
-                share = 1.0 / sa_l[members[0]] if per_sample[t] else 1.0
-                ci = len(copies)
-                copies.append(Copy(t, home, lay, size * share, min(members), max(members),
-                                   bool(requires_grad[t] and r)))
-                alloc = (A_XFER, ci, START)
-                out_xfers.append((A_XFER, ci, END))
-            nbytes = size * share
-            # last forward use on this placement
-            fwd_last = max(r) if r else (prod if (is_home and prod >= 0) else min(members))
-            fwd_free = (A_FWD, fwd_last, END)
+        for lay, members, r, sv, is_home, nbytes, alloc, fwd_free, out_free in records:
             # what holds it for backward
-            pol = {int(pol_l[v]) for v in sv}
-            seg_in = [seg_first[int(seg_l[v])] for v in members
-                      if seg_l[v] >= 0 and (prod < 0 or not is_home
-                                              or seg_l[prod] != seg_l[v])]
+            pol = {pol_l[v] for v in sv}
+            seg_in = [seg_first[seg_l[v]] for v in members
+                      if seg_l[v] >= 0 and (prod < 0 or not is_home or seg_l[prod] != seg_l[v])]
             first_saver = min(sv) if sv else None
-            hold_end = None
             if KEEP in pol or seg_in:
                 state = KEEP
                 hold_end = min(([first_saver] if first_saver is not None else []) + seg_in)
-            elif COMPRESS in pol:
-                state = COMPRESS
-            elif OFFLOAD in pol:
-                state = OFFLOAD
-            elif RECOMPUTE in pol:
-                state = RECOMPUTE
-            else:
-                state = None
-            model_out = is_home and bool(is_output[t])
-            out_free = (A_BWD, last, START) if model_out else None
-            if alloc is None:       # a model input: present before the step starts
-                alloc = (A_FWD, min(members), START)
-            if state == KEEP:
                 row = blocks.add(lay, nbytes, ACTIVATIONS, alloc, (A_BWD, hold_end, END),
                                  out_free)
-            elif state in (COMPRESS, OFFLOAD):
+            elif COMPRESS in pol or OFFLOAD in pol:
+                state = COMPRESS if COMPRESS in pol else OFFLOAD
                 carrier = max(v for v in sv if pol_l[v] == state)
                 go, back = (A_COMPRESS, A_DECOMP) if state == COMPRESS else (A_OFFLOAD, A_PREFETCH)
                 stored = nbytes / ratio_l[carrier] if state == COMPRESS else nbytes
-                if state == COMPRESS:
-                    compressed[carrier] += nbytes
-                else:
-                    offloaded[carrier] += nbytes
+                (compressed if state == COMPRESS else offloaded)[carrier] += nbytes
                 row = blocks.add(lay, nbytes, ACTIVATIONS, alloc, fwd_free, (go, carrier, END))
                 blocks.add(lay, stored, ACTIVATIONS, (go, carrier, START), (back, carrier, END),
                            host=state == OFFLOAD)
                 blocks.add(lay, nbytes, ACTIVATIONS, (back, carrier, START),
                            (A_BWD, first_saver, END))
             else:
+                state = RECOMPUTE if RECOMPUTE in pol else None
                 row = blocks.add(lay, nbytes, ACTIVATIONS, alloc, fwd_free, out_free)
             if is_home:
                 home_row = row
@@ -205,22 +233,10 @@ def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
                     inside = [v for v in r if seg_l[v] == seg_l[prod]]
                     end = (A_RECOMP, max(inside) if inside else prod, END)
                 blocks.add(lay, nbytes, ACTIVATIONS, (A_RECOMP, prod, START), end)
-            # the gradient of this copy
-            if requires_grad[t] and (r or model_out):
-                g_alloc = (A_BWD, last, START) if model_out else (A_BWD, max(r), START)
-                if is_home:
-                    grad_sources.append((n if model_out else max(r), g_alloc))
-                else:
-                    blocks.add(lay, nbytes, TRANSIENT, g_alloc, (A_GXFER, ci, END))
-                    grad_sources.append((min(members), (A_GXFER, ci, START)))
-        if out_xfers and home_row is not None:   # the producer's copy stays until all have left
-            blocks.rows[home_row][6][2] = out_xfers[-1]
-        if grad_sources and requires_grad[t]:
-            anchor = max(grad_sources)[1]
-            end = (A_BWD, prod if prod >= 0 else min(users), END)
-            share = (1.0 / sa_l[prod] if prod >= 0 else 1.0 / sa_l[users[0]]) \
-                if per_sample[t] else 1.0
-            blocks.add(home, size * share, TRANSIENT, anchor, end)
+        if last_xfer is not None and home_row is not None:   # stays until every copy has left
+            rows[home_row][6][2] = last_xfer
+        rows.extend(grads)
+    copies = placed.copies
 
     # temporaries of each unit's forward, backward and recomputation
     per = 1.0 / (s * p * a) / M
@@ -247,7 +263,6 @@ def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
             blocks.add(lay, tmp, TRANSIENT, (A_OPT, lay, START), (A_OPT, lay, END),
                        per_mb=FIRST_MB)
 
-    rows = blocks.rows
     k = len(rows)
     return MemoryPlan(
         layout=np.fromiter((r[0] for r in rows), np.int64, k),

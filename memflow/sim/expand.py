@@ -116,8 +116,12 @@ def _buckets(ga: GraphArrays, layout: np.ndarray, part: np.ndarray, units: list[
     return out
 
 
-def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
-    """The tasks of one step of ``strategy`` on ``ga``'s graph, with ``plan``'s side tasks."""
+def expand(ga: GraphArrays, strategy, plan: MemoryPlan, cache: dict | None = None) -> Tasks:
+    """The tasks of one step of ``strategy`` on ``ga``'s graph, with ``plan``'s side tasks.
+
+    ``cache`` (a dict the caller keeps) holds what depends on placements only, so strategies
+    that differ in memory policies alone share it.
+    """
     n, M = ga.n, strategy.microbatches
     layout = strategy.layout_ids
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
@@ -126,8 +130,15 @@ def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
     segment = strategy.segment
     stage = np.maximum(strategy.stage, 0)
     stages = int(stage.max()) + 1
-    reads = _reads(ga, layout, plan)
-    grads_in = _grads_in(ga, layout, plan)
+    key = (layout.tobytes(), tuple(strategy.layouts), strategy.stage.tobytes(), M,
+           strategy.schedule)
+    placed = cache.get(key) if cache is not None else None
+    if placed is None:
+        placed = (_reads(ga, layout, plan), _grads_in(ga, layout, plan),
+                  program_order(stages, M, strategy.schedule))
+        if cache is not None:
+            cache[key] = placed
+    reads, grads_in, order_ops = placed
     out_bytes = np.zeros(n)
     in_grad_bytes = np.zeros(n)
     for t in range(len(ga.bytes)):
@@ -153,7 +164,6 @@ def expand(ga: GraphArrays, strategy, plan: MemoryPlan) -> Tasks:
         if segment[u] >= 0:
             seg_units.setdefault(int(segment[u]), []).append(u)
     by_stage = [np.flatnonzero(stage == s).tolist() for s in range(stages)]
-    order_ops = program_order(stages, M, strategy.schedule)
     final_mb = {s: m for s, op, m in order_ops if op == "B"}
 
     # plain lists: the loops below read single elements, which numpy makes slow

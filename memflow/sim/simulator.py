@@ -118,6 +118,7 @@ class Simulator:
         self._layout_cost: dict[tuple, Any] = {}
         self._copy_cost: dict[tuple, Any] = {}
         self._routes: dict[tuple[int, int], list[int]] = {}
+        self._placement_cache: dict[tuple, Any] = {}
         self._compress: tuple | None = None
         self._prepared_cache: OrderedDict[tuple, _Prepared] = OrderedDict()
 
@@ -137,7 +138,7 @@ class Simulator:
                                    lambda eb, dtype: self.compression[0](eb, dtype))
         return memory_plan(self.ga, strategy.policy, strategy.segment, strategy.layout_ids,
                            degrees, strategy.microbatches, ratio, optimizer=self.optimizer,
-                           foreach=foreach)
+                           foreach=foreach, cache=self._placement_cache)
 
     def _lc(self, key: tuple):
         lc = self._layout_cost.get(key)
@@ -241,7 +242,9 @@ class Simulator:
             self._prepared_cache.move_to_end(key)
             return hit
         plan = self.plan(strategy)
-        T = expand(self.ga, strategy, plan)
+        T = expand(self.ga, strategy, plan, self._placement_cache)
+        if len(self._placement_cache) > 4 * self.cache_size:   # placements seen long ago
+            self._placement_cache.clear()
         dur, chan_sets = self._timing(strategy, T, plan)
         n_dev = len(self.ca.devices)
         n_ch = 2 * n_dev + len(self.ca.link_rate)

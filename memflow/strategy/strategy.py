@@ -29,6 +29,7 @@ POLICIES = ("keep", "recompute", "offload", "compress")
 KEEP, RECOMPUTE, OFFLOAD, COMPRESS = range(4)
 SCHEDULES = ("gpipe", "1f1b")
 FORMAT = "memflow.strategy/1"
+_PLACEMENT_KEYS = ("pos", "layouts", "layout_ids")
 DEFAULT_ERROR_BOUND = 1e-3
 
 
@@ -164,7 +165,10 @@ class Strategy:
         policy, bound = self.policy.copy(), self.error_bound.copy()
         for i, (u, spec) in zip(pos, items):
             policy[i], bound[i] = parse_policy(u, spec)
-        return self._replace(policy=_frozen(policy), error_bound=_frozen(bound))
+        new = self._replace(policy=_frozen(policy), error_bound=_frozen(bound))
+        # placements did not change: keep what was derived from them
+        new._cache.update({k: v for k, v in self._cache.items() if k in _PLACEMENT_KEYS})
+        return new
 
     def with_config(self, units: str | Iterable[str] | Mapping[str, Mapping[str, Any]], *,
                     sample: int | None = None, parameter: int | None = None,
