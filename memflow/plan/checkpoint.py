@@ -33,20 +33,15 @@ kept units cut the chain into segments.
 
 Units that the graph marks not recomputable (a ``recomputable`` column) are always kept.
 
->>> import pandas as pd
->>> from memflow.graph import OpGraph
->>> n = 9
->>> units = pd.DataFrame({"fwd_flops": [1e12] * n, "bwd_flops": [2e12] * n},
-...                      index=[f"u{i}" for i in range(n)])
->>> tensors = pd.DataFrame({"bytes": [2**30] * n + [8],
-...     "producer": ["<input>"] + [f"u{i}" for i in range(n)],
-...     "consumers": [[f"u{i}"] for i in range(n)] + [[]],
-...     "savers": [[f"u{i}"] for i in range(n)] + [[]],
-...     "is_output": [False] * n + [True]})
->>> g = OpGraph(units, tensors, {"batch_size": 8})
->>> s = checkpoint(g, "1xV100-16GB", "8GiB", method="sqrt")
+>>> from memflow.search.synthetic import chain_graph
+>>> g = chain_graph(9, width=4096, batch=16384, seed=None)    # 9 layers, 512 MiB saved each
+>>> s = checkpoint(g, "1xV100-16GB", "4GiB", method="sqrt")
 >>> "".join("K" if p == "keep" else "r" for p in s.policies)
 'rrKrrKrrK'
+>>> checkpoint(g, "1xV100-16GB", "3GiB", method="sqrt")
+Traceback (most recent call last):
+...
+memflow.plan.common.Infeasible: checkpoint: no 'sqrt' strategy fits memory_limit=3 GiB; the smallest peak found is 3.75 GiB; give memory_limit >= 3.75 GiB (4026728448 bytes)
 """
 from __future__ import annotations
 

@@ -15,17 +15,8 @@ error bound:
 
 :func:`compress_strategy` is the strategy itself, under memflow's infeasible convention.
 
->>> import pandas as pd
->>> from memflow.graph import OpGraph
->>> n = 4
->>> units = pd.DataFrame({"fwd_flops": [1e12] * n, "bwd_flops": [2e12] * n},
-...                      index=[f"u{i}" for i in range(n)])
->>> tensors = pd.DataFrame({"bytes": [2**30] * n + [8],
-...     "producer": ["<input>"] + [f"u{i}" for i in range(n)],
-...     "consumers": [[f"u{i}"] for i in range(n)] + [[]],
-...     "savers": [[f"u{i}"] for i in range(n)] + [[]],
-...     "is_output": [False] * n + [True], "requires_grad": False})
->>> g = OpGraph(units, tensors, {"batch_size": 8})
+>>> from memflow.search.synthetic import chain_graph
+>>> g = chain_graph(4, width=4096, batch=16384, seed=None)
 >>> compress_strategy(g, "1xV100-16GB", error_bound=1e-2).policies
 ['compress', 'compress', 'compress', 'compress']
 >>> t = compress(g, "jetson-nano-4GB", error_bound=[1e-2], measure=False)

@@ -19,22 +19,15 @@ with the per-worker batch ``b`` fixed (the graph's). Each step time is simulated
 The graph at each global batch comes from :func:`memflow.plan.batch.at_batch` (linear scaling)
 unless ``graph`` is a function ``batch -> OpGraph``.
 
->>> import pandas as pd
->>> from memflow.graph import OpGraph
->>> units = pd.DataFrame({"fwd_flops": [2e11] * 4, "bwd_flops": [4e11] * 4,
-...                       "param_bytes": [2**24] * 4, "trainable_bytes": [2**24] * 4},
-...                      index=["a", "b", "c", "d"])
->>> tensors = pd.DataFrame({"bytes": [2**24] * 5, "producer": ["<input>", "a", "b", "c", "d"],
-...     "consumers": [["a"], ["b"], ["c"], ["d"], []], "savers": [["a"], ["b"], ["c"], ["d"], []],
-...     "is_output": [False] * 4 + [True]})
->>> g = OpGraph(units, tensors, {"batch_size": 32, "model": "toy"})
->>> t = hybrid_projection(g, [8, 64], convergence=CriticalBatch(b_noise=256, epochs_min=10),
+>>> from memflow.search.synthetic import chain_graph
+>>> g = chain_graph(4, width=8192, batch=64, seed=None)      # per-worker batch 64
+>>> t = hybrid_projection(g, [8, 64], convergence=CriticalBatch(b_noise=512, epochs_min=10),
 ...                       samples_per_epoch=1_000_000)
 >>> t[["dp_batch", "hybrid_batch", "hybrid_split", "best"]]
-         dp_batch  hybrid_batch hybrid_split    best
+         dp_batch  hybrid_batch     hybrid_split    best
 devices
-8             256            64     pipeline  hybrid
-64           2048           512     pipeline  hybrid
+8             512           128  tensor parallel  hybrid
+64           4096          1024         pipeline  hybrid
 """
 from __future__ import annotations
 

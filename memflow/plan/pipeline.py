@@ -15,18 +15,8 @@ simulated memory of a stage differs from the model's (which leaves out, e.g., wh
 received tensors and gradients are freed), the solver runs again with the budgets corrected by
 that difference. The fastest simulated candidate that fits is returned.
 
->>> import pandas as pd
->>> from memflow.graph import OpGraph
->>> n = 8
->>> units = pd.DataFrame({"fwd_flops": [1e12] * n, "bwd_flops": [2e12] * n,
-...                       "param_bytes": [2**28] * n, "trainable_bytes": [2**28] * n},
-...                      index=[f"u{i}" for i in range(n)])
->>> tensors = pd.DataFrame({"bytes": [2**30] * n + [8],
-...     "producer": ["<input>"] + [f"u{i}" for i in range(n)],
-...     "consumers": [[f"u{i}"] for i in range(n)] + [[]],
-...     "savers": [[f"u{i}"] for i in range(n)] + [[]],
-...     "is_output": [False] * n + [True], "requires_grad": False})
->>> g = OpGraph(units, tensors, {"batch_size": 8})
+>>> from memflow.search.synthetic import chain_graph
+>>> g = chain_graph(8, width=4096, batch=4096, seed=None)
 >>> s = pipeline(g, "4xV100-16GB", microbatches=4)
 >>> s.stage.tolist(), s.microbatches, s.schedule
 ([0, 0, 1, 1, 2, 2, 3, 3], 4, '1f1b')

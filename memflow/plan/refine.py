@@ -5,20 +5,11 @@ search's best side by side, judged by the same simulator against the same limit.
 keeps the best feasible strategy it has seen, the start included, so a search started from a
 plan that fits can only match or beat it (``never_worse``).
 
->>> import pandas as pd
->>> from memflow.graph import OpGraph
+>>> from memflow.search.synthetic import chain_graph
 >>> from memflow.plan import checkpoint
->>> n = 6
->>> units = pd.DataFrame({"fwd_flops": [1e12] * n, "bwd_flops": [2e12] * n},
-...                      index=[f"u{i}" for i in range(n)])
->>> tensors = pd.DataFrame({"bytes": [2**30] * n + [8],
-...     "producer": ["<input>"] + [f"u{i}" for i in range(n)],
-...     "consumers": [[f"u{i}"] for i in range(n)] + [[]],
-...     "savers": [[f"u{i}"] for i in range(n)] + [[]],
-...     "is_output": [False] * n + [True], "requires_grad": False})
->>> g = OpGraph(units, tensors, {"batch_size": 8})
->>> s = checkpoint(g, "1xV100-16GB", "5GiB", method="sqrt")
->>> r = refine(g, "1xV100-16GB", s, iterations=50, memory_limit="5GiB")
+>>> g = chain_graph(6, width=4096, batch=16384, seed=None)
+>>> s = checkpoint(g, "1xV100-16GB", "3.5GiB", method="sqrt")
+>>> r = refine(g, "1xV100-16GB", s, iterations=50, memory_limit="3.5GiB")
 >>> bool(r["never_worse"]), bool(r["search_time"] <= r["plan_time"])
 (True, True)
 """
