@@ -3,8 +3,9 @@
 Each step draws a move (:mod:`memflow.search.moves`) by its weight, simulates the proposal
 (scores are memoized, :mod:`memflow.search.cost`) and accepts it with probability
 ``min(1, exp(-beta · Δcost / t0))``, ``t0`` being the initial strategy's time, so ``beta`` is
-in units of relative cost: at the default 100 a proposal 1% worse is accepted about one time in
-three. Every ``restart_every`` steps the chain goes back to the best strategy (FlexFlow resets
+in units of relative cost: at the default 20 a proposal 5% worse is accepted about one time in
+three (tuned on the chains of ``benchmarks/bench_search.py``: colder chains stall in local
+optima, hotter ones wander). Every ``restart_every`` steps the chain goes back to the best strategy (FlexFlow resets
 to the best every ``min(budget/100, 1000)`` steps).
 
 The search holds no thread and no loop of its own: ``step(n)`` returns after ``n`` proposals,
@@ -65,7 +66,7 @@ class MCMCSearch:
     """
 
     def __init__(self, graph, cluster, *, memory_limit: Any = None,
-                 init: str | Strategy = "data_parallel", seed: int = 0, beta: float = 100.0,
+                 init: str | Strategy = "data_parallel", seed: int = 0, beta: float = 20.0,
                  memory_aware: bool = True, optimizer: str = "sgd", precision: str | None = None,
                  moves: Mapping[str, float] | None = None, restart_every: int = 1000,
                  policies: Iterable[str] = DEFAULT_POLICIES,

@@ -62,8 +62,15 @@ def policy(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposa
     return Proposal("policy", name, s.with_policy({name: _pick(rng, choices)}))
 
 
+NEW_SEGMENT_MAX = 4     # units in a segment made in one move
+
+
 def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
-    """A recompute segment grows, shrinks or shifts by one unit at one of its ends.
+    """A recompute segment grows, shrinks or shifts by one unit at one of its ends, is
+    dropped whole, or a new one of 1–4 units appears at a random place.
+
+    The last two are the long jumps: moving a segment elsewhere one unit at a time crosses
+    strategies that hold too much or recompute too much, which a cold chain rarely does.
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
@@ -72,35 +79,43 @@ def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propos
     >>> s = memflow.Strategy.single_device(g).with_policy(recompute=["l1", "l2"])
     >>> p = segment(np.random.default_rng(1), s, sp)
     >>> p.unit, p.strategy.policies
-    ('l3', ['keep', 'recompute', 'recompute', 'recompute', 'keep'])
+    ('l3', ['keep', 'keep', 'recompute', 'recompute', 'keep'])
     """
-    seg = s.segment
-    ids = np.unique(seg[seg >= 0])
-    if not len(ids):
-        return None
-    sid = int(_pick(rng, ids))
-    members = np.flatnonzero(seg == sid)
-    lo, hi = int(members[0]), int(members[-1])
     layout, stage, pinned = s.layout_ids, s.stage, space.pinned
 
-    def can_grow(j: int, end: int) -> bool:
+    def can_join(j: int, end: int) -> bool:
         return (0 <= j < space.n and not pinned[j] and bool(space.recomputable[j])
                 and s.policy[j] != RECOMPUTE and layout[j] == layout[end]
                 and stage[j] == stage[end])
 
     ops: list[dict[int, int]] = []
-    if can_grow(lo - 1, lo):
-        ops.append({lo - 1: RECOMPUTE})                       # grow left
-        if not pinned[hi]:
-            ops.append({lo - 1: RECOMPUTE, hi: KEEP})          # shift left
-    if can_grow(hi + 1, hi):
-        ops.append({hi + 1: RECOMPUTE})                       # grow right
+    seg = s.segment
+    ids = np.unique(seg[seg >= 0])
+    if len(ids):
+        members = np.flatnonzero(seg == int(_pick(rng, ids)))
+        lo, hi = int(members[0]), int(members[-1])
+        if can_join(lo - 1, lo):
+            ops.append({lo - 1: RECOMPUTE})                       # grow left
+            if not pinned[hi]:
+                ops.append({lo - 1: RECOMPUTE, hi: KEEP})          # shift left
+        if can_join(hi + 1, hi):
+            ops.append({hi + 1: RECOMPUTE})                       # grow right
+            if not pinned[lo]:
+                ops.append({hi + 1: RECOMPUTE, lo: KEEP})          # shift right
         if not pinned[lo]:
-            ops.append({hi + 1: RECOMPUTE, lo: KEEP})          # shift right
-    if not pinned[lo]:
-        ops.append({lo: KEEP})                                # shrink left
-    if hi != lo and not pinned[hi]:
-        ops.append({hi: KEEP})                                # shrink right
+            ops.append({lo: KEEP})                                # shrink left
+        if hi != lo and not pinned[hi]:
+            ops.append({hi: KEEP})                                # shrink right
+        if hi != lo and not pinned[members].any():
+            ops.append({int(j): KEEP for j in members})           # drop
+    start = int(rng.integers(space.n))
+    if can_join(start, start):                                    # new
+        run = [start]
+        for j in range(start + 1, min(space.n, start + int(rng.integers(NEW_SEGMENT_MAX)) + 1)):
+            if not can_join(j, start):
+                break
+            run.append(j)
+        ops.append({j: RECOMPUTE for j in run})
     if not ops:
         return None
     op = _pick(rng, ops)

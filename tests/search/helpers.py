@@ -15,7 +15,11 @@ FOUR = memflow.Cluster.preset("4xV100-16GB")
 
 @lru_cache(maxsize=None)
 def chain(n: int, seed: int = 0, activation: str = "gelu", batch: int = 16384, width: int = 64):
-    """A chain whose activations dominate its weights, so checkpointing matters."""
+    """A chain whose activations dominate its weights, so checkpointing matters; activation
+    ``"mlp"``: transformer MLP blocks (4× hidden) alternating with dense layers."""
+    if activation == "mlp":
+        return chain_graph(n, batch=batch // 4, width=width, seed=seed,
+                           expansion=[4, 0] * (n // 2) + [4] * (n % 2))
     return chain_graph(n, batch=batch, width=width, seed=seed, activation=activation)
 
 
