@@ -125,6 +125,19 @@ def test_export_writes_the_best_strategy(search, tmp_path):
     assert "failed" in dash.export.status.value
 
 
+@pytest.mark.slow                  # memflow.export imports torch to check the model name
+def test_export_script_needs_a_model_it_knows(search, tmp_path):
+    dash = SearchDashboard(search, export_path=str(tmp_path / "best.json"))
+    assert dash.export.model.value == "hand-built chain"     # the graph's model name
+    dash.export.script_button.click()
+    assert "script export to" in dash.export.status.value and "failed" in dash.export.status.value
+    assert "hand-built chain" in dash.export.status.value
+    dash.export.model.value = " "
+    dash.export.script_button.click()
+    assert "give the model" in dash.export.status.value
+    assert not (tmp_path / "best.py").exists()
+
+
 def test_static_picture(search):
     dash = SearchDashboard(search)
     dash.step_button.click()

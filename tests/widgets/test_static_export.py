@@ -13,6 +13,7 @@ import pytest
 from browser import chromium, lab_page, screenshot, wait_for_ink  # noqa: F401  (fixtures)
 
 HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.slow      # runs a notebook in a kernel
 
 CELLS = [f"""
 import sys

@@ -23,7 +23,7 @@ def chain_graph(n: int = 10, unit_bytes: int = 1024) -> OpGraph:
         "consumers": [[u] for u in names] + [[]],
         "savers": [[u] for u in names] + [[]],
         "is_output": [False] * n + [True]})
-    return OpGraph(units, tensors, {"model": "chain", "batch_size": 8})
+    return OpGraph(units, tensors, {"model": "hand-built chain", "batch_size": 8})
 
 
 def run(coro):
