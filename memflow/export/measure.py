@@ -87,7 +87,7 @@ def held_bytes(model: nn.Module, example_inputs: Any) -> dict[str, int]:
     store = getattr(model, "store", None)
     host = {ref.cdata for ref in getattr(store, "host_made", [])}
     del out, args, kwargs
-    gc.collect()
+    gc.collect(1)        # cycles made by this forward are young; a full collection is slow
     totals: dict[str, int] = {}
     for key, (ref, nbytes, device) in mode.made.items():
         if ref.expired() or key in weights:

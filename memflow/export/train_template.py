@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> list[float]:
     model = apply(model, strategy, inplace=True, replica=rank,
                   devices=json.loads(args.devices))
     device = model.devices[0][0]
+    if device.type == "cuda":
+        torch.cuda.set_device(device)       # this process's GPU for NCCL
     if distributed:
         single = len({d for parts in model.devices for d in parts}) == 1
         model = DistributedDataParallel(

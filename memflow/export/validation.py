@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
 from ..memory.arrays import graph_arrays
@@ -112,7 +113,7 @@ def _peak_row(model: nn.Module, graph, local: Strategy, example_inputs: Any,
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         out = model(*args, **kwargs)
-        sum(t.float().sum() for t in torch.utils._pytree.tree_leaves(out)
+        sum(t.float().sum() for t in pytree.tree_leaves(out)
             if isinstance(t, torch.Tensor) and t.requires_grad).backward()
         del out
         opt.step()

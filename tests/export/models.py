@@ -108,12 +108,14 @@ def holding_segments_only(graph, strategy: Strategy) -> Strategy:
     return strategy.with_policy(keep) if keep else strategy
 
 
-def mixed(graph, seed: int = 0, policies=("keep", "recompute", "offload")) -> Strategy:
-    """A seeded random mix of ``policies`` over the units of ``graph``."""
+def mixed(graph, seed: int = 0, policies=("keep", "recompute", "offload"),
+          holding: bool = True) -> Strategy:
+    """A seeded random mix of ``policies`` over the units of ``graph`` (``holding``: with
+    :func:`holding_segments_only`)."""
     rng = random.Random(seed)
     s = Strategy.single_device(graph, name=f"mix {seed}").with_policy(
         {u: rng.choice(policies) for u in graph.names})
-    return holding_segments_only(graph, s)
+    return holding_segments_only(graph, s) if holding else s
 
 
 def grads(model: nn.Module, inputs: Any, seed: int = 0) -> dict[str, torch.Tensor]:
