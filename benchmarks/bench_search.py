@@ -2,8 +2,9 @@
 
 Three sections of RESULTS.md:
 
-* ``search_optimum`` — on heterogeneous chains of 10, 12 and 14 units on one V100, under
-  memory limits from 30% to 80% of keeping everything: the optimum (the exact DP of
+* ``search_optimum`` — on heterogeneous chains of 10, 12 and 14 units on one V100 (dense
+  layers; transformer MLP blocks between dense layers), under memory limits from 30% to 80%
+  of keeping everything: the optimum (the exact DP of
   :func:`memflow.search.optimal_checkpointing`, checked against exhaustive enumeration on the
   10-unit chains here and on every chain of the tests), and for each of several seeds whether
   :class:`memflow.MCMCSearch` (keep/recompute, from keep-everything) came within 1% of it
@@ -39,59 +40,69 @@ from _results import table, write_section  # noqa: E402
 BUDGET = 3000
 
 
+FAMILIES = {   # name: chain_graph options given n
+    "dense": lambda n: {"batch": 16384, "width": 64},
+    "mlp": lambda n: {"batch": 4096, "width": 64, "expansion": [4, 0] * (n // 2) + [4] * (n % 2)},
+}
+
+
 def optimum_section(quick: bool) -> None:
     v100 = memflow.Cluster.preset("1xV100-16GB")
-    sizes, graphs, seeds = ((10,), (0,), range(2)) if quick else ((10, 12, 14), (0, 1), range(5))
+    sizes, graphs, seeds = ((10,), (0,), range(2)) if quick else ((10, 12, 14), (0, 1), range(4))
     fractions = (0.5, 0.8) if quick else (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
     rows = []
-    for n in sizes:
-        for gseed in graphs:
-            g = chain_graph(n, batch=16384, width=64, seed=gseed)
-            keep = Simulator(g, v100).evaluate(memflow.Strategy.single_device(g)).peak[0]
-            table_all = exhaustive(g, v100).table if n == 10 else None
-            for frac in fractions:
-                limit = frac * keep
-                try:
-                    opt = optimal_checkpointing(g, v100, limit).time
-                except SearchError:
-                    rows.append({"units": n, "chain": gseed, "limit": f"{frac:.0%}",
-                                 "optimum_ms": math.nan, "checked": "",
-                                 "within_1%": "no schedule fits", "median_steps": math.nan,
-                                 "max_steps": math.nan, "seconds": math.nan})
-                    continue
-                checked = ""
-                if table_all is not None:
-                    ex = table_all[table_all["peak"] <= limit]["time"].min()
-                    checked = "= exhaustive" if abs(ex - opt) <= 1e-12 * ex else "MISMATCH"
-                steps, t0 = [], time.perf_counter()
-                for seed in seeds:
-                    s = MCMCSearch(g, v100, memory_limit=limit, seed=seed,
-                                   policies=("keep", "recompute"))
-                    s.run(iterations=BUDGET, callback=lambda x: x.best_cost > 1.01 * opt)
-                    steps.append(s.iteration if s.best_cost <= 1.01 * opt else math.inf)
-                ok = [x for x in steps if x <= BUDGET]
-                rows.append({"units": n, "chain": gseed, "limit": f"{frac:.0%}",
-                             "optimum_ms": opt * 1e3, "checked": checked,
-                             "within_1%": f"{len(ok)}/{len(steps)}",
-                             "median_steps": float(np.median(steps)),
-                             "max_steps": float(max(steps)),
-                             "seconds": (time.perf_counter() - t0) / len(steps)})
-                print(rows[-1])
+    for family, options in FAMILIES.items():
+        for n in sizes:
+            for gseed in graphs:
+                g = chain_graph(n, seed=gseed, **options(n))
+                keep = Simulator(g, v100).evaluate(memflow.Strategy.single_device(g)).peak[0]
+                every = exhaustive(g, v100).table if n == 10 else None
+                for frac in fractions:
+                    rows.append(_versus_optimum(g, v100, frac * keep, every, seeds,
+                                                {"family": family, "units": n, "chain": gseed,
+                                                 "limit": f"{frac:.0%}"}))
+                    print(rows[-1])
     df = pd.DataFrame(rows)
     if quick:
         print(df.to_string(index=False))
         return
     reached = df[df["within_1%"].str.contains("/")]
-    hits = reached["within_1%"].str.split("/").apply(lambda p: int(p[0]))
-    tries = reached["within_1%"].str.split("/").apply(lambda p: int(p[1]))
-    body = (f"Chains of `chain_graph(n, batch=16384, width=64, seed=chain)` (dense layers, widths "
-            f"log-uniform in [16, 256]) on one V100; limit = fraction of the keep-everything "
-            f"peak; search: keep/recompute moves from keep-everything, beta=100, seeds 0–4, "
-            f"stopped at {BUDGET:,} proposals or once within 1% of the optimum. "
-            f"`seconds` is per search.\n\n" + table(df, ".4g")
-            + f"\n\nWithin 1% in {hits.sum()}/{tries.sum()} searches; limits where no "
-            "keep/recompute schedule fits are marked.")
+    parts = reached["within_1%"].str.split("/")
+    hits, tries = parts.apply(lambda p: int(p[0])).sum(), parts.apply(lambda p: int(p[1])).sum()
+    body = ("Chains of `chain_graph(n, seed=chain, ...)` on one V100: `dense` — dense layers "
+            "(batch 16384, widths log-uniform in [16, 256]); `mlp` — transformer MLP blocks "
+            "(4× hidden) alternating with dense layers (batch 4096). Limit = fraction of the "
+            "keep-everything peak. Optimum: the exact DP (`checked`: equal to exhaustive "
+            "enumeration, on the 10-unit chains). Search: keep/recompute moves from "
+            f"keep-everything, default beta, seeds 0–{len(seeds) - 1}, stopped at {BUDGET:,} "
+            "proposals or once within 1% of the optimum; `seconds` is per search.\n\n"
+            + table(df, ".4g")
+            + f"\n\nWithin 1% in {hits}/{tries} searches. 'no schedule fits': no keep/recompute "
+            "schedule is below that limit (each recomputed run is one segment, so the kept units "
+            "between segments keep what they save).")
     write_section("search_optimum", body, title="Search against the optimum on chains")
+
+
+def _versus_optimum(g, cluster, limit: float, every, seeds, row: dict) -> dict:
+    """One row: the optimum under ``limit`` and how the search's seeds did against it."""
+    try:
+        opt = optimal_checkpointing(g, cluster, limit).time
+    except SearchError:
+        return {**row, "optimum_ms": math.nan, "checked": "", "within_1%": "no schedule fits",
+                "median_steps": math.nan, "max_steps": math.nan, "seconds": math.nan}
+    checked = ""
+    if every is not None:
+        ex = every[every["peak"] <= limit]["time"].min()
+        checked = "= exhaustive" if abs(ex - opt) <= 1e-12 * ex else "MISMATCH"
+    steps, t0 = [], time.perf_counter()
+    for seed in seeds:
+        s = MCMCSearch(g, cluster, memory_limit=limit, seed=seed, policies=("keep", "recompute"))
+        s.run(iterations=BUDGET, callback=lambda x: x.best_cost > 1.01 * opt)
+        steps.append(s.iteration if s.best_cost <= 1.01 * opt else math.inf)
+    ok = [x for x in steps if x <= BUDGET]
+    return {**row, "optimum_ms": opt * 1e3, "checked": checked,
+            "within_1%": f"{len(ok)}/{len(steps)}", "median_steps": float(np.median(steps)),
+            "max_steps": float(max(steps)), "seconds": (time.perf_counter() - t0) / len(steps)}
 
 
 def speed_section(quick: bool) -> None:
@@ -100,31 +111,31 @@ def speed_section(quick: bool) -> None:
     rows = []
     for label, units in (("leaves", None), ("depth 2", 2)):
         g = memflow.zoo.graph("resnet50", batch_size=256, **({"units": units} if units else {}))
-        s = MCMCSearch(g, c8, memory_limit="8GB", seed=0)
-        t0 = time.perf_counter()
-        s.run(seconds=seconds)
-        wall = time.perf_counter() - t0
-        rows.append({"model": "resnet50 b=256", "units": f"{label} ({len(g)})",
-                     "cluster": "8xV100-32GB, 8 GB limit", "proposals": s.iteration,
-                     "proposals/s": s.iteration / wall, "simulated": s.simulations,
-                     "from memory": f"{1 - s.simulations / max(s.iteration, 1):.0%}",
-                     "acceptance": f"{s.acceptance_rate(None):.0%}"})
-        print(rows[-1])
+        rows.append(_speed(MCMCSearch(g, c8, memory_limit="8GB", seed=0), seconds,
+                           {"model": "resnet50 b=256", "units": f"{label} ({len(g)})",
+                            "cluster": "8xV100-32GB, 8 GB limit"}))
     g = chain_graph(12, batch=16384, width=64)
-    s = MCMCSearch(g, memflow.Cluster.preset("1xV100-16GB"), memory_limit=80e6, seed=0)
-    t0 = time.perf_counter()
-    s.run(seconds=seconds)
-    wall = time.perf_counter() - t0
-    rows.append({"model": "chain12", "units": "12", "cluster": "1xV100-16GB, 80 MB limit",
-                 "proposals": s.iteration, "proposals/s": s.iteration / wall,
-                 "simulated": s.simulations,
-                 "from memory": f"{1 - s.simulations / max(s.iteration, 1):.0%}",
-                 "acceptance": f"{s.acceptance_rate(None):.0%}"})
+    rows.append(_speed(MCMCSearch(g, memflow.Cluster.preset("1xV100-16GB"), memory_limit=80e6,
+                                  seed=0), seconds,
+                       {"model": "chain12", "units": "12", "cluster": "1xV100-16GB, 80 MB limit"}))
     df = pd.DataFrame(rows)
     print(df.to_string(index=False))
     if not quick:
         write_section("search_speed", f"Each search ran {seconds} s from data parallel.\n\n"
                       + table(df, ".4g"), title="Search speed: proposals per second")
+
+
+def _speed(search: MCMCSearch, seconds: float, row: dict) -> dict:
+    """Proposals per second of ``search`` over ``seconds``, and how many were simulated."""
+    before, t0 = search.simulations, time.perf_counter()
+    search.run(seconds=seconds)
+    wall, sims = time.perf_counter() - t0, search.simulations - before
+    out = {**row, "proposals": search.iteration, "proposals/s": search.iteration / wall,
+           "simulated/s": sims / wall,
+           "from memory": f"{1 - sims / max(search.iteration, 1):.0%}",
+           "acceptance": f"{search.acceptance_rate(None):.0%}"}
+    print(out)
+    return out
 
 
 def time_section(quick: bool) -> None:
