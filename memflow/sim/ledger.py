@@ -104,16 +104,23 @@ def ledger(lp: LedgerPlan, start: np.ndarray, end: np.ndarray) -> Ledger:
     """Run the expanded blocks against task times."""
     times = np.empty(2 * len(start))
     times[0::2], times[1::2] = start, end              # key -> time
-    a_time = times[lp.alloc]
-    f_all = times[lp.frees]
-    # freed at the latest anchor; at equal times the one later in program order
-    latest = f_all.max(1) if len(f_all) else np.zeros(0)
-    f_key = np.maximum(np.where(f_all == latest[:, None], lp.frees, -1).max(1), lp.alloc + 1)
+    # rank every task boundary by (time, program order) once; events then sort by one integer
+    boundary = np.lexsort((np.arange(len(times)), times))
+    rank = np.empty(len(times), np.int64)
+    rank[boundary] = np.arange(len(times))
+    f_rank = rank[lp.frees]
+    # freed at the latest anchor, and never before the end of the task that allocated it
+    a_rank = rank[lp.alloc]
+    f_rank = np.maximum(f_rank.max(1) if len(f_rank) else np.zeros(0, np.int64),
+                        rank[np.minimum(lp.alloc + 1, len(times) - 1)])
     ev_cls = np.concatenate([lp.cls, lp.cls])
-    ev_time = np.concatenate([a_time, np.maximum(latest, a_time)])
-    ev_key = np.concatenate([lp.alloc, f_key])
-    order = np.lexsort((ev_key, ev_time, ev_cls))
-    ev_cls, ev_time, ev_key = ev_cls[order], ev_time[order], ev_key[order]
+    ev_rank = np.concatenate([a_rank, f_rank])
+    # an allocation and a free at the same boundary: the allocation first
+    sort_key = (ev_cls * len(times) + ev_rank) * 2 + np.repeat([0, 1], len(lp.cls))
+    order = np.argsort(sort_key, kind="stable")
+    ev_cls = ev_cls[order]
+    ev_key = boundary[ev_rank[order]]
+    ev_time = times[ev_key]
     ev_delta = np.concatenate([lp.nbytes, -lp.nbytes])[order]
     ev_cat = np.concatenate([lp.category, lp.category])[order]
     n_classes = len(lp.persistent)
