@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import _checkpoint_without_reentrant_generator, noop_context_fn
@@ -61,6 +62,8 @@ _IDEMPOTENT: dict[str, Callable] = {
     "clamp_": lambda x, min=None, max=None: torch.clamp(x, min, max),
     "clip_": lambda x, min=None, max=None: torch.clamp(x, min, max),
 }
+# Calls that update buffers (running statistics) in place without bumping their version.
+_WRITES_BUFFERS = {"batch_norm", "instance_norm"}
 _RUN, _SKIP, _OUT_OF_PLACE = range(3)
 
 
@@ -154,7 +157,8 @@ class _Recorder(TorchFunctionMode):
                 call.leaves[i] = key
                 self._check_custom(x)
             elif storage_key(x) in seg.state:
-                call.leaves[i] = _State(x, scratch=x._version != v0)
+                written = x._version != v0 or name in _WRITES_BUFFERS
+                call.leaves[i] = _State(x, scratch=written and not isinstance(x, nn.Parameter))
             else:
                 entry = self.inputs.get(id(x))
                 if entry is None:

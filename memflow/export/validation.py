@@ -9,8 +9,9 @@ Rows (``metric``), each with ``predicted``, ``measured`` and ``error`` (measured
   :func:`~memflow.export.measure.held_bytes` on the exported model;
 * ``offloaded_bytes`` — the same for storages waiting in host memory;
 * ``peak_bytes`` (only with a CUDA GPU) — the peak of one training step (forward, backward,
-  optimizer step), predicted by :func:`memflow.estimate` and measured with
-  ``torch.cuda.max_memory_allocated``.
+  optimizer step; the second step, so that optimizer state exists), predicted by
+  :func:`memflow.estimate` and measured with ``torch.cuda.max_memory_allocated`` less the
+  weights of the caller's model (validate runs a copy beside it).
 
 Both sides describe one replica on the batch given: a data-parallel strategy is measured as
 one replica processing ``example_inputs``, so the prediction is for the same strategy with
@@ -96,9 +97,10 @@ def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
     return out
 
 
-def _peak_row(model: nn.Module, graph, local: Strategy, example_inputs: Any,
-              optimizer: str) -> tuple[float, float]:
-    """(predicted, measured) peak bytes of one training step on the GPU."""
+def _peak_row(model: nn.Module, original: nn.Module, graph, local: Strategy,
+              example_inputs: Any, optimizer: str) -> tuple[float, float]:
+    """(predicted, measured) peak bytes of one training step of ``model`` on the GPU; the
+    weights of ``original`` (the model ``model`` was copied from) are not counted."""
     from ..graph.capture import split_inputs
     from ..memory import estimate
 
@@ -118,7 +120,9 @@ def _peak_row(model: nn.Module, graph, local: Strategy, example_inputs: Any,
         del out
         opt.step()
         torch.cuda.synchronize()
-    return predicted, float(torch.cuda.max_memory_allocated())
+    copy_of = {t.untyped_storage()._cdata: t.untyped_storage().nbytes()
+               for t in [*original.parameters(), *original.buffers()] if t.is_cuda}
+    return predicted, float(torch.cuda.max_memory_allocated() - sum(copy_of.values()))
 
 
 def validate(model: nn.Module, example_inputs: Any, strategy: Strategy, graph=None, *,
@@ -152,7 +156,7 @@ def validate(model: nn.Module, example_inputs: Any, strategy: Strategy, graph=No
                             sum(v for k, v in measured.items() if k != HOST)),
             "offloaded_bytes": (predicted.get(HOST, 0.0), measured.get(HOST, 0))}
     if torch.cuda.is_available() and any(d.startswith("cuda") for d in local.device_names):
-        rows["peak_bytes"] = _peak_row(exported, graph, local, example_inputs, optimizer)
+        rows["peak_bytes"] = _peak_row(exported, model, graph, local, example_inputs, optimizer)
     df = pd.DataFrame([(m, float(p), float(x)) for m, (p, x) in rows.items()],
                       columns=["metric", "predicted", "measured"]).set_index("metric")
     df["error"] = np.where(df["predicted"] > 0, df["measured"] / df["predicted"].where(

@@ -86,3 +86,25 @@ def test_original_model_is_left_alone_and_inplace_wraps_it():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert same.remove() is model
     assert not any(m._forward_pre_hooks for m in model.modules())
+
+
+def test_recompute_updates_batch_norm_statistics_once():
+    # Replay writes running statistics into a scratch copy: one step moves them once, as in
+    # the original model (torch.utils.checkpoint's own recomputation moves them twice).
+    model, inputs, graph = captured("resnet50")
+    exported = apply(model, mixed(graph, policies=("recompute",)), graph)
+    grads(model, inputs)
+    grads(exported, inputs)
+    ours = dict(exported.module.named_buffers())
+    for name, buffer in model.named_buffers():
+        assert torch.equal(buffer, ours[name]), name
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet50", "lstm"])
+def test_compress_in_a_mix_moves_gradients_by_the_bound_only(name):
+    model, inputs, graph = captured(name)
+    strategy = mixed(graph, seed=4, policies=("keep", "recompute", "offload", "compress:1e-4"))
+    strategy = strategy.with_policy({graph.names[1]: "compress:1e-4"})
+    reference, got = grads(model, inputs), grads(apply(model, strategy, graph), inputs)
+    scale = max(g.abs().max() for g in reference.values())
+    assert mismatches(reference, got, atol=1e-2 * scale) == []
