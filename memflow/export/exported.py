@@ -84,7 +84,7 @@ class Exported(nn.Module):
         self._state: set[int] = set()
         self.store = SavedStore(self._state)
         self._open: list[Any] = []            # what unit starts set up, innermost last
-        self.segments: list[Segment] = []     # segments of the last forward
+        self.segments: list[Segment] = []     # segments of the forward running now
         self.tracker = UnitTracker(module, spans, self._start, self._end)
 
     # ------------------------------------------------------------------ running
