@@ -143,3 +143,18 @@ def test_static_picture(search):
     dash.step_button.click()
     html = dash._repr_mimebundle_()["text/html"]
     assert "iteration 1" in html and html.count("<script") == 2
+
+
+def test_memory_chart_follows_the_gpus_the_best_uses(search):
+    dash = SearchDashboard(search)
+    first = dash.memory
+    assert list(first.sources) == ["gpu0", "gpu1"]
+    # Pinning every unit to one GPU makes the best strategy a single-device one.
+    search.pin(search.graph.names, config={"devices": ["gpu1"], "sample": 1})
+    dash.steps.value = 3
+    dash.step_button.click()
+    assert set(search.best.device_names) == {"gpu1"}
+    assert list(dash.memory.sources) == ["gpu1"]
+    assert dash.memory in dash.children
+    assert dash.memory.result is search.best_result
+    assert first.comm is None and first.chart.comm is None      # the old chart was closed

@@ -153,7 +153,13 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         now = time.perf_counter()
         best = self.search.best
         if best is not drawn and (force or now - when >= gap):
-            self.memory.update(self.search.best_result)
+            result = self.search.best_result
+            if list(result.capacity.index) == list(self.memory.sources):
+                self.memory.update(result)
+            else:   # the best now uses other GPUs: a chart per GPU it uses, made anew
+                old, self.memory = self.memory, MemoryTimeline(result)
+                self.children = tuple(self.memory if c is old else c for c in self.children)
+                old.close()
             spent = time.perf_counter() - now
             self._drawn = (best, now, max(self.best_seconds, spent / _REDRAW_SHARE))
 

@@ -103,5 +103,17 @@ class BokehView(StaticFallback, ipywidgets.VBox):
     def charts(self) -> list[tuple[BokehModel, LayoutDOM]]:
         return [(self.chart, self.root)]
 
+    def close(self) -> None:
+        """Close this view and the widgets it made (its chart and controls)."""
+        for child in self.children:
+            if isinstance(child, BokehModel):
+                # BokehModel.close() also unhooks the bokeh document and raises when called a
+                # second time, as Widget.__del__ does at collection: close the widget part
+                # only here; the unhooking happens once, at collection.
+                ipywidgets.DOMWidget.close(child)
+            else:
+                child.close()
+        super().close()
+
     def static_html(self) -> str:
         return static_html(self.root, self.summary_html())
