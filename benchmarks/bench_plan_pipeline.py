@@ -106,7 +106,8 @@ def main() -> None:
     body = ("**Micro-batches held per stage at its activation peak** (uniform 16-layer chain, "
             "4 stages, 8 micro-batches; simulated peak of the 'activations' category over the "
             "bytes the stage's units save for one micro-batch, received inputs included; the "
-            "fraction above the rule is the output in flight to the next stage)\n\n" + table(flight, ".3g")
+            "fraction above the rule is the output in flight to the next stage)\n\n"
+            + table(flight, ".3g")
             + "\n\n**memflow's plan against a FLOPs-balanced pipeline** (same micro-batch "
             "count; memflow searches the count among the listed or all divisors of the batch; "
             "'stages' = units per stage). memflow's 1f1b is PipeDream-flush and gpipe flushes "

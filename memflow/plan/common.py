@@ -130,11 +130,11 @@ class Outcome:
 
 class Evaluator:
     """A :class:`~memflow.sim.Simulator` for one graph and cluster, judging strategies against
-    ``memory_limit`` (bytes or a size string, per device; default each device's capacity). Results are cached
-    per strategy, since planners revisit candidates.
+    ``memory_limit`` (bytes or a size string, per device; default each device's capacity).
+    Results are cached per strategy, since planners revisit candidates.
     """
 
-    def __init__(self, graph, cluster: Cluster, memory_limit: float | None = None, *,
+    def __init__(self, graph, cluster: Cluster, memory_limit: float | str | None = None, *,
                  optimizer: str = "sgd", precision: str | None = None):
         self.graph, self.cluster = graph, cluster
         self.sim = Simulator(graph, cluster, optimizer=optimizer, precision=precision)

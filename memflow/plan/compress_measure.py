@@ -18,7 +18,8 @@ untrained network on random inputs: ratios on trained networks and real data dif
 >>> net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
 >>> x = torch.randn(128, 64)
 >>> t = feature_map_ratios((net, (x,)), [1e-2])
->>> int(t.loc[1e-2, "tensors"]), bool(t.loc[1e-2, "max_error"] <= 1e-2), bool(t.loc[1e-2, "ratio"] > 2)
+>>> row = t.loc[1e-2]
+>>> int(row["tensors"]), bool(row["max_error"] <= 1e-2), bool(row["ratio"] > 2)
 (2, True, True)
 >>> e = gradient_error((net, (x,)), [1e-4, 1e-1])
 >>> bool(e.loc[1e-4, "rel_error"] < e.loc[1e-1, "rel_error"] < 0.5)

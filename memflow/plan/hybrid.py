@@ -7,9 +7,9 @@ batch ``m`` times smaller. ``hybrid_projection`` compares, for each number of de
 
 * the best pure data parallelism: ``N`` workers, global batch ``N · b``;
 * the best hybrid: ``N / m`` workers for ``m`` in 2, 4, 8, each worker's units split over its
-  ``m`` devices as contiguous runs (plain model parallelism), as a pipeline of ``m`` stages
-  (GPipe-style micro-batches) or by Megatron-style tensor parallelism — whichever the
-  simulator finds fastest;
+  ``m`` devices as contiguous runs (plain model parallelism) or as a pipeline of ``m`` stages
+  (GPipe-style micro-batches) — whichever the simulator finds fastest (Megatron-style tensor
+  parallelism on request, see :data:`SPLITS`);
 
 with the per-worker batch ``b`` fixed (the graph's). Each step time is simulated on a cluster of
 ``N`` GPUs; the epochs to the target come from a statistical-efficiency model
@@ -24,10 +24,10 @@ unless ``graph`` is a function ``batch -> OpGraph``.
 >>> t = hybrid_projection(g, [8, 64], convergence=CriticalBatch(b_noise=512, epochs_min=10),
 ...                       samples_per_epoch=1_000_000)
 >>> t[["dp_batch", "hybrid_batch", "hybrid_split", "best"]]
-         dp_batch  hybrid_batch     hybrid_split    best
+         dp_batch  hybrid_batch hybrid_split    best
 devices
-8             512           128  tensor parallel  hybrid
-64           4096          1024         pipeline  hybrid
+8             512           128     pipeline  hybrid
+64           4096          1024     pipeline  hybrid
 """
 from __future__ import annotations
 
@@ -45,23 +45,32 @@ from .batch import graph_source
 from .common import Evaluator
 from .convergence import DATASETS, CriticalBatch, convergence_model
 
-__all__ = ["hybrid_projection", "hybrid_strategies", "CriticalBatch", "MP_DEGREES"]
+__all__ = ["hybrid_projection", "hybrid_strategies", "CriticalBatch", "MP_DEGREES", "SPLITS"]
 
 MP_DEGREES = (2, 4, 8)
+SPLITS = ("model parallel", "pipeline", "tensor parallel")
+"""How a worker may be split: contiguous runs of units, a GPipe pipeline of them, or
+Megatron-style tensor parallelism. Pal et al. split layers across devices (the first two);
+tensor parallelism is charged one all-reduce per unit, which flatters recurrent layers (their
+real split communicates at every time step), so it is not tried by default."""
 _GPUS_PER_NODE = 8
 
 
-def hybrid_strategies(graph, devices: list[str], mp: int, per_worker_batch: int
-                      ) -> dict[str, Strategy]:
-    """The model-parallel splits tried for ``len(devices) / mp`` workers of ``mp`` devices."""
+def hybrid_strategies(graph, devices: list[str], mp: int, per_worker_batch: int,
+                      splits: Iterable[str] = SPLITS) -> dict[str, Strategy]:
+    """The splits (of :data:`SPLITS`) of ``len(devices) / mp`` workers of ``mp`` devices each;
+    the pipeline runs ``2·mp`` micro-batches (``mp`` when the batch does not divide)."""
     dp = len(devices) // mp
-    out = {"model parallel": Strategy.hybrid(graph, devices, dp=dp, mp=mp)}
-    for M in (2 * mp, mp):
+    out = {}
+    if "model parallel" in splits:
+        out["model parallel"] = Strategy.hybrid(graph, devices, dp=dp, mp=mp)
+    for M in (2 * mp, mp) if "pipeline" in splits else ():
         if per_worker_batch % M == 0:
             out["pipeline"] = Strategy.pipeline(graph, devices, stages=mp, microbatches=M,
                                                 dp=dp, schedule="gpipe")
             break
-    out["tensor parallel"] = Strategy.tensor_parallel(graph, devices, tp=mp, dp=dp)
+    if "tensor parallel" in splits:
+        out["tensor parallel"] = Strategy.tensor_parallel(graph, devices, tp=mp, dp=dp)
     return out
 
 
@@ -78,7 +87,8 @@ def _cluster_for(gpu: str) -> Callable[[int], Cluster]:
 def hybrid_projection(graph, cluster_sizes: Iterable[int], *, convergence: Any = None,
                       samples_per_epoch: int | None = None, per_worker_batch: int | None = None,
                       gpu: str = "V100-16GB", cluster: Callable[[int], Cluster] | None = None,
-                      mp_degrees: Iterable[int] = MP_DEGREES, optimizer: str = "sgd"
+                      mp_degrees: Iterable[int] = MP_DEGREES,
+                      splits: Iterable[str] = SPLITS[:2], optimizer: str = "sgd"
                       ) -> pd.DataFrame:
     """Best pure data parallelism against the best hybrid, per number of devices, end to end.
 
@@ -87,7 +97,8 @@ def hybrid_projection(graph, cluster_sizes: Iterable[int], *, convergence: Any =
     ``graph.meta["model"]``), a :class:`~memflow.plan.convergence.CriticalBatch`, a DataFrame of
     measurements (``global_batch``, ``epochs``) or a function ``global_batch -> epochs``.
     ``samples_per_epoch`` defaults to the model's dataset. Clusters are nodes of 8 ``gpu``
-    (or ``cluster(n)``).
+    (or ``cluster(n)``). ``splits``: how workers may be split (see :data:`SPLITS`; plain model
+    parallelism and pipelines by default, as Pal et al.).
 
     One row per device count: for ``dp_*`` and ``hybrid_*``, ``step`` (s), ``batch`` (global),
     ``epochs``, ``hours`` (projected training time); ``hybrid_mp`` and ``hybrid_split``; ``gain``
@@ -108,6 +119,11 @@ def hybrid_projection(graph, cluster_sizes: Iterable[int], *, convergence: Any =
             raise PlanError(f"hybrid_projection: give samples_per_epoch (no dataset size known "
                             f"for model {model!r}; known: {', '.join(DATASETS)})")
         samples_per_epoch = DATASETS[model]
+    splits = tuple(splits)
+    bad = [x for x in splits if x not in SPLITS]
+    if bad or not splits:
+        raise PlanError(f"hybrid_projection: unknown split {bad[0] if bad else splits!r}; "
+                        f"valid: {', '.join(SPLITS)}")
     make = cluster or _cluster_for(gpu)
     sizes = [int(n) for n in cluster_sizes]
     if not sizes or min(sizes) < 1:
@@ -123,9 +139,9 @@ def hybrid_projection(graph, cluster_sizes: Iterable[int], *, convergence: Any =
             ev = Evaluator(g, c, optimizer=optimizer)
             if mp > len(g):   # fewer units than devices per worker: no split exists
                 continue
-            splits = ({"data parallel": Strategy.data_parallel(g, devices)} if mp == 1
-                      else hybrid_strategies(g, devices, mp, b))
-            for split, s in splits.items():
+            tried = ({"data parallel": Strategy.data_parallel(g, devices)} if mp == 1
+                     else hybrid_strategies(g, devices, mp, b, splits))
+            for split, s in tried.items():
                 out = ev(s)
                 epochs = float(epochs_of(batch))
                 rows.append({"devices": n, "mp": mp, "split": split, "batch": batch,

@@ -175,7 +175,8 @@ def solve_milp(chain: Chain, limits: np.ndarray, flight: np.ndarray, *,
     return stage, period(chain, stage)
 
 
-def solve_dp(chain: Chain, limits: np.ndarray, flight: np.ndarray) -> tuple[np.ndarray, float] | None:
+def solve_dp(chain: Chain, limits: np.ndarray,
+             flight: np.ndarray) -> tuple[np.ndarray, float] | None:
     """The same optimum by dynamic programming over (stage, first unit of the next stage).
 
     >>> c = Chain(np.array([1., 1., 1., 1.]), np.zeros(4), np.ones(4), np.zeros(4), np.zeros(3))

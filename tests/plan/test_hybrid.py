@@ -7,6 +7,7 @@ import pytest
 from memflow.errors import PlanError
 from memflow.plan import CriticalBatch, Measured, at_batch, hybrid_projection
 from memflow.plan.convergence import DEFAULTS, convergence_model
+from memflow.plan.hybrid import SPLITS
 
 from .graphs import chain
 
@@ -56,8 +57,14 @@ def test_hybrid_overtakes_data_parallelism_once_batches_are_too_large():
         hours = t["dp_epochs"] * 10 ** 6 / t["dp_batch"] * t["dp_step"] / 3600
         assert t["dp_hours"].tolist() == pytest.approx(hours.tolist())
         assert t["gain"].tolist() == pytest.approx((t["dp_hours"] / t["hybrid_hours"] - 1).tolist())
-    cand = slow.attrs["candidates"]
-    assert set(cand["split"]) == {"data parallel", "model parallel", "pipeline", "tensor parallel"}
+    assert set(slow.attrs["candidates"]["split"]) == {"data parallel", "model parallel",
+                                                      "pipeline"}
+    every = hybrid_projection(g, [8], convergence=CriticalBatch(b_noise=128, epochs_min=1),
+                              samples_per_epoch=10 ** 6, splits=SPLITS)
+    assert set(every.attrs["candidates"]["split"]) == {"data parallel", *SPLITS}
+    with pytest.raises(PlanError, match="unknown split 'zero'"):
+        hybrid_projection(g, [8], convergence=CriticalBatch(128, 1), samples_per_epoch=1,
+                          splits=["zero"])
 
 
 def test_projection_checks_its_inputs():
