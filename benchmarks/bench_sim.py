@@ -17,6 +17,7 @@ Run: ``python benchmarks/bench_sim.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -106,7 +107,10 @@ def main() -> None:
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = "case"
     print(df.to_string())
-    body = (table(df) + f"\n\nnumba: {'yes' if JIT else 'no (interpreted schedule)'}; the 175B "
+    load = os.getloadavg()[0]
+    body = (table(df) + f"\n\nLoad average while measuring: {load:.1f} on {os.cpu_count()} cores "
+            "(timings scale with it). "
+            f"numba: {'yes' if JIT else 'no (interpreted schedule)'}; the 175B "
             f"graph took {capture:.1f} s to capture (not counted). `first_s` includes building "
             "the tasks; `re-sim/s` re-runs schedule + ledger of a cached structure; `new/s` "
             "changes one random unit's memory policy before every simulation.")
