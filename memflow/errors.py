@@ -15,6 +15,7 @@ __all__ = [
     "SearchError",
     "ExportError",
     "PlanError",
+    "CompressionError",
     "FileFormatError",
 ]
 
@@ -53,6 +54,10 @@ class ExportError(MemflowError):
 
 class PlanError(MemflowError):
     """A planner was given input it cannot plan for."""
+
+
+class CompressionError(MemflowError):
+    """A tensor or an error bound cannot be compressed as asked."""
 
 
 class FileFormatError(MemflowError):

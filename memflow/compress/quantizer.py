@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import MemflowError
+from ..errors import CompressionError
 from .bitpack import pack_bits, packed_size, unpack_bits
 
 __all__ = ["Packed", "compress", "decompress", "compressed_bytes", "FLOAT_DTYPES"]
@@ -111,19 +111,19 @@ def compressed_bytes(packed: Packed) -> int:
 
 def _check_args(tensor: torch.Tensor, error_bound: float) -> float:
     if not isinstance(tensor, torch.Tensor):
-        raise MemflowError(f"compress expects a torch.Tensor, got {type(tensor).__name__}")
+        raise CompressionError(f"compress expects a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in FLOAT_DTYPES:
-        raise MemflowError(f"compress: dtype {tensor.dtype} is not supported; floating tensors "
+        raise CompressionError(f"compress: dtype {tensor.dtype} is not supported; floating tensors "
                            f"only ({', '.join(str(d) for d in FLOAT_DTYPES)})")
     if tensor.layout != torch.strided or tensor.device.type == "meta":
-        raise MemflowError("compress: only dense tensors with data can be compressed "
+        raise CompressionError("compress: only dense tensors with data can be compressed "
                            f"(got layout {tensor.layout} on {tensor.device})")
     try:
         eb = float(error_bound)
     except (TypeError, ValueError):
-        raise MemflowError(f"error_bound must be a number, got {error_bound!r}") from None
+        raise CompressionError(f"error_bound must be a number, got {error_bound!r}") from None
     if not (eb > 0 and math.isfinite(eb)):
-        raise MemflowError(f"error_bound must be a finite number > 0, got {error_bound!r}")
+        raise CompressionError(f"error_bound must be a finite number > 0, got {error_bound!r}")
     return eb
 
 
@@ -163,7 +163,7 @@ def compress(tensor: torch.Tensor, error_bound: float, *, relative: bool = False
 
     ``relative``: the bound is ``error_bound · (max - min)`` of the finite values.
     ``lossless``: zlib the bit planes (on CPU) too. Raises
-    :class:`~memflow.errors.MemflowError` for a non-positive bound or a non-float tensor.
+    :class:`~memflow.errors.CompressionError` for a non-positive bound or a non-float tensor.
 
     >>> x = torch.tensor([0.0, 1.0, float("nan"), 2.5], dtype=torch.float16)
     >>> y = decompress(compress(x, 0.3))

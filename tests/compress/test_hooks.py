@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from memflow.compress import compress, compressed_saved_tensors, decompress
-from memflow.errors import MemflowError
+from memflow.errors import CompressionError
 
 
 def grads(model, x, hooks=None):
@@ -112,7 +112,7 @@ def test_skip_list_and_bad_bound():
     with compressed_saved_tensors(1e-2, skip=[a, b]) as hooks:
         (a @ b).sum().backward()
     assert hooks.tensors == 0 and hooks.skipped == 2
-    with pytest.raises(MemflowError, match="error_bound must be a finite number > 0"):
+    with pytest.raises(CompressionError, match="error_bound must be a finite number > 0"):
         compressed_saved_tensors(0.0)
 
 

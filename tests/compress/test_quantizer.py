@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from memflow.compress import compress, compressed_bytes, decompress
 from memflow.compress.bitpack import pack_bits, packed_size, unpack_bits
-from memflow.errors import MemflowError
+from memflow.errors import CompressionError
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -134,14 +134,14 @@ def test_non_contiguous_and_multi_dimensional_inputs():
 
 @pytest.mark.parametrize("bound", [0, -1e-3, math.nan, math.inf, "tight", None])
 def test_bad_bounds_are_clear_errors(bound):
-    with pytest.raises(MemflowError, match="error_bound must be"):
+    with pytest.raises(CompressionError, match="error_bound must be"):
         compress(torch.ones(3), bound)
 
 
 def test_bad_tensors_are_clear_errors():
-    with pytest.raises(MemflowError, match="dtype torch.int64 is not supported; floating"):
+    with pytest.raises(CompressionError, match="dtype torch.int64 is not supported; floating"):
         compress(torch.arange(5), 0.1)
-    with pytest.raises(MemflowError, match="only dense tensors with data"):
+    with pytest.raises(CompressionError, match="only dense tensors with data"):
         compress(torch.ones(3, device="meta"), 0.1)
-    with pytest.raises(MemflowError, match="expects a torch.Tensor"):
+    with pytest.raises(CompressionError, match="expects a torch.Tensor"):
         compress(np.ones(3), 0.1)
