@@ -13,7 +13,13 @@ them (the *local peak*), and the bytes that stay allocated through every later b
   ``D`` is how far a tensor reaches beyond its producer (1 for a strict chain, 2 with in-place
   activations or views). :func:`span` measures it;
 * on one stream time never decreases along program order, so the ledger's order of events is
-  the program order, which :class:`Order` numbers.
+  the program order, which :class:`Order` numbers;
+* an offloaded unit's transfers follow the simulator's vDNN rule: the next forward waits for
+  the offload (so its device copy is gone before that forward starts), and the prefetch,
+  issued when the next unit's backward starts, must land before the unit's own backward. The
+  time an offload adds is therefore its offload plus whatever of its prefetch the next
+  backward does not cover (:meth:`ChainMemory.offload_time`), and the events keep their place
+  in program order.
 """
 from __future__ import annotations
 
@@ -23,13 +29,15 @@ import numpy as np
 
 from ..errors import SearchError
 from ..memory.arrays import GraphArrays
-from ..memory.plan import A_BWD, A_FWD, A_OPT, A_RECOMP
+from ..memory.plan import A_BWD, A_FWD, A_OFFLOAD, A_OPT, A_PREFETCH, A_RECOMP
 from ..sim import Simulator
+from ..sim.expand import K_BWD, K_OFFLOAD, K_PREFETCH
 from ..strategy import Strategy
 
-__all__ = ["KEEP_", "REC_", "START_", "END_", "span", "Order", "ChainMemory"]
+__all__ = ["KEEP_", "REC_", "OFF_", "START_", "END_", "span", "Order", "ChainMemory"]
 
-KEEP_, REC_, START_, END_ = 0, 1, 2, 3
+KEEP_, REC_, OFF_, START_, END_ = 0, 1, 2, 3, 4
+POLICY = {KEEP_: "keep", REC_: "recompute", OFF_: "offload"}
 MAX_SPAN = 4
 
 
@@ -56,11 +64,13 @@ def span(ga: GraphArrays) -> tuple[int, str]:
     return max(widest, 1), why
 
 
-def de_bruijn(order: int) -> list[int]:
-    """A cyclic 0/1 sequence in which every window of ``order`` bits appears once.
+def de_bruijn(order: int, k: int = 2) -> list[int]:
+    """A cyclic sequence over ``0 … k-1`` in which every window of ``order`` appears once.
 
     >>> de_bruijn(3)
     [0, 0, 0, 1, 0, 1, 1, 1]
+    >>> len(de_bruijn(3, 3))
+    27
     """
     a, seq = [0] * (order + 1), []
 
@@ -71,7 +81,7 @@ def de_bruijn(order: int) -> list[int]:
             return
         a[t] = a[t - p]
         db(t + 1, p)
-        for j in range(a[t - p] + 1, 2):
+        for j in range(a[t - p] + 1, k):
             a[t] = j
             db(t + 1, t)
     db(1, 1)
@@ -80,24 +90,39 @@ def de_bruijn(order: int) -> list[int]:
 
 class Order:
     """Program order of a schedule: forward passes, then per unit in reverse its segment's
-    recomputations and its backward, then the optimizer step. ``pos`` numbers task edges
-    (start even, end odd); ``seg_end`` gives each recomputed unit's segment end."""
+    recomputations and its backward, then the optimizer step. ``pos`` gives four places per
+    task: start ``4k``, a transfer event during it ``4k+1``, end ``4k+2``, a transfer start
+    after it ``4k+3``. ``seg_end`` gives each recomputed unit's segment end."""
 
     def __init__(self, n: int, seg_end: np.ndarray):
         self.n, self.seg_end = n, seg_end
 
+    def _slot(self, v: np.ndarray) -> np.ndarray:
+        """Where unit ``v``'s backward block (its segment's recomputations, then itself) sits."""
+        n = self.n
+        return 4 * n + (4 * n + 4) * (n - 1 - v)
+
     def pos(self, anchor: np.ndarray) -> np.ndarray:
         n = self.n
         kind, unit, edge = anchor[..., 0], anchor[..., 1], anchor[..., 2]
-        if not ((kind == A_FWD) | (kind == A_RECOMP) | (kind == A_BWD) | (kind == A_OPT)).all():
-            raise SearchError("optimal_checkpointing met a transfer, offload or compression in "
-                              "the memory plan; it plans keep/recompute on one placement only")
+        known = (kind == A_FWD) | (kind == A_RECOMP) | (kind == A_BWD) | (kind == A_OPT) | (
+            kind == A_OFFLOAD) | (kind == A_PREFETCH)
+        if not known.all():
+            raise SearchError("optimal_checkpointing met a transfer between placements or a "
+                              "compression in the memory plan; it plans one placement's "
+                              "keep/recompute/offload only")
         u = np.minimum(np.maximum(unit, 0), n - 1)
-        slot = 2 * n + (2 * n + 2) * (n - 1 - np.where(kind == A_RECOMP, self.seg_end[u], u))
-        return np.where(kind == A_FWD, 2 * u + edge,
-                        np.where(kind == A_RECOMP, slot + 2 * u + edge,
-                                 np.where(kind == A_BWD, slot + 2 * n + edge,
-                                          2 * n + (2 * n + 2) * n + edge)))
+        nxt = np.minimum(u + 1, n - 1)
+        last = (kind == A_PREFETCH) & (u == n - 1)     # prefetched right after its offload
+        return np.select(
+            [kind == A_FWD, kind == A_RECOMP, kind == A_BWD, kind == A_OFFLOAD, last,
+             kind == A_PREFETCH],
+            [4 * u + 2 * edge, self._slot(self.seg_end[u]) + 4 * u + 2 * edge,
+             self._slot(u) + 4 * n + 2 * edge,
+             4 * u + 3,                                  # before the next forward starts
+             self._slot(u) + 4 * n - 1,                  # before the first backward
+             self._slot(nxt) + 4 * n + 1],               # during the next unit's backward
+            4 * n + (4 * n + 4) * n + 2 * edge)
 
     def bwd_end(self, u: int) -> int:
         """Position of the end of unit ``u``'s backward."""
@@ -106,7 +131,7 @@ class Order:
     def free(self, frees: np.ndarray, alloc: np.ndarray) -> np.ndarray:
         """Where each block (candidate anchors ``(k, 3, 3)``) is freed: its latest anchor,
         never before its allocating task ends (the ledger's rule)."""
-        return np.maximum(self.pos(frees).max(1), alloc | 1)
+        return np.maximum(self.pos(frees).max(1), np.where(alloc % 4 == 0, alloc + 2, alloc))
 
 
 class _Blocks:
@@ -120,39 +145,55 @@ class _Blocks:
 
 
 class ChainMemory:
-    """Blocks of every unit of a chain in every neighbourhood, and block transitions."""
+    """Blocks of every unit of a chain in every neighbourhood, and block transitions.
 
-    def __init__(self, sim: Simulator, base: Strategy, D: int):
+    ``offload`` adds offloading as a third policy (probing costs 3^(D+2) simulations instead
+    of 2^(D+2) memory plans, to time the transfers)."""
+
+    def __init__(self, sim: Simulator, base: Strategy, D: int, offload: bool = False):
         n = self.n = sim.ga.n
         self.D = D
         self.items: list[dict[tuple, _Blocks]] = [{} for _ in range(n)]
+        self.transfer: list[dict[tuple, tuple[float, float]]] = [{} for _ in range(n)]
         names = list(base.units)
-        seq = de_bruijn(D + 2)
+        seq = de_bruijn(D + 2, 3 if offload else 2)
         for s in range(len(seq)):
             types = [seq[(u + s) % len(seq)] for u in range(n)]
-            plan = sim.plan(base.with_policy(recompute=[names[u] for u in range(n)
-                                                        if types[u] == REC_]))
+            probe = base.with_policy({names[u]: POLICY[x] for u, x in enumerate(types)})
+            run = sim.run(probe) if offload else None
+            plan = run.plan if offload else sim.plan(probe)
             self.persistent = float(plan.persistent[0].sum())
+            device = ~plan.on_host
             owner = np.where(plan.alloc[:, 0] == A_OPT, -1, plan.alloc[:, 1])
-            self.opt_bytes = float(plan.bytes[owner < 0].sum())
+            self.opt_bytes = float(plan.bytes[device & (owner < 0)].sum())
             t = dict(enumerate(types))
             for u in range(n):
-                mine = owner == u
-                self.items[u][self.context(u, t)] = _Blocks(plan.bytes[mine], plan.alloc[mine],
-                                                            plan.free[mine])
+                mine = device & (owner == u)
+                ctx = self.context(u, t)
+                self.items[u][ctx] = _Blocks(plan.bytes[mine], plan.alloc[mine], plan.free[mine])
+                if offload:
+                    self.transfer[u][ctx] = _durations(run, u)
         # parameter gradients do not depend on the neighbourhood
         any_ctx = [next(iter(self.items[u].values())) for u in range(n)]
         self.tail = np.array([float(x.nbytes[x.tail].sum()) for x in any_ctx])
         self.tail_after = np.concatenate([np.cumsum(self.tail[::-1])[::-1][1:], [0.0]])
+        if offload:
+            kinds, units = np.asarray(run.tasks.kind), np.asarray(run.tasks.unit)
+            bwd = kinds == K_BWD
+            self.compute = {K_BWD: np.bincount(units[bwd], run.duration[bwd], minlength=n)}
 
     def context(self, u: int, t: dict[int, int]) -> tuple[int, ...]:
         """Policies of units ``u-1 … u+D`` (unknown ones kept; START/END outside the chain)."""
         return tuple(START_ if v < 0 else END_ if v >= self.n else t.get(v, KEEP_)
                      for v in range(u - 1, u + self.D + 1))
 
-    def contexts(self) -> list[tuple[int, ...]]:
-        """Every neighbourhood a unit can have (for tests)."""
-        return list(product((KEEP_, REC_), repeat=self.D + 2))
+    def offload_time(self, u: int, t: dict[int, int]) -> float:
+        """Seconds offloading unit ``u`` adds to a step: its offload (the next forward waits
+        for it) and the part of its prefetch the next unit's backward does not cover (all of
+        it for the last unit, whose backward comes first)."""
+        off, pre = self.transfer[u][self.context(u, t)]
+        cover = self.compute[K_BWD][u + 1] if u + 1 < self.n else 0.0
+        return off + max(0.0, pre - cover)
 
     def transition(self, a: int, b: int, t: dict[int, int]) -> tuple[float, float]:
         """Local peak of block ``a..b`` and the bytes newly held through the next block.
@@ -182,19 +223,31 @@ class ChainMemory:
         tail = np.concatenate([p.tail for p in flat])
 
         def through(c: int) -> np.ndarray:
-            return (alloc <= 2 * c) & (free >= order.bwd_end(c))
+            return (alloc <= 4 * c) & (free >= order.bwd_end(c))
 
         keep = ~(((which == 0) & through(a)) | ((which == 2) & tail))
-        pts = [2 * u for u in range(a, b + 1)] + \
-            [int(order.pos(np.array([A_BWD, u, 0]))) for u in range(a, b + 1)]
+        # every allocation of the block's tasks: forward, recomputation and backward starts,
+        # and a prefetch during each backward
+        bwd = [int(order.pos(np.array([A_BWD, u, 0]))) for u in range(a, b + 1)]
+        pts = [4 * u for u in range(a, b + 1)] + bwd + [p + 1 for p in bwd]
         if t[a] == REC_:
             pts += [int(order.pos(np.array([A_RECOMP, u, 0]))) for u in range(a, b + 1)]
         at = np.array(pts)
         live = (alloc[None, keep] <= at[:, None]) & (free[None, keep] >= at[:, None])
-        cover = live @ nbytes[keep] + np.where(at >= 2 * n, self.tail_after[b], 0.0)
+        cover = live @ nbytes[keep] + np.where(at >= 4 * n, self.tail_after[b], 0.0)
         held = 0.0
         if b + 1 < n:
             now = through(b + 1)
             new = ((which == 1) & now) | ((which == 0) & now & ~through(a))
             held = float(nbytes[new].sum())
         return float(cover.max(initial=0.0)), held
+
+
+def _durations(run, u: int) -> tuple[float, float]:
+    """Seconds of unit ``u``'s offload and prefetch in a simulated run (0 when it has none)."""
+    kinds, units = np.asarray(run.tasks.kind), np.asarray(run.tasks.unit)
+    out = []
+    for k in (K_OFFLOAD, K_PREFETCH):
+        d = run.duration[(kinds == k) & (units == u)]
+        out.append(float(d.max(initial=0.0)))
+    return out[0], out[1]

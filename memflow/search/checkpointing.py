@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -41,10 +41,13 @@ from ..memory.arrays import graph_arrays
 from ..sim import Simulator
 from ..sim.expand import K_FWD
 from ..strategy import Strategy
-from .chainmem import END_, KEEP_, MAX_SPAN, REC_, START_, ChainMemory, span
+from .chainmem import (END_, KEEP_, MAX_SPAN, OFF_, POLICY, REC_, START_, ChainMemory,
+                       span)
 from .cost import memory_limits
 
-__all__ = ["optimal_checkpointing", "CheckpointResult", "chain_violation"]
+__all__ = ["optimal_checkpointing", "CheckpointResult", "chain_violation", "CHECKPOINT"]
+
+CHECKPOINT = ("keep", "recompute")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class CheckpointResult:
     predicted_peak: float
     memory_limit: float
     recomputed: tuple[str, ...]
+    offloaded: tuple[str, ...] = ()
 
 
 def chain_violation(graph) -> str | None:
@@ -84,15 +88,18 @@ def _resolve(device: Any):
 
 
 def optimal_checkpointing(graph, device: Any, memory_limit: Any = None, *,
-                          base: Strategy | None = None, optimizer: str = "sgd",
-                          precision: str | None = None, slots: int | None = None
-                          ) -> CheckpointResult:
+                          base: Strategy | None = None, policies: Sequence[str] = CHECKPOINT,
+                          optimizer: str = "sgd", precision: str | None = None,
+                          slots: int | None = None) -> CheckpointResult:
     """The least-time keep/recompute schedule of a chain that fits ``memory_limit``.
 
     ``device`` is a :class:`memflow.Cluster` or a preset name: the chain runs on its first
     device, or on ``base``'s placement (one placement for every unit, e.g. data parallel).
-    ``memory_limit`` (bytes or ``"8GB"``) defaults to the device's capacity. Raises
-    :class:`~memflow.errors.SearchError` when the graph is not a chain or nothing fits.
+    ``memory_limit`` (bytes or ``"8GB"``) defaults to the device's capacity.
+    ``policies=("keep", "recompute", "offload")`` adds offloading as a third choice per unit,
+    its time being what the simulator's transfers add
+    (:meth:`~memflow.search.chainmem.ChainMemory.offload_time`).
+    Raises :class:`~memflow.errors.SearchError` when the graph is not a chain or nothing fits.
 
     >>> from memflow.search.synthetic import chain_graph
     >>> g = chain_graph(8, batch=16384, width=64)       # keeping everything peaks at 107 MB
@@ -103,6 +110,10 @@ def optimal_checkpointing(graph, device: Any, memory_limit: Any = None, *,
     (True, ('l0', 'l1'))
     """
     cluster = _resolve(device)
+    bad = [p for p in policies if p not in POLICY.values()]
+    if bad or "keep" not in policies:
+        raise SearchError(f"optimal_checkpointing: policies={list(policies)} must include "
+                          f"'keep' and be among {list(POLICY.values())}")
     why = chain_violation(graph)
     if why is not None:
         raise SearchError(f"optimal_checkpointing needs a chain: {why}; capture with "
@@ -122,25 +133,32 @@ def optimal_checkpointing(graph, device: Any, memory_limit: Any = None, *,
     fwd = np.zeros(len(graph))
     kinds = np.asarray(run.tasks.kind)
     np.add.at(fwd, np.asarray(run.tasks.unit)[kinds == K_FWD], run.duration[kinds == K_FWD])
-    chain = ChainMemory(sim, base, span(sim.ga)[0])
-    T, P, rec = _solve(chain, fwd, sim.ga.recomputable, limit - chain.persistent, slots)
-    if rec is None:
-        raise SearchError(f"no keep/recompute schedule of {graph.meta.get('model', 'the chain')}"
-                          f" fits memory_limit={limit:,.0f} bytes on {list(base.devices[0])}")
-    names = [graph.names[u] for u in rec]
-    label = "optimal checkpointing" if len(base.devices[0]) == 1 else \
-        f"{base.name}, optimal checkpointing"
-    best = base.with_policy(recompute=names).with_schedule(name=label)
+    chain = ChainMemory(sim, base, span(sim.ga)[0], offload="offload" in policies)
+    n = len(graph)
+    allowed = [[KEEP_] + ([REC_] if "recompute" in policies and sim.ga.recomputable[v] else [])
+               + ([OFF_] if "offload" in policies else []) for v in range(n)]
+    T, P, types = _solve(chain, fwd, allowed, limit - chain.persistent, slots)
+    if types is None:
+        raise SearchError(f"no {'/'.join(policies)} schedule of "
+                          f"{graph.meta.get('model', 'the chain')} fits memory_limit="
+                          f"{limit:,.0f} bytes on {list(base.devices[0])}")
+    chosen = {k: tuple(graph.names[u] for u in range(n) if types[u] == k) for k in (REC_, OFF_)}
+    label = "optimal checkpointing" + (" and offloading" if chosen[OFF_] else "")
+    if len(base.devices[0]) > 1:
+        label = f"{base.name}, {label}"
+    best = base.with_policy(recompute=list(chosen[REC_]), offload=list(chosen[OFF_]))
+    best = best.with_schedule(name=label)
     ev = sim.evaluate(best)
     peak = float(ev.peak[used].max())
     return CheckpointResult(best, ev.iteration_time, peak, bool(peak <= limit),
-                            run.iteration_time + T, chain.persistent + P, limit, tuple(names))
+                            run.iteration_time + T, chain.persistent + P, limit,
+                            chosen[REC_], chosen[OFF_])
 
 
-def _solve(chain: ChainMemory, fwd: np.ndarray, rec_ok: np.ndarray, budget: float,
+def _solve(chain: ChainMemory, fwd: np.ndarray, allowed: list[list[int]], budget: float,
            slots: int | None) -> tuple[float, float, list[int] | None]:
-    """The DP: (extra time, peak above the persistent bytes, recomputed units) of the best
-    schedule within ``budget``; ``None`` units when nothing fits.
+    """The DP: (extra time, peak above the persistent bytes, policy per unit) of the best
+    schedule within ``budget``; ``None`` policies when nothing fits.
 
     States are (first unit of the next block, policies of the ``D+1`` units before it, the
     committed policies of it and the ``D-1`` after); each keeps a Pareto front of
@@ -148,9 +166,9 @@ def _solve(chain: ChainMemory, fwd: np.ndarray, rec_ok: np.ndarray, budget: floa
     n, D = chain.n, chain.D
     quantum = budget / slots if slots else 0.0
     fronts: dict[tuple, list] = {}
-    for com in _assignments(0, D, n, rec_ok, {}):
+    for com in _assignments(0, D, allowed, {}):
         fronts[(0, (START_,) * (D + 1), com)] = [(0.0, 0.0, 0.0, None)]
-    memo: dict[tuple, tuple[float, float]] = {}
+    memo: dict[tuple, tuple[float, float, float]] = {}
     finals = []
     for a in range(n):
         for key in sorted(k for k in fronts if k[0] == a):
@@ -158,18 +176,19 @@ def _solve(chain: ChainMemory, fwd: np.ndarray, rec_ok: np.ndarray, budget: floa
             front = _pareto(fronts.pop(key))
             known = {v: x for v, x in zip(range(a - D - 1, a + D), hist + com) if 0 <= v < n}
             kind = com[0]
-            for b in _block_ends(a, com, n, rec_ok):
+            for b in _block_ends(a, com, allowed):
                 t = {**known, **{v: kind for v in range(a, b + 1)}}
-                if kind == REC_ and b + 1 < n:
-                    t[b + 1] = KEEP_           # segments are maximal runs
-                dt = float(fwd[a:b + 1].sum()) if kind == REC_ else 0.0
                 lo = max(b, a + D - 1) + 1
-                for more in _assignments(lo, b + D + 1, n, rec_ok, t):
+                # a segment is a maximal run: the unit after it is not recomputed
+                for more in _assignments(lo, b + D + 1, allowed, t,
+                                         no_rec=b + 1 if kind == REC_ else -1):
                     tt = {**t, **{v: x for v, x in zip(range(lo, b + D + 1), more) if v < n}}
                     window = tuple(tt.get(v, END_) for v in range(a - D - 1, b + D + 1))
                     if (a, b, window) not in memo:
-                        memo[(a, b, window)] = chain.transition(a, b, tt)
-                    local, held = memo[(a, b, window)]
+                        dt = float(fwd[a:b + 1].sum()) if kind == REC_ else \
+                            chain.offload_time(a, tt) if kind == OFF_ else 0.0
+                        memo[(a, b, window)] = (*chain.transition(a, b, tt), dt)
+                    local, held, dt = memo[(a, b, window)]
                     nxt = (b + 1, tuple(tt.get(v, START_) for v in range(b - D, b + 1)),
                            tuple(tt.get(v, END_) for v in range(b + 1, b + D + 1)))
                     for i, (H, T, P, _) in enumerate(front):
@@ -185,36 +204,38 @@ def _solve(chain: ChainMemory, fwd: np.ndarray, rec_ok: np.ndarray, budget: floa
     if not finals:
         return math.inf, math.inf, None
     _, T, P, back = min(finals, key=lambda f: (f[1], f[2]))
-    rec: list[int] = []
+    types = [KEEP_] * n
     while back is not None:
         a, b, kind, front, i = back
-        if kind == REC_:
-            rec += range(a, b + 1)
+        types[a:b + 1] = [kind] * (b + 1 - a)
         back = front[i][3]
-    return T, max(P, opt_peak), sorted(rec)
+    return T, max(P, opt_peak), types
 
 
-def _assignments(lo: int, hi: int, n: int, rec_ok: np.ndarray,
-                 fixed: dict[int, int]) -> list[tuple[int, ...]]:
-    """Every choice of keep/recompute for units ``lo … hi-1`` (END beyond the chain), those in
-    ``fixed`` as given, recompute only where allowed."""
+def _assignments(lo: int, hi: int, allowed: list[list[int]], fixed: dict[int, int],
+                 no_rec: int = -1) -> list[tuple[int, ...]]:
+    """Every choice of policies for units ``lo … hi-1`` (END beyond the chain), those in
+    ``fixed`` as given, each among its ``allowed`` ones (unit ``no_rec`` not recomputed)."""
+    n = len(allowed)
     options = [[END_] if v >= n else [fixed[v]] if v in fixed else
-               [KEEP_, REC_] if rec_ok[v] else [KEEP_] for v in range(lo, hi)]
+               [x for x in allowed[v] if not (v == no_rec and x == REC_)]
+               for v in range(lo, hi)]
     return [tuple(c) for c in itertools.product(*options)]
 
 
-def _block_ends(a: int, com: tuple[int, ...], n: int, rec_ok: np.ndarray) -> list[int]:
+def _block_ends(a: int, com: tuple[int, ...], allowed: list[list[int]]) -> list[int]:
     """Last units of the blocks that may start at ``a`` given the committed policies ``com``
-    of units ``a … a+D-1``: ``a`` itself for a kept unit; for a segment, where the committed
-    run of recomputed units ends, or anywhere after it while units may be recomputed."""
-    if com[0] == KEEP_:
+    of units ``a … a+D-1``: ``a`` itself for a kept or offloaded unit; for a segment, where
+    the committed run of recomputed units ends, or anywhere after it while units may be
+    recomputed."""
+    if com[0] != REC_:
         return [a]
     run = next((k for k, x in enumerate(com) if x != REC_), None)
     if run is not None:
         return [a + run - 1]
     out = []
-    for b in range(a + len(com) - 1, n):
-        if not rec_ok[b]:
+    for b in range(a + len(com) - 1, len(allowed)):
+        if REC_ not in allowed[b]:
             break
         out.append(b)
     return out

@@ -9,6 +9,7 @@ import memflow
 from memflow.errors import SearchError
 from memflow.search import exhaustive, optimal_checkpointing
 from memflow.search.checkpointing import chain_violation
+from memflow.search.synthetic import chain_graph
 from memflow.strategy import Strategy
 
 from .helpers import FOUR, V100, chain, every_schedule, keep_all_peak, optimum
@@ -25,6 +26,23 @@ def test_matches_exhaustive_at_every_limit(n, seed, activation):
         assert res.peak == res.predicted_peak
         assert res.time == pytest.approx(res.predicted_time, rel=1e-12)
         assert res.feasible and res.peak <= limit
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_offload_as_a_third_choice_matches_exhaustive(seed):
+    """On a K80 (slow compute, PCIe transfers) offloading pays at tight limits."""
+    k80 = memflow.Cluster.preset("1xK80")
+    g = chain_graph(5, seed=seed, batch=4096, width=512)
+    three = ("keep", "recompute", "offload")
+    table = exhaustive(g, k80, policies=three).table
+    offloaded = set()
+    for q in (0.0, 0.2, 0.6):
+        limit = float(np.quantile(np.unique(table["peak"]), q))
+        res = optimal_checkpointing(g, k80, limit, policies=three)
+        assert res.time == pytest.approx(optimum(table, limit), rel=1e-12)
+        assert res.peak == res.predicted_peak and res.time == pytest.approx(res.predicted_time)
+        offloaded |= set(res.offloaded)
+    assert offloaded and res.strategy.policies.count("offload") == len(res.offloaded)
 
 
 def test_below_every_schedule_is_a_clear_error():
