@@ -23,8 +23,6 @@ them (the *local peak*), and the bytes that stay allocated through every later b
 """
 from __future__ import annotations
 
-from itertools import product
-
 import numpy as np
 
 from ..errors import SearchError

@@ -1,5 +1,4 @@
 """Exhaustive enumeration: the space it lists, its optimum, and its refusal of big spaces."""
-import pandas as pd
 import pytest
 
 from memflow.errors import SearchError
