@@ -51,7 +51,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from ..errors import PlanError
+from ..errors import PlanError, SearchError
 from ..strategy import Strategy
 from .common import Evaluator, Infeasible, Outcome, as_cluster, as_limit, check_graph
 
@@ -142,37 +142,34 @@ class _Planner:
         n = len(self.graph)
         if method == "all":
             return [self.strategy([], "recompute all")]
+        kept: dict[tuple, str] = {}     # kept set -> name of its first parameter
         if method == "sqrt":
             pos = self.saved[self.saved > 0]
             lo, hi = (pos.min(), pos.sum()) if len(pos) else (1.0, 1.0)
-            budgets = np.unique(np.geomspace(lo, max(hi, lo), _GRID))
-            return list(dict.fromkeys(
-                self.strategy(chen_checkpoints(self.saved, b),
-                              f"sqrt (Chen et al., budget {b / 2**20:.4g} MiB)")
-                for b in budgets))
-        if method == "revolve":
-            counts = np.unique(np.geomspace(1, n, _GRID).round().astype(int))
-            return list(dict.fromkeys(
-                self.strategy(revolve_snapshots(n, int(c)),
-                              f"revolve ({int(c)} snapshots)") for c in counts))
-        raise PlanError(f"checkpoint: unknown method {method!r}; valid: {', '.join(METHODS)}")
+            for b in np.unique(np.geomspace(lo, max(hi, lo), _GRID)):
+                kept.setdefault(tuple(chen_checkpoints(self.saved, b)),
+                                f"sqrt (Chen et al., budget {b / 2**20:.4g} MiB)")
+        elif method == "revolve":
+            for c in np.unique(np.geomspace(1, n, _GRID).round().astype(int)):
+                kept.setdefault(tuple(revolve_snapshots(n, int(c))),
+                                f"revolve ({int(c)} snapshots)")
+        else:
+            raise PlanError(f"checkpoint: unknown method {method!r}; valid: "
+                            f"{', '.join(METHODS)}")
+        return [self.strategy(k, name) for k, name in kept.items()]
 
     def _optimal_try(self, limit: float) -> Outcome | None:
         """The optimal schedule within ``limit``, or None when none fits."""
-        try:
-            from ..search import optimal_checkpointing
-        except ImportError as exc:
-            raise PlanError("checkpoint: method 'optimal' needs "
-                            "memflow.search.optimal_checkpointing, which is not available "
-                            f"here ({exc}); use 'sqrt', 'revolve' or 'all'") from None
-        from ..errors import SearchError
+        # the search is heavier: load it when asked
+        from ..search.checkpointing import chain_violation, optimal_checkpointing
+        why = chain_violation(self.graph)
+        if why is not None:
+            raise PlanError(f"checkpoint: method 'optimal' applies to chains only, and here "
+                            f"{why}; capture with units='blocks' or use another method")
         try:
             res = optimal_checkpointing(self.graph, self.cluster, limit,
                                         optimizer=self.optimizer, slots=self.slots)
-        except SearchError as exc:
-            if "needs a chain" in str(exc):
-                raise PlanError(f"checkpoint: method 'optimal' applies to chains only: {exc}"
-                                ) from None
+        except SearchError:      # nothing fits the limit
             return None
         out = self.ev(res.strategy)
         return out if out.peak <= limit else None

@@ -88,7 +88,7 @@ def chain_of(ev: Evaluator, devices: list[str], microbatches: int) -> Chain:
     return Chain(time, weights, act, tmp, cut)
 
 
-def _candidates(batch: int, stages: int, microbatches: int | Iterable[int] | None) -> list[int]:
+def _candidates(batch: int, microbatches: int | Iterable[int] | None) -> list[int]:
     if microbatches is None:
         return [m for m in range(1, min(batch, _MAX_MICROBATCHES) + 1) if batch % m == 0]
     ms = [microbatches] if isinstance(microbatches, (int, np.integer)) else list(microbatches)
@@ -166,7 +166,7 @@ class _Planner:
         return outs
 
     def plan(self, microbatches) -> Outcome:
-        counts = _candidates(int(self.graph.meta["batch_size"]), len(self.devices), microbatches)
+        counts = _candidates(int(self.graph.meta["batch_size"]), microbatches)
         outs = [o for M in counts for o in self.for_microbatches(M)]
         if not any(o.fits for o in outs):
             low = min(outs, key=lambda o: o.peak)
@@ -209,12 +209,13 @@ def pipeline(graph, cluster: Any, *, memory_limit: Any = None,
 def pipeline_table(graph, cluster: Any, *, memory_limit: Any = None,
                    microbatches: int | Iterable[int] | None = None,
                    schedules: Iterable[str] = SCHEDULES, stages: int | None = None,
-                   optimizer: str = "sgd") -> pd.DataFrame:
+                   solver: str = "milp", optimizer: str = "sgd") -> pd.DataFrame:
     """memflow's pipeline beside a FLOPs-balanced one (``Strategy.pipeline``) with the same
-    micro-batches, per schedule: ``time``, ``peak``, ``fits``, ``microbatches``."""
+    micro-batches, per schedule: ``time``, ``peak``, ``fits``, ``microbatches`` and
+    ``stages`` (units per stage)."""
     rows = []
     for sched in schedules:
-        p = _Planner(graph, cluster, memory_limit, stages, sched, "milp", optimizer, 20.0)
+        p = _Planner(graph, cluster, memory_limit, stages, sched, solver, optimizer, 20.0)
         try:
             out = p.plan(microbatches)
             M, fits = out.strategy.microbatches, True

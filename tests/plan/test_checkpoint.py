@@ -86,12 +86,21 @@ def test_non_recomputable_units_stay_kept():
     assert s.policies[2] == "keep"
 
 
-def test_optimal_when_the_search_provides_it():
-    search = pytest.importorskip("memflow.search")
-    if not hasattr(search, "optimal_checkpointing"):
-        pytest.skip("memflow.search.optimal_checkpointing has not landed yet")
+def test_optimal_beats_or_matches_the_heuristics_on_chains_only():
     g = chain(9)
     t = checkpoint_table(g, "1xV100-16GB", ["optimal", "sqrt"], memory_limit="8GiB")
     assert t.loc["optimal", "fits"]
     assert t.loc["optimal", "time"] <= t.loc["sqrt", "time"] * 1.0001
     assert t.loc["optimal", "min_memory"] <= t.loc["sqrt", "min_memory"] * 1.01
+    # a long skip connection makes the graph a non-chain: optimal says so, the others run
+    skip = chain(8)
+    skip.tensors.at[1, "consumers"] = ["u1", "u7"]
+    skip = memflow.graph.OpGraph(skip.units.drop(columns=["input_bytes", "output_bytes",
+                                                          "saved_bytes"]),
+                                 skip.tensors.drop(columns=["first_saver", "last_consumer"]),
+                                 skip.meta)
+    with pytest.raises(PlanError, match="applies to chains only"):
+        checkpoint(skip, "1xV100-16GB", method="optimal")
+    t = checkpoint_table(skip, "1xV100-16GB", ["optimal", "sqrt"])
+    assert not t.loc["optimal", "fits"] and "chains only" in t.loc["optimal", "strategy"]
+    assert t.loc["sqrt", "fits"]
