@@ -1,9 +1,9 @@
 """Checkpointing on one device: the smallest memory at which training runs, and its cost.
 
 Two scenarios. The edge scenario: resnet50 at batch 64 and vgg16 at batch 32 on a Jetson Nano
-(4 GB board, 3 GiB for the GPU), where keeping everything does not fit. And Chen et al.'s deep chain: a
-1,000-layer MLP (2,000 units with its ReLUs) at a batch where keeping everything needs tens of
-GB, beside Chen et al.'s "1,000-layer ResNet from 48 GB to 7 GB for 30% more time". For each
+(4 GB board, 3 GiB for the GPU), where keeping everything does not fit. And Chen et al.'s deep
+chain: a 1,000-layer MLP (2,000 units with its ReLUs) at a batch where keeping everything needs
+tens of GB, beside Chen et al.'s "1,000-layer ResNet from 48 GB to 7 GB for 30% more time". For each
 method (memflow.plan.checkpoint): the smallest simulated peak it reaches, the time there, and
 the fastest plan within the device; then memflow's MCMC search started from each plan that
 fits.
@@ -89,7 +89,8 @@ def main() -> None:
                           index=["memflow sqrt (1,000-layer MLP chain)"])
         parts.append("**Chen et al.'s deep chain: 1,000 Linear+ReLU layers of width 1024, "
                      "batch 12288, on 1xA100-80GB** ('optimal' left out: its exact DP does "
-                     "not finish on 2,000 units within minutes, even with rotor's slots)\n\n" + table(out, ".3g")
+                     "not finish on 2,000 units within minutes, even with rotor's slots)\n\n"
+                     + table(out, ".3g")
                      + "\n\n" + table(pd.concat([chen, mf]), ".3g"))
         searches.append(s)
     body = ("Methods as memflow expresses them (memflow.plan.checkpoint): 'all' = one "

@@ -86,7 +86,8 @@ def main() -> None:
             "nodes; hours = epochs · samples per epoch / global batch · simulated step. "
             "Hybrid = each data-parallel worker split over m devices (plain model "
             "parallelism or a GPipe pipeline of its layers, whichever simulates fastest; "
-            "Pal et al. split layers too). The statistical-efficiency curves are memflow's documented defaults "
+            "Pal et al. split layers too). The statistical-efficiency curves are memflow's "
+            "documented defaults "
             "(critical-batch form), not Pal et al.'s measurements, so the crossover points "
             "depend on them; pass convergence= with measured epochs to reproduce a given "
             "study.\n\n" + table(head) + "\n\n" + "\n\n".join(sections))
