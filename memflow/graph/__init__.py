@@ -1,13 +1,16 @@
 """Capture of PyTorch models into an :class:`OpGraph` of units with memory numbers.
 
 * :mod:`~memflow.graph.opgraph` — the :class:`OpGraph` container (``docs/data-model.md``);
+* :mod:`~memflow.graph.parameters` — its ``parameters`` table (weights and buffers once each,
+  with the unit that owns them and the units that read them);
 * :mod:`~memflow.graph.capture` — :func:`memflow.from_torch`, one training step on fake tensors;
 * :mod:`~memflow.graph.units` — which modules become units (leaves, blocks, depth, list);
 * :mod:`~memflow.graph.recorder` — the dispatch mode and hooks that record a step;
 * :mod:`~memflow.graph.opcost` — FLOPs, bytes and kernels of each aten op;
 * :mod:`~memflow.graph.backend` and :mod:`~memflow.graph.autocast` — device rules for what
   autograd saves, and mixed precision;
-* :mod:`~memflow.graph.tables` — the ``units`` and ``tensors`` tables and their heuristics;
+* :mod:`~memflow.graph.tables` — the ``units``, ``tensors`` and ``parameters`` tables of a
+  capture and their heuristics;
 * :mod:`~memflow.graph.measure` — what real autograd saves, the yardstick capture is tested on.
 """
 from .opgraph import INPUT, OpGraph

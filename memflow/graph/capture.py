@@ -41,8 +41,8 @@ from .backend import Backend, get_backend
 from .opcost import OpCounter
 from .opgraph import OpGraph
 from .recorder import Recorder
-from .tables import tensor_table, unit_table
-from .units import ROOT, describe_units, module_paths, select_units
+from .tables import parameter_table, tensor_table, unit_table
+from .units import describe_units, module_paths, select_units
 
 __all__ = ["from_torch", "split_inputs", "describe_inputs"]
 
@@ -184,11 +184,11 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     with fake_mode:
         fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, _fake_like, (args, kwargs))
         state = {}
+        aliases = _aliases(model)
         for is_buffer, named in ((False, model.named_parameters()), (True, model.named_buffers())):
             for pname, t in named:
                 state[pname] = _fake_like(t)
-                owner = pname.rsplit(".", 1)[0] if "." in pname else ROOT
-                recorder.add_weight(state[pname], owner, is_buffer)
+                recorder.add_weight(state[pname], aliases[id(t)], is_buffer)
     for t in pytree.tree_leaves((fake_args, fake_kwargs)):
         if isinstance(t, torch.Tensor):
             recorder.add_input(t)
@@ -208,10 +208,23 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     finally:
         for h in handles:
             h.remove()
+    if not recorder.spans:
+        raise CaptureError(f"the forward of {type(model).__name__} ran no op (it returns its "
+                           "input unchanged, or only views of it): there is nothing to capture")
     meta = {"model": name or type(model).__name__, "batch_size": batch, "backend": rules.name,
             "autocast": None if dtype is None else str(dtype).replace("torch.", ""),
             "units": describe_units(units), "torch": torch.__version__, "inputs": inputs}
-    return OpGraph(unit_table(recorder, modules), tensor_table(recorder), meta)
+    return OpGraph(unit_table(recorder, modules), tensor_table(recorder), meta,
+                   parameters=parameter_table(recorder))
+
+
+def _aliases(model: nn.Module) -> dict[int, list[str]]:
+    """Every name of each parameter and buffer (a tied weight has several), keyed by ``id``."""
+    names: dict[int, list[str]] = {}
+    for pname, t in (*model.named_parameters(remove_duplicate=False),
+                     *model.named_buffers(remove_duplicate=False)):
+        names.setdefault(id(t), []).append(pname)
+    return names
 
 
 def _forward(model: nn.Module, state: dict, args: tuple, kwargs: dict, recorder: Recorder,

@@ -1,13 +1,16 @@
 """OpGraph: a model as a chain of units with the memory and compute numbers of one training step.
 
-The graph is two tables (see ``docs/data-model.md`` for every column):
+The graph is three tables (see ``docs/data-model.md`` for every column):
 
 * ``units`` — one row per unit, indexed by unit name, in forward execution order;
 * ``tensors`` — one row per activation storage that outlives the op that made it: forward
   outputs consumed by a later unit (or returned by the model) and tensors autograd saves for
-  backward. Parameters and buffers are not activations and never appear here.
+  backward. Parameters and buffers are not activations and never appear here;
+* ``parameters`` — one row per parameter or buffer storage (tied weights once), with the unit
+  that owns it and the units that read it (:mod:`~memflow.graph.parameters`).
 
-``input_bytes``, ``output_bytes`` and ``saved_bytes`` of a unit are *derived* from ``tensors``
+``input_bytes``, ``output_bytes`` and ``saved_bytes`` of a unit are *derived* from ``tensors``,
+and ``params``, ``param_bytes``, ``trainable_bytes`` and ``buffer_bytes`` from ``parameters``
 (never given twice), so they always agree with the tensor-level truth that the memory ledger
 uses. ``edges`` (``src``, ``dst``, ``bytes``) is derived the same way.
 """
@@ -23,13 +26,15 @@ import pandas as pd
 
 from .._jsonio import read_json, write_json
 from ..errors import GraphError
+from .parameters import (UNIT_PARAMETER_COLUMNS, as_names, check_agreement, check_parameters,
+                         default_parameters, framed, unit_sums)
 
 __all__ = ["OpGraph", "INPUT", "UNIT_COLUMNS", "TENSOR_COLUMNS"]
 
 INPUT = "<input>"
 """Producer name of the model's inputs in ``graph.tensors``."""
 
-FORMAT = "memflow.graph/1"
+FORMAT = "memflow.graph/2"     # /2 added the parameters table; /1 files still load
 
 # Columns a unit table must or may carry, with the default used when it is absent.
 # None means required.
@@ -38,10 +43,6 @@ UNIT_COLUMNS: dict[str, Any] = {
     "kind": "Unit",          # module class name
     "role": "module",        # "module": a whole module call; "glue": a module's own code between child units
     "call": 1,               # k-th span of the same module in execution order (1-based)
-    "params": 0,
-    "param_bytes": 0,
-    "trainable_bytes": 0,    # bytes of parameters that require grad (gradient and optimizer state follow these)
-    "buffer_bytes": 0,
     "fwd_flops": None,
     "bwd_flops": None,
     "fwd_bytes_moved": 0,
@@ -68,25 +69,17 @@ TENSOR_COLUMNS: dict[str, Any] = {
     "shape": (),
 }
 
-_INT_COLUMNS = ("params", "param_bytes", "trainable_bytes", "buffer_bytes", "fwd_bytes_moved",
-                "bwd_bytes_moved", "fwd_ops", "bwd_ops", "fwd_tmp_bytes", "bwd_tmp_bytes",
-                "max_parameter_degree", "max_attribute_degree", "call")
+_INT_COLUMNS = ("fwd_bytes_moved", "bwd_bytes_moved", "fwd_ops", "bwd_ops", "fwd_tmp_bytes",
+                "bwd_tmp_bytes", "max_parameter_degree", "max_attribute_degree", "call")
 _FLOAT_COLUMNS = ("fwd_flops", "bwd_flops")
-
-
-def _as_list(value: Any) -> list[str]:
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return []
-    if isinstance(value, str):
-        return [value]
-    return [str(v) for v in value]
 
 
 class OpGraph:
     """A captured model: units in execution order and the activation tensors between them.
 
     Build one with :func:`memflow.from_torch` (or :func:`memflow.zoo.graph`); build a synthetic
-    one for experiments and tests directly from two DataFrames.
+    one for experiments and tests directly from two DataFrames, and optionally a third,
+    ``parameters`` (without it, each unit owns its ``param_bytes`` and ``buffer_bytes``).
 
     Examples
     --------
@@ -114,12 +107,22 @@ class OpGraph:
       src dst  bytes
     0   a   b    200
     1   b   c    300
+
+    A weight shared by ``a`` and ``c`` is one row of ``parameters``, owned by ``a``:
+
+    >>> w = pd.DataFrame({"name": ["a.weight"], "names": [["a.weight", "c.weight"]],
+    ...                   "bytes": [64], "numel": [16], "owner": ["a"], "readers": [["a", "c"]]})
+    >>> g = OpGraph(units, tensors, parameters=w)
+    >>> g.units["param_bytes"].tolist()
+    [64, 0, 0]
     """
 
     def __init__(self, units: pd.DataFrame, tensors: pd.DataFrame,
-                 meta: Mapping[str, Any] | None = None):
+                 meta: Mapping[str, Any] | None = None, *,
+                 parameters: pd.DataFrame | None = None):
         self.meta: dict[str, Any] = dict(meta or {})
         self.units = self._check_units(units)
+        self.parameters = self._check_parameters(parameters)
         self.tensors = self._check_tensors(tensors)
         self._derive()
         self._edges: pd.DataFrame | None = None
@@ -160,20 +163,27 @@ class OpGraph:
         units = units.drop(columns=[c for c in DERIVED_UNIT_COLUMNS if c in units.columns])
         return units
 
+    def _check_parameters(self, parameters: pd.DataFrame | None) -> pd.DataFrame:
+        # The unit columns of parameters are derived from the table; as given they only seed
+        # the default table or are checked against the given one.
+        given = self.units[[c for c in UNIT_PARAMETER_COLUMNS if c in self.units.columns]]
+        self.units = self.units.drop(columns=given.columns)
+        if parameters is None:
+            parameters = default_parameters(given)
+        table = check_parameters(parameters, self.names)
+        sums = unit_sums(table, self.names)
+        check_agreement(given, sums)
+        at = self.units.columns.get_loc("call") + 1
+        for i, col in enumerate(UNIT_PARAMETER_COLUMNS):
+            self.units.insert(at + i, col, sums[col].to_numpy())
+        return table
+
     def _check_tensors(self, tensors: pd.DataFrame) -> pd.DataFrame:
-        if not isinstance(tensors, pd.DataFrame):
-            raise GraphError(f"tensors must be a pandas DataFrame, got {type(tensors).__name__}")
-        tensors = tensors.copy().reset_index(drop=True)
-        tensors.index.name = "tensor"
-        for col, default in TENSOR_COLUMNS.items():
-            if col not in tensors.columns:
-                if default is None:
-                    raise GraphError(f"tensors table lacks the required column {col!r}")
-                tensors[col] = [list(default) if isinstance(default, tuple) else default] * len(tensors)
+        tensors = framed(tensors, "tensors", TENSOR_COLUMNS, "tensor")
         tensors["bytes"] = pd.to_numeric(tensors["bytes"], errors="raise").astype(np.int64)
         tensors["producer"] = tensors["producer"].astype(str)
-        tensors["consumers"] = tensors["consumers"].map(_as_list)
-        tensors["savers"] = tensors["savers"].map(_as_list)
+        tensors["consumers"] = tensors["consumers"].map(as_names)
+        tensors["savers"] = tensors["savers"].map(as_names)
         tensors["shape"] = tensors["shape"].map(lambda s: [int(x) for x in s])
         for col in ("is_output", "requires_grad", "per_sample"):
             tensors[col] = tensors[col].astype(bool)
@@ -313,18 +323,24 @@ class OpGraph:
     # ------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description from which :meth:`from_dict` rebuilds the same graph."""
-        units = self.units.drop(columns=list(DERIVED_UNIT_COLUMNS)).reset_index()
+        derived = list(DERIVED_UNIT_COLUMNS) + list(UNIT_PARAMETER_COLUMNS)
+        units = self.units.drop(columns=derived).reset_index()
         tensors = self.tensors.drop(columns=["first_saver", "last_consumer"])
         return {"format": FORMAT, "meta": self.meta,
                 "units": units.to_dict(orient="list"),
-                "tensors": tensors.to_dict(orient="list")}
+                "tensors": tensors.to_dict(orient="list"),
+                "parameters": self.parameters.to_dict(orient="list")}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "OpGraph":
+        """The graph :meth:`to_dict` described (a ``memflow.graph/1`` document, written before
+        the parameters table existed, gets the default table from its unit columns)."""
         if not isinstance(doc, Mapping) or not str(doc.get("format", "")).startswith("memflow.graph"):
             raise GraphError("not a memflow graph document (its 'format' is not 'memflow.graph/…')")
         units = pd.DataFrame(doc["units"]).set_index("unit")
-        return cls(units, pd.DataFrame(doc["tensors"]), doc.get("meta"))
+        parameters = doc.get("parameters")
+        return cls(units, pd.DataFrame(doc["tensors"]), doc.get("meta"),
+                   parameters=None if parameters is None else pd.DataFrame(parameters))
 
     def save(self, path: str | Path) -> Path:
         """Write the graph as JSON (atomically)."""

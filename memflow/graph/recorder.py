@@ -10,7 +10,8 @@ autograd, so the same ops a real backend launches) plus the hooks capture instal
   savers (from ``saved_tensors_hooks``), whether a gradient flows into it and whether it
   descends from the batch (taint from the per-sample inputs);
 * storages are identified by their ``StorageImpl`` (views share it); parameters and buffers
-  are :class:`Weight` records, never activations;
+  are :class:`Weight` records (every name of a tied weight, the spans that read it), never
+  activations;
 * a :class:`Window` follows the bytes a span allocates and frees (weak references to
   storages), for the transient peaks ``fwd_tmp_bytes`` and ``bwd_tmp_bytes``;
 * autograd nodes are tied to spans by sequence number (a node is numbered when its forward op
@@ -30,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backend import Backend
 from .opcost import OpCounter, tensors_in
-from .units import LOSS
+from .units import LOSS, ROOT
 
 __all__ = ["Recorder", "Span", "Storage", "Weight", "Window"]
 
@@ -84,14 +85,16 @@ class Storage:
 
 @dataclass(eq=False)
 class Weight:
-    """A parameter or buffer storage, owned by the first span that reads it."""
+    """A parameter or buffer storage under all its names, and the spans that read it."""
 
+    names: list[str]
     numel: int
     nbytes: int
+    dtype: str
     trainable: bool
     is_buffer: bool
-    module: str
-    first_span: int | None = None
+    module: str                    # module of its first name
+    readers: list[int] = field(default_factory=list)
 
 
 class Window:
@@ -224,11 +227,13 @@ class Recorder(TorchDispatchMode):
         per_sample = t.dim() > 0 and t.shape[0] == self.batch_size
         self._new_storage(t, -1, per_sample).requires_grad = t.requires_grad
 
-    def add_weight(self, t: torch.Tensor, module: str, is_buffer: bool) -> None:
-        """Register a parameter or buffer of ``module`` (never an activation)."""
+    def add_weight(self, t: torch.Tensor, names: list[str], is_buffer: bool) -> None:
+        """Register a parameter or buffer known by ``names`` (never an activation)."""
         key = _key(t)
         if key not in self.weights:
-            self.weights[key] = Weight(t.numel(), t.untyped_storage().nbytes(),
+            module = names[0].rsplit(".", 1)[0] if "." in names[0] else ROOT
+            self.weights[key] = Weight(list(names), t.numel(), t.untyped_storage().nbytes(),
+                                       str(t.dtype).replace("torch.", ""),
                                        bool(t.requires_grad), is_buffer, module)
 
     def mark_outputs(self, outputs: Iterable[torch.Tensor]) -> None:
@@ -350,8 +355,8 @@ class Recorder(TorchDispatchMode):
             key = _key(t)
             weight = self.weights.get(key)
             if weight is not None:
-                if weight.first_span is None:
-                    weight.first_span = span.index
+                if not weight.readers or weight.readers[-1] != span.index:
+                    weight.readers.append(span.index)
                 span.reads_params |= not weight.is_buffer
                 continue
             rec = self._lookup(key)

@@ -1,10 +1,12 @@
-"""From a :class:`~memflow.graph.recorder.Recorder` to the ``units`` and ``tensors`` tables.
+"""From a :class:`~memflow.graph.recorder.Recorder` to the ``units``, ``tensors`` and
+``parameters`` tables.
 
 Rules that are heuristics, documented here because the simulator relies on them:
 
-* **parameters** belong to the first unit whose ops read them (tied weights once); a
-  parameter no op reads goes to the first unit of its module, or of the nearest enclosing
-  module that ran, so that the units add up to the whole model;
+* **parameters** and buffers are one row each, tied weights once under all their names; each
+  belongs to the first unit whose ops read it; one no op reads goes to the first unit of its
+  module, or of the nearest enclosing module that ran, so that the units add up to the whole
+  model (the units' parameter columns are sums over this table);
 * a unit's **main output** is what its module returned (for a whole module call), else the
   largest storage it produces that a later unit reads or the model returns, else what its
   last op returned; its dtype is the unit's ``dtype``;
@@ -29,7 +31,7 @@ from .opgraph import INPUT
 from .recorder import Recorder, Span, Storage
 from .units import ROOT
 
-__all__ = ["unit_table", "tensor_table", "HEAD_ATTRIBUTES"]
+__all__ = ["unit_table", "tensor_table", "parameter_table", "HEAD_ATTRIBUTES"]
 
 HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "heads")
 _RECURRENT = ("LSTM", "GRU", "RNN")
@@ -43,21 +45,28 @@ def _parent(path: str) -> str:
     return path.rsplit(".", 1)[0] if "." in path else ROOT
 
 
-def _param_spans(recorder: Recorder) -> dict[int, int]:
-    """Span index of every weight (keyed like ``recorder.weights``)."""
+def parameter_table(recorder: Recorder) -> pd.DataFrame:
+    """The ``parameters`` table: one row per weight storage, with its owner and readers."""
+    names = [s.name for s in recorder.spans]
     first_of: dict[str, int] = {}
     for span in recorder.spans:
         first_of.setdefault(span.module, span.index)
-    owners = {}
-    for key, w in recorder.weights.items():
-        if w.first_span is not None:
-            owners[key] = w.first_span
-            continue
-        path = w.module
-        while path not in first_of and path != ROOT:
-            path = _parent(path)
-        owners[key] = first_of.get(path, 0)
-    return owners
+    rows = []
+    for w in recorder.weights.values():
+        if w.readers:
+            owner = w.readers[0]
+        else:
+            path = w.module
+            while path not in first_of and path != ROOT:
+                path = _parent(path)
+            owner = first_of.get(path, 0)
+        rows.append({"name": w.names[0], "names": list(w.names), "bytes": w.nbytes,
+                     "numel": w.numel, "dtype": w.dtype, "trainable": w.trainable,
+                     "is_buffer": w.is_buffer, "owner": names[owner],
+                     "readers": [names[r] for r in w.readers]})
+    columns = ["name", "names", "bytes", "numel", "dtype", "trainable", "is_buffer", "owner",
+               "readers"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def _degrees(span: Span, module: nn.Module | None, shape: tuple[int, ...]) -> tuple[int, int]:
@@ -79,18 +88,8 @@ def _degrees(span: Span, module: nn.Module | None, shape: tuple[int, ...]) -> tu
 
 
 def unit_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFrame:
-    """The ``units`` table (derived byte columns are added by :class:`OpGraph`)."""
+    """The ``units`` table (derived byte and parameter columns are added by :class:`OpGraph`)."""
     spans = recorder.spans
-    params = {s.index: [0, 0, 0, 0] for s in spans}   # params, param_bytes, trainable, buffers
-    for key, index in _param_spans(recorder).items():
-        w = recorder.weights[key]
-        acc = params[index]
-        if w.is_buffer:
-            acc[3] += w.nbytes
-        else:
-            acc[0] += w.numel
-            acc[1] += w.nbytes
-            acc[2] += w.nbytes if w.trainable else 0
     main: dict[int, Storage] = {}
     for rec in recorder.storages:
         if rec.producer >= 0 and (rec.is_output or any(c != rec.producer
@@ -103,11 +102,9 @@ def unit_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFram
         out = main.get(s.index)
         dtype, shape = s.main_out or ((out.dtype, out.shape) if out is not None else
                                       (s.last_out or ("float32", ())))
-        p = params[s.index]
         parameter, attribute = _degrees(s, modules.get(s.module), shape)
         rows.append({
             "unit": s.name, "module": s.module, "kind": s.kind, "role": s.role, "call": s.call,
-            "params": p[0], "param_bytes": p[1], "trainable_bytes": p[2], "buffer_bytes": p[3],
             "fwd_flops": s.fwd_flops, "bwd_flops": s.bwd_flops,
             "fwd_bytes_moved": s.fwd_bytes, "bwd_bytes_moved": s.bwd_bytes,
             "fwd_ops": s.fwd_ops, "bwd_ops": s.bwd_ops,

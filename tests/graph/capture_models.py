@@ -1,9 +1,12 @@
-"""Small real models for the capture tests: one per structure capture must get right."""
+"""Small real models for the capture tests: one per structure capture must get right, and a
+check of a graph's parameters table against the real model."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from memflow.graph import OpGraph
 
 
 class Residual(nn.Module):
@@ -147,3 +150,19 @@ CASES = {
     "hf-bert": hf_bert,
 }
 """Name -> builder of ``(model, example_inputs)``, real CPU tensors, training mode."""
+
+
+def assert_matches_model(g: OpGraph, model: nn.Module) -> None:
+    """One row per parameter/buffer storage, under all its names, with its real size."""
+    named = {**dict(model.named_parameters(remove_duplicate=False)),
+             **dict(model.named_buffers(remove_duplicate=False))}
+    assert sorted(n for names in g.parameters["names"] for n in names) == sorted(named)
+    for row in g.parameters.itertuples():
+        t = named[row.name]
+        assert all(named[n] is t for n in row.names)
+        assert (row.bytes, row.numel) == (t.untyped_storage().nbytes(), t.numel())
+        assert row.trainable == (t.requires_grad and not row.is_buffer)
+    sums = g.units[["params", "param_bytes", "buffer_bytes"]].sum().tolist()
+    assert sums == [sum(p.numel() for p in model.parameters()),
+                    sum(p.untyped_storage().nbytes() for p in model.parameters()),
+                    sum(b.untyped_storage().nbytes() for b in model.buffers())]

@@ -6,6 +6,8 @@ import torch
 from memflow.graph.capture import from_torch
 from memflow.graph.measure import saved_bytes
 
+from capture_models import assert_matches_model
+
 zoo = pytest.importorskip("memflow.zoo")
 
 _IMAGES = {"num_classes": 10}
@@ -36,7 +38,7 @@ def test_zoo_saved_bytes_match_real_cpu_autograd(name):
     graph = from_torch(model, inputs)
     real = saved_bytes(model, inputs)
     assert abs(graph.units["saved_bytes"].sum() - real) <= 0.005 * real
-    assert graph.units["params"].sum() == sum(p.numel() for p in model.parameters())
+    assert_matches_model(graph, model)
 
 
 def test_zoo_graph_captures_on_meta():
