@@ -6,19 +6,26 @@
   blanked and the outputs cleared, for students to fill in (``python tutorials/_lesson.py
   --student OUT_DIR``).
 
-A reference answer is a line of a code cell ending in ``# reference answer``::
+A reference answer is an assignment or a ``return`` in a code cell whose last line ends in
+``# reference answer``::
 
     adam_bytes = 2 * trainable  # reference answer
 
-In the student copy it becomes ``adam_bytes = ...  # your answer``, so the check cell below it
-fails until the student writes an answer.
+In the student copy it becomes ``adam_bytes = ...  # your answer`` (a statement spread over
+several lines becomes one line), so the check cell below it fails until the student writes an
+answer.
 
->>> blank_answers("x = 2 * y  # reference answer\\nprint(x)")
-'x = ...  # your answer\\nprint(x)'
+>>> print(blank_answers("x = 2 * y  # reference answer\\nprint(x)"))
+x = ...  # your answer
+print(x)
+>>> print(blank_answers("def f(a):\\n    return min(a,\\n               0)  # reference answer"))
+def f(a):
+    return ...  # your answer
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -28,7 +35,7 @@ __all__ = ["line_chart", "blank_answers", "student_copy", "LESSONS"]
 LESSONS = sorted(p.name for p in Path(__file__).parent.glob("[0-9][0-9]_*.ipynb"))
 """The lesson notebooks, in order."""
 
-_ANSWER = re.compile(r"^(?P<lhs>\s*[^=#]+?=)(?!=)\s*.*#\s*reference answer\s*$")
+_MARK = re.compile(r"#\s*reference answer\s*$")
 _PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
 
 
@@ -66,11 +73,26 @@ def line_chart(data: Any, x: str, ys: Sequence[str] | Mapping[str, str], *, titl
 
 def blank_answers(source: str) -> str:
     """``source`` (a code cell) with every reference answer replaced by ``...``."""
-    out = []
-    for line in source.splitlines():
-        m = _ANSWER.match(line)
-        out.append(f"{m.group('lhs')} ...  # your answer" if m else line)
-    return "\n".join(out)
+    lines = source.splitlines()
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:        # IPython magics: leave the cell as it is
+        return source
+    spans = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.Return)) and \
+                _MARK.search(lines[node.end_lineno - 1]):
+            first = lines[node.lineno - 1]
+            indent = first[:len(first) - len(first.lstrip())]
+            if isinstance(node, ast.Return):
+                head = "return"
+            else:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                head = " = ".join(ast.get_source_segment(source, t) for t in targets) + " ="
+            spans.append((node.lineno, node.end_lineno, f"{indent}{head} ...  # your answer"))
+    for start, end, text in sorted(spans, reverse=True):
+        lines[start - 1:end] = [text]
+    return "\n".join(lines)
 
 
 def student_copy(out_dir: str | Path, lessons: Sequence[str] | None = None) -> list[Path]:
