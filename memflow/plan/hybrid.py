@@ -112,6 +112,12 @@ def hybrid_projection(graph, cluster_sizes: Iterable[int], *, convergence: Any =
             raise PlanError("hybrid_projection: give per_worker_batch when graph is a function")
         per_worker_batch = int(graph.meta["batch_size"])
     b = int(per_worker_batch)
+    if b < 1:
+        raise PlanError(f"hybrid_projection: per_worker_batch must be >= 1, got {b}")
+    degrees = sorted({int(m) for m in mp_degrees})
+    if not degrees or degrees[0] < 2:
+        raise PlanError(f"hybrid_projection: mp_degrees must be device counts >= 2 per worker, "
+                        f"got {list(mp_degrees)}")
     model = getattr(graph, "meta", {}).get("model") if hasattr(graph, "meta") else None
     epochs_of = convergence_model(convergence, model if convergence is None else None)
     if samples_per_epoch is None:
@@ -133,7 +139,7 @@ def hybrid_projection(graph, cluster_sizes: Iterable[int], *, convergence: Any =
     for n in sizes:
         c = make(n)
         devices = [str(d) for d in c.devices.index[:n]]
-        for mp in [1] + [m for m in mp_degrees if m > 1 and n % m == 0]:
+        for mp in [1] + [m for m in degrees if n % m == 0]:
             batch = (n // mp) * b
             g = source(batch)
             ev = Evaluator(g, c, optimizer=optimizer)

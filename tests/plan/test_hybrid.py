@@ -75,6 +75,9 @@ def test_projection_checks_its_inputs():
         hybrid_projection(g, [8], samples_per_epoch=100)
     with pytest.raises(PlanError, match="whole number of 8-GPU nodes"):
         hybrid_projection(g, [12], convergence=CriticalBatch(100, 1), samples_per_epoch=100)
+    with pytest.raises(PlanError, match="mp_degrees must be device counts >= 2"):
+        hybrid_projection(g, [8], convergence=CriticalBatch(100, 1), samples_per_epoch=100,
+                          mp_degrees=[1])
     with pytest.raises(PlanError, match="positive device counts"):
         hybrid_projection(g, [], convergence=CriticalBatch(100, 1), samples_per_epoch=100)
 
