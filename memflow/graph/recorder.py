@@ -98,32 +98,38 @@ class Weight:
 
 
 class Window:
-    """Bytes allocated during one span and still alive, and their peak."""
+    """Bytes allocated during one span and still alive, and their peak.
+
+    An allocation that *replaces* another is a gradient taking the place of one the memory
+    model already counts for the same storage (the backward of an in-place op makes a new
+    gradient while the one it received is still alive): it outlives the span, yet for the
+    memory model it is the span's transient.
+    """
 
     __slots__ = ("items", "live", "peak")
 
     def __init__(self) -> None:
-        self.items: list[tuple[StorageWeakRef, int]] = []
+        self.items: list[tuple[StorageWeakRef, int, bool]] = []
         self.live = 0
         self.peak = 0
 
     def poll(self) -> None:
         """Forget storages that were freed since the last poll."""
         if self.items:
-            kept = [(ref, n) for ref, n in self.items if not ref.expired()]
+            kept = [item for item in self.items if not item[0].expired()]
             if len(kept) != len(self.items):
                 self.items = kept
-                self.live = sum(n for _, n in kept)
+                self.live = sum(n for _, n, _ in kept)
 
-    def add(self, ref: StorageWeakRef, nbytes: int) -> None:
-        self.items.append((ref, nbytes))
+    def add(self, ref: StorageWeakRef, nbytes: int, replaces: bool = False) -> None:
+        self.items.append((ref, nbytes, replaces))
         self.live += nbytes
         self.peak = max(self.peak, self.live)
 
     def close(self) -> int:
-        """Peak minus what survives the span: the span's transient bytes."""
+        """Peak minus what survives the span (replacements excepted): its transient bytes."""
         self.poll()
-        return self.peak - self.live
+        return self.peak - self.live + sum(n for _, n, replaces in self.items if replaces)
 
 
 @dataclass(eq=False)
@@ -159,6 +165,8 @@ class Recorder(TorchDispatchMode):
         self._window = Window()
         self._seq_his: list[int] = []
         self._bwd_span: Span | None = None
+        self._inplace_nodes: set[int] = set()  # sequence numbers of in-place ops' nodes
+        self._bwd_node = _ACCUMULATE
 
     # ------------------------------------------------------------------ module stack
     def _frame(self, path: str, kind: str, role: str) -> _Frame:
@@ -290,7 +298,7 @@ class Recorder(TorchDispatchMode):
 
     def _backward_span(self) -> Span | None:
         node = torch._C._current_autograd_node()
-        seq = node._sequence_nr() if node is not None else _ACCUMULATE
+        seq = self._bwd_node = node._sequence_nr() if node is not None else _ACCUMULATE
         if seq == _ACCUMULATE:
             span = self._bwd_span
         else:
@@ -341,6 +349,10 @@ class Recorder(TorchDispatchMode):
             span.fwd_bytes += cost.bytes_moved
             span.fwd_ops += cost.kernels
             self._track_forward(span, args, kwargs, outs)
+            if _writes_input(func) and torch.is_grad_enabled() and any(
+                    t.requires_grad for t in (*tensors_in(args), *tensors_in(kwargs))):
+                # autograd made this op's node before dispatching it: the latest number
+                self._inplace_nodes.add(torch._C._autograd._get_sequence_nr() - 1)
         else:
             span.bwd_flops += cost.flops
             span.bwd_bytes += cost.bytes_moved
@@ -381,9 +393,17 @@ class Recorder(TorchDispatchMode):
 
     def _track_backward(self, args: tuple, kwargs: dict, outs: list[torch.Tensor]) -> None:
         seen = {_key(t) for t in (*tensors_in(args), *tensors_in(kwargs))}
+        # the backward of an in-place op makes the gradient of the storage it overwrote
+        replaces = self._bwd_node in self._inplace_nodes
         for t in outs:
             key = _key(t)
             if key not in seen:
                 seen.add(key)
                 storage = t.untyped_storage()
-                self._window.add(StorageWeakRef(storage), storage.nbytes())
+                self._window.add(StorageWeakRef(storage), storage.nbytes(), replaces)
+
+
+def _writes_input(func) -> bool:
+    """The aten op writes into one of its inputs (``relu_``, ``add_``, ``copy_``…)."""
+    return any(a.alias_info is not None and a.alias_info.is_write
+               for a in func._schema.arguments)

@@ -45,6 +45,15 @@ def test_transient_bytes_of_forward_and_backward():
     assert u["saved_bytes"] == repeat                     # exp saves its result
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+def test_in_place_backward_makes_a_second_gradient(inplace):
+    """relu_'s backward writes a new gradient while the one it received is still alive; the
+    memory model counts one gradient per storage, so the second is the unit's transient."""
+    g = from_torch(nn.Sequential(nn.Linear(16, 32), nn.ReLU(inplace=inplace), nn.Linear(32, 4)),
+                   torch.randn(8, 16))
+    assert g.units["bwd_tmp_bytes"].tolist() == [0, 8 * 32 * 4 if inplace else 0, 0]
+
+
 def test_frozen_parameters_are_not_trainable_bytes():
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     model[0].requires_grad_(False)
