@@ -61,7 +61,7 @@ def test_run_budgets_and_callback():
 
 
 def test_baseline_start_is_the_best_baseline():
-    g = chain(8, batch=65536)
+    g = chain(5, batch=65536)
     search = MCMCSearch(g, FOUR, init="baseline", memory_limit=60e6)
     first = search.current
     names = memflow.search.baselines(g, FOUR, memory_limit=60e6)
