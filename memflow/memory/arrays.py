@@ -12,7 +12,7 @@ import numpy as np
 
 from ..graph.opgraph import INPUT
 
-__all__ = ["GraphArrays", "graph_arrays"]
+__all__ = ["GraphArrays", "graph_arrays", "csr"]
 
 _HALF = {"float16", "bfloat16", "torch.float16", "torch.bfloat16", "half"}
 
@@ -44,10 +44,27 @@ class GraphArrays:
     readers: tuple[tuple[int, ...], ...]   # distinct forward readers other than the producer
     savers: tuple[tuple[int, ...], ...]    # distinct savers, in execution order
     batch_size: int | None
+    # the same as CSR arrays (row ``t`` is ``idx[ptr[t]:ptr[t + 1]]``), for vectorised code
+    readers_ptr: np.ndarray
+    readers_idx: np.ndarray
+    savers_ptr: np.ndarray
+    savers_idx: np.ndarray
 
     @property
     def n(self) -> int:
         return len(self.names)
+
+
+def csr(rows) -> tuple[np.ndarray, np.ndarray]:
+    """``(ptr, idx)`` of a list of integer sequences: row ``k`` is ``idx[ptr[k]:ptr[k + 1]]``.
+
+    >>> [a.tolist() for a in csr([[1, 2], [], [3]])]
+    [[0, 2, 2, 3], [1, 2, 3]]
+    """
+    lens = np.fromiter((len(r) for r in rows), np.int64, len(rows))
+    ptr = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lens, out=ptr[1:])
+    return ptr, np.fromiter((x for r in rows for x in r), np.int64, int(ptr[-1]))
 
 
 _CACHE: "weakref.WeakKeyDictionary[object, GraphArrays]" = weakref.WeakKeyDictionary()
@@ -81,6 +98,8 @@ def graph_arrays(graph) -> GraphArrays:
     for p, cons, sav in zip(producer.tolist(), t["consumers"], t["savers"]):
         readers.append(tuple(sorted({pos[c] for c in cons} - {p})))
         savers.append(tuple(sorted({pos[s] for s in sav})))
+    r_ptr, r_idx = csr(readers)
+    s_ptr, s_idx = csr(savers)
     recomputable = (u["recomputable"].to_numpy(bool) if "recomputable" in u.columns
                     else np.ones(len(u), bool))
     out = GraphArrays(
@@ -94,6 +113,7 @@ def graph_arrays(graph) -> GraphArrays:
         bytes=t["bytes"].to_numpy(np.float64), producer=producer,
         is_output=t["is_output"].to_numpy(bool), requires_grad=t["requires_grad"].to_numpy(bool),
         per_sample=t["per_sample"].to_numpy(bool), readers=tuple(readers),
-        savers=tuple(savers), batch_size=graph.meta.get("batch_size"))
+        savers=tuple(savers), batch_size=graph.meta.get("batch_size"), readers_ptr=r_ptr,
+        readers_idx=r_idx, savers_ptr=s_ptr, savers_idx=s_idx)
     _CACHE[graph] = out
     return out

@@ -14,6 +14,7 @@ import pandas as pd
 from ..errors import MemflowError
 from .arrays import graph_arrays
 from .plan import CATEGORIES, OPTIMIZER_STATES, memory_plan
+from .records import placements
 
 __all__ = ["estimate"]
 
@@ -63,8 +64,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     'optimizer'
     """
     from ..sim.costs import compression_ratios
-    from ..sim.expand import KINDS, expand
-    from ..sim.ledger import anchor_tasks, ledger, ledger_plan
+    from ..sim.expand import KINDS, Timing, expand, structure
+    from ..sim.ledger import ledger_plan, ledgers
     from ..strategy import Strategy
 
     if optimizer not in OPTIMIZER_STATES:
@@ -80,16 +81,17 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
         raise MemflowError("estimate is for one device; use memflow.simulate for strategies "
                            f"over several devices (this one uses {strategy.device_names})")
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-    plan = memory_plan(ga, strategy.policy, strategy.segment, strategy.layout_ids, degrees,
-                       strategy.microbatches, compression_ratios(strategy, ga.half),
-                       optimizer=optimizer,
-                       foreach=foreach)
-    T = expand(ga, strategy, plan)
+    layout, M = strategy.layout_ids, strategy.microbatches
+    placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
+                        degrees[layout, 1], M)
+    plan = memory_plan(ga, strategy.policy, strategy.segment, layout, degrees, M,
+                       compression_ratios(strategy, ga.half), optimizer=optimizer,
+                       foreach=foreach, cache={(layout.tobytes(), degrees.tobytes(), M): placed})
+    S = structure(ga, placed, layout, degrees, strategy.stage, M, strategy.schedule)
+    T = expand(S, Timing.untimed(S, ga.n), plan, strategy.segment)
     step = np.arange(len(T.kind), dtype=np.float64)      # program order, one task at a time
-    alloc, frees, idx = anchor_tasks(plan, T.anchor, T.first_mb, strategy.microbatches)
-    dev = ~plan.on_host[idx]
-    lay_cls = [np.zeros(1, np.int64) for _ in strategy.layouts]
-    L = ledger(ledger_plan(plan, alloc[dev], frees[dev], idx[dev], lay_cls, 1), step, step + 1)
+    one = [np.zeros(1, np.int64) for _ in strategy.layouts]
+    L, _ = ledgers(ledger_plan(plan, one, 1, one, 1), T, step, step + 1)
     at_peak = L.persistent[0].copy()
     cat_max = L.persistent[0].copy()
     ev = int(L.peak_event[0])

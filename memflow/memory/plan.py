@@ -17,150 +17,320 @@ are those of ``docs/data-model.md`` ("Memory model"), which follow PyTorch:
 * activation gradients live from the backward of the last reader to the end of the
   producer's backward; forward and backward temporaries during their task.
 
+What the placements decide (records, copies, gradients: :mod:`memflow.memory.records`) is
+computed once per placement; what the policies decide is computed here, for all records at
+once, into four block *slots* per record. :class:`BlockTable` keeps every block of the last
+policies it planned, so that a change of a few units' policies re-derives only the records
+those units touch (delta re-planning).
+
 Anchors are ``(kind, key, edge)``: ``kind`` one of the ``A_*`` codes, ``key`` a unit position
 (or a copy number for transfers, a layout for the optimizer), ``edge`` 0 for the task's start
 and 1 for its end.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from ..strategy.strategy import COMPRESS, KEEP, OFFLOAD, RECOMPUTE
 from .arrays import GraphArrays
+from .records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
+                      A_PREFETCH, A_RECOMP, A_XFER, END, START, Copies, Copy, Placed, anchors,
+                      placements)
+from .jit import njit
 
-__all__ = ["MemoryPlan", "Copy", "memory_plan", "CATEGORIES", "OPTIMIZER_STATES",
-           "A_FWD", "A_BWD", "A_RECOMP", "A_OFFLOAD", "A_PREFETCH", "A_COMPRESS", "A_DECOMP",
-           "A_XFER", "A_GXFER", "A_OPT"]
+__all__ = ["MemoryPlan", "Copy", "Copies", "BlockTable", "memory_plan", "segment_starts",
+           "CATEGORIES", "OPTIMIZER_STATES", "A_FWD", "A_BWD", "A_RECOMP", "A_OFFLOAD",
+           "A_PREFETCH", "A_COMPRESS", "A_DECOMP", "A_XFER", "A_GXFER", "A_OPT"]
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "transient", "communication")
 WEIGHTS, GRADIENTS, OPTIMIZER, ACTIVATIONS, TRANSIENT, COMMUNICATION = range(6)
 OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2}
 """Optimizer state per trainable byte."""
-
-A_FWD, A_BWD, A_RECOMP, A_OFFLOAD, A_PREFETCH, A_COMPRESS, A_DECOMP, A_XFER, A_GXFER, \
-    A_OPT = range(10)
-START, END = 0, 1
 FIRST_MB, EVERY_MB = 0, 1
+NONE = -1           # a record no saver on its placement holds
+_FAR = np.iinfo(np.int64).max
 
 
-@dataclass(frozen=True)
-class Copy:
-    """A storage copied from its producer's placement to the placement of some readers."""
-
-    tensor: int
-    src_layout: int
-    dst_layout: int
-    bytes: float            # per part of the destination placement
-    first_reader: int       # the transfer must land before this unit's forward
-    last_reader: int        # the gradient goes back after this unit's backward
-    grad: bool
-
-
-@dataclass
 class MemoryPlan:
-    """Blocks (one entry per block in each array) plus the copies between placements."""
+    """Blocks (one entry per block in each array) plus the copies between placements.
 
-    layout: np.ndarray
-    on_host: np.ndarray
-    bytes: np.ndarray
-    category: np.ndarray
-    per_mb: np.ndarray          # EVERY_MB: one block per micro-batch; FIRST_MB: one per step
-    alloc: np.ndarray           # (k, 3) anchors
-    free: np.ndarray            # (k, 3, 3) anchors: freed at the latest of the three
-    copies: list[Copy]
-    offloaded: np.ndarray       # per unit: bytes per part its offload task moves
-    compressed: np.ndarray      # per unit: bytes per part its compress task reads
-    persistent: np.ndarray      # (layouts, categories) bytes per part, whole step
+    Made from the fixed rows of a :class:`BlockTable` (``rows``: their arrays, a snapshot of
+    the policy-dependent ones); the arrays below keep the rows that hold bytes.
+    """
+
+    def __init__(self, rows: dict[str, np.ndarray], copies: Copies, offloaded: np.ndarray,
+                 compressed: np.ndarray, persistent: np.ndarray):
+        self.rows = rows
+        self.copies = copies
+        self.offloaded = offloaded        # per unit: bytes per part its offload task moves
+        self.compressed = compressed      # per unit: bytes per part its compress task reads
+        self.persistent = persistent      # (layouts, categories) bytes per part, whole step
+
+    @cached_property
+    def _kept(self) -> np.ndarray:
+        return self.rows["bytes"] > 0
+
+    def _column(self, name: str) -> np.ndarray:
+        return self.rows[name][self._kept]
+
+    @cached_property
+    def layout(self) -> np.ndarray:
+        return self._column("layout")
+
+    @cached_property
+    def on_host(self) -> np.ndarray:
+        return self._column("host")
+
+    @cached_property
+    def bytes(self) -> np.ndarray:
+        return self._column("bytes")
+
+    @cached_property
+    def category(self) -> np.ndarray:
+        return self._column("category")
+
+    @cached_property
+    def per_mb(self) -> np.ndarray:
+        """EVERY_MB: one block per micro-batch; FIRST_MB: one per step."""
+        return self._column("per_mb")
+
+    @cached_property
+    def alloc(self) -> np.ndarray:
+        """(k, 3) anchors."""
+        return self._column("alloc")
+
+    @cached_property
+    def free(self) -> np.ndarray:
+        """(k, 3, 3) anchors: freed at the latest of the three."""
+        return self._column("free")
 
 
-class _Blocks:
-    def __init__(self) -> None:
-        self.rows: list[list] = []
+def segment_starts(segment: np.ndarray) -> np.ndarray:
+    """First unit of each unit's recompute segment (-1 outside segments). Segments are runs,
+    so the first unit names a segment whatever the numbering of the others.
 
-    def add(self, layout, nbytes, cat, alloc, *frees, host=False, per_mb=EVERY_MB) -> int | None:
-        """Add a block freed at the latest of ``frees`` (None entries ignored); its row."""
-        if nbytes <= 0:
-            return None
-        frees = [f for f in frees if f is not None]
-        self.rows.append([layout, host, nbytes, cat, per_mb, alloc,
-                          (frees + [frees[0]] * 3)[:3]])
-        return len(self.rows) - 1
-
-
-@dataclass
-class _Placed:
-    """What the placements alone decide: per tensor its copies, sizes, anchors and gradients."""
-
-    tensors: list[tuple]   # (prod, records, last transfer out, gradient rows)
-    copies: list[Copy]
+    >>> segment_starts(np.array([-1, 0, 0, -1, 1])).tolist()
+    [-1, 1, 1, -1, 4]
+    """
+    seg = np.asarray(segment)
+    first = np.ones(len(seg), bool)
+    first[1:] = seg[1:] != seg[:-1]
+    start = np.maximum.accumulate(np.where(first, np.arange(len(seg)), 0))
+    return np.where(seg >= 0, start, -1)
 
 
-def _placements(ga: GraphArrays, lay_l: list[int], sa_l: list[float], p_l: list[int],
-                M: int) -> _Placed:
-    n, last = ga.n, ga.n - 1
-    producer, nbytes_t = ga.producer.tolist(), ga.bytes.tolist()
-    per_sample, is_output = ga.per_sample.tolist(), ga.is_output.tolist()
-    requires_grad = ga.requires_grad.tolist()
-    copies: list[Copy] = []
-    out: list[tuple] = []
-    for t in range(len(nbytes_t)):
-        prod = producer[t]
-        size = float(nbytes_t[t]) / (M if per_sample[t] else 1)
-        readers, savers = ga.readers[t], ga.savers[t]
-        users = sorted(set(readers) | set(savers) - {prod})
-        home = lay_l[prod] if prod >= 0 else lay_l[users[0]] if users else -1
-        if home < 0:
+def _anchor(kind, key, edge, k: int) -> np.ndarray:
+    """``k`` anchors ``(kind, key, edge)`` (each a number or an array of ``k``)."""
+    out = np.empty((k, 3), np.int64)
+    out[:, 0], out[:, 1], out[:, 2] = kind, key, edge
+    return out
+
+
+@njit
+def _set(a, row, slot, kind, key, edge):
+    a[row, slot, 0], a[row, slot, 1], a[row, slot, 2] = kind, key, edge
+
+
+@njit
+def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr, touched,
+            sv_ptr, sv, m_ptr, m, r_ptr, r, prod, home, nbytes, model_out, rec_alloc,
+            fwd_free, last_xfer, n_units, unit_row, recompute_tmp, bytes_, host, alloc, free,
+            carrier, compress, mark, offloaded, compressed):
+    """Re-derive the slots of the records whose rules read a unit whose policy, segment start
+    or ratio changed (every record when ``first``); then the units' recomputation
+    temporaries and the bytes each unit offloads and compresses."""
+    R = len(prod)
+    last = n_units - 1
+    far = np.iinfo(np.int64).max
+    n_recs = 0
+    if first:
+        for x in range(R):
+            mark[x] = True
+        n_recs = R
+    else:
+        for u in range(n_units):
+            if pol[u] != old_pol[u] or start[u] != old_start[u] or ratio[u] != old_ratio[u]:
+                for j in range(touched_ptr[u], touched_ptr[u + 1]):
+                    if not mark[touched[j]]:
+                        mark[touched[j]] = True
+                        n_recs += 1
+    for x in range(R):
+        if not mark[x]:
             continue
-        groups: dict[int, list[int]] = {}
-        for v in users:
-            groups.setdefault(lay_l[v], []).append(v)
-        groups = {home: groups.pop(home, []), **groups}   # the producer's placement first
-        records, grads = [], []
-        grad_sources: list[tuple[int, tuple]] = []   # (backward position, anchor)
-        last_xfer = None
-        for lay, members in groups.items():
-            is_home = lay == home
-            r = [v for v in readers if lay_l[v] == lay]
-            sv = [v for v in savers if lay_l[v] == lay]
-            ci = -1
-            if is_home:
-                share = 1.0 / sa_l[prod] if (prod >= 0 and per_sample[t]) else (
-                    1.0 / sa_l[members[0]] if (members and per_sample[t]) else 1.0)
-                if prod >= 0 and not readers and not is_output[t] and p_l[prod] > 1:
-                    share /= p_l[prod]           # internal to a split unit: split too
-                # a model input is present before the step starts
-                alloc = (A_FWD, prod, START) if prod >= 0 else (A_FWD, min(members), START)
+        mark[x] = False
+        has = np.zeros(4, np.bool_)
+        first_saver = -1
+        for j in range(sv_ptr[x], sv_ptr[x + 1]):
+            has[pol[sv[j]]] = True
+            if first_saver < 0:
+                first_saver = sv[j]          # rows ascend: the first is the least
+        p = prod[x]
+        own = start[p] if home[x] and p >= 0 else -2
+        # a member in a recompute segment the storage comes into from outside: a segment input
+        seg_in = far
+        for j in range(m_ptr[x], m_ptr[x + 1]):
+            st = start[m[j]]
+            if st >= 0 and st != own and st < seg_in:
+                seg_in = st
+        keep = has[KEEP] or seg_in < far
+        if keep:
+            state = KEEP
+        elif has[COMPRESS]:
+            state = COMPRESS
+        elif has[OFFLOAD]:
+            state = OFFLOAD
+        elif has[RECOMPUTE]:
+            state = RECOMPUTE
+        else:
+            state = NONE
+        held = state == COMPRESS or state == OFFLOAD
+        c = -1
+        for j in range(sv_ptr[x], sv_ptr[x + 1]):
+            if pol[sv[j]] == state and sv[j] > c:
+                c = sv[j]
+        go = A_COMPRESS if state == COMPRESS else A_OFFLOAD
+        back = A_DECOMP if state == COMPRESS else A_PREFETCH
+        cc = max(c, 0)
+        row = 4 * x
+        b = nbytes[x]
+        # main: the storage as produced (or copied), until the policy lets it go
+        bytes_[row] = b
+        if keep:
+            hold = min(first_saver if first_saver >= 0 else far, seg_in)
+            for j in range(3):
+                _set(free, row, j, A_BWD, hold, END)
+        else:
+            for j in range(3):
+                _set(free, row, j, fwd_free[x, 0], fwd_free[x, 1], fwd_free[x, 2])
+        if held:
+            _set(free, row, 1, go, cc, END)
+        elif model_out[x]:
+            _set(free, row, 1, A_BWD, last, START)
+        if last_xfer[x, 0] >= 0:            # the original stays until every copy has left
+            _set(free, row, 2, last_xfer[x, 0], last_xfer[x, 1], last_xfer[x, 2])
+        # stored (compressed on the device, or offloaded to the host); restored before backward
+        bytes_[row + 1] = (b / ratio[cc] if state == COMPRESS else b) if held else 0.0
+        host[row + 1] = state == OFFLOAD
+        alloc[row + 1, 0], alloc[row + 1, 1], alloc[row + 1, 2] = go, cc, START
+        bytes_[row + 2] = b if held else 0.0
+        alloc[row + 2, 0], alloc[row + 2, 1], alloc[row + 2, 2] = back, cc, START
+        for j in range(3):
+            _set(free, row + 1, j, back, cc, END)
+            _set(free, row + 2, j, A_BWD, max(first_saver, 0), END)
+        # re-materialized by its segment's recomputation
+        remat = own >= 0 and (state == RECOMPUTE or state == NONE)
+        last_in = -1
+        for j in range(r_ptr[x], r_ptr[x + 1]):
+            if start[r[j]] == own and r[j] > last_in:
+                last_in = r[j]
+        bytes_[row + 3] = b if remat else 0.0
+        alloc[row + 3, 0], alloc[row + 3, 1], alloc[row + 3, 2] = A_RECOMP, max(p, 0), START
+        for j in range(3):
+            if state == RECOMPUTE:
+                _set(free, row + 3, j, A_BWD, max(first_saver, 0), END)
             else:
-                share = 1.0 / sa_l[members[0]] if per_sample[t] else 1.0
-                ci = len(copies)
-                copies.append(Copy(t, home, lay, size * share, min(members), max(members),
-                                   bool(requires_grad[t] and r)))
-                alloc = (A_XFER, ci, START)
-                last_xfer = (A_XFER, ci, END)
-            nbytes = size * share
-            fwd_last = max(r) if r else (prod if (is_home and prod >= 0) else min(members))
-            model_out = is_home and bool(is_output[t])
-            out_free = (A_BWD, last, START) if model_out else None
-            records.append((lay, members, r, sv, is_home, nbytes, alloc, (A_FWD, fwd_last, END),
-                            out_free))
-            if requires_grad[t] and (r or model_out):   # the gradient of this copy
-                g_alloc = (A_BWD, last, START) if model_out else (A_BWD, max(r), START)
-                if is_home:
-                    grad_sources.append((n if model_out else max(r), g_alloc))
-                else:
-                    grads.append([lay, False, nbytes, TRANSIENT, EVERY_MB, g_alloc,
-                                  [(A_GXFER, ci, END)] * 3])
-                    grad_sources.append((min(members), (A_GXFER, ci, START)))
-        if grad_sources and requires_grad[t]:
-            end = (A_BWD, prod if prod >= 0 else min(users), END)
-            share = (1.0 / sa_l[prod] if prod >= 0 else 1.0 / sa_l[users[0]]) \
-                if per_sample[t] else 1.0
-            grads.append([home, False, size * share, TRANSIENT, EVERY_MB, max(grad_sources)[1],
-                          [end] * 3])
-        out.append((prod, records, last_xfer, [g for g in grads if g[2] > 0]))
-    return _Placed(out, copies)
+                _set(free, row + 3, j, A_RECOMP, last_in if last_in >= 0 else max(p, 0), END)
+        carrier[x] = c if held else -1
+        compress[x] = state == COMPRESS
+    for u in range(n_units):
+        bytes_[unit_row + 4 * u + 2] = recompute_tmp[u] if start[u] >= 0 else 0.0
+        offloaded[u] = 0.0
+        compressed[u] = 0.0
+    for x in range(R):        # summed in record order, whatever changed
+        if carrier[x] >= 0:
+            if compress[x]:
+                compressed[carrier[x]] += nbytes[x]
+            else:
+                offloaded[carrier[x]] += nbytes[x]
+    return n_recs
+
+
+class BlockTable:
+    """Every block of one placement's plan, in fixed rows, re-derived by delta.
+
+    Rows: four *slots* per record (the storage as produced, its compressed or offloaded
+    copy, the copy restored before backward, the storage re-materialized by recomputation),
+    then the gradient blocks of the placement, four per unit (forward, backward and
+    recomputation temporaries, parameter gradients), and the optimizer's temporaries. Rows
+    that do not apply hold 0 bytes and are left out of the :class:`MemoryPlan`.
+    :meth:`plan` re-derives only the records whose rules read a unit whose policy, segment or
+    compression ratio changed since the previous call.
+    """
+
+    def __init__(self, ga: GraphArrays, placed: Placed, layout: np.ndarray, degrees: np.ndarray,
+                 microbatches: int, *, optimizer: str = "sgd", foreach: bool = True):
+        n, M, P = ga.n, int(microbatches), placed
+        R, G, L = len(P.tensor), len(P.grad_bytes), len(degrees)
+        s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
+        train = ga.trainable_bytes / p
+        units = np.arange(n)
+        per = 1.0 / (s * p * a) / M
+        # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
+        o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
+        o_b = np.array([train[layout == lay].sum() if foreach
+                        else 2 * train[layout == lay].max(initial=0.0) for lay in o_lay])
+        self.unit_row = 4 * R + G
+        k = self.unit_row + 4 * n + len(o_lay)
+        self.placed, self.n = P, n
+        self.static = {
+            "layout": np.concatenate([np.repeat(P.layout, 4), P.grad_layout, np.repeat(layout, 4),
+                                      o_lay]).astype(np.int64),
+            "category": np.concatenate([np.full(4 * R, ACTIVATIONS), np.full(G, TRANSIENT),
+                                        np.tile([TRANSIENT, TRANSIENT, TRANSIENT, GRADIENTS], n),
+                                        np.full(len(o_lay), TRANSIENT)]).astype(np.int64),
+            "per_mb": np.concatenate([np.full(4 * R + G, EVERY_MB),
+                                      np.tile([EVERY_MB, EVERY_MB, EVERY_MB, FIRST_MB], n),
+                                      np.full(len(o_lay), FIRST_MB)]).astype(np.int64)}
+        self.bytes = np.zeros(k)
+        self.host = np.zeros(k, bool)
+        self.alloc = np.zeros((k, 3), np.int64)
+        self.free = np.zeros((k, 3, 3), np.int64)
+        self.alloc[0:4 * R:4] = P.alloc
+        g = slice(4 * R, 4 * R + G)
+        self.bytes[g], self.alloc[g] = P.grad_bytes, P.grad_alloc
+        self.free[g] = P.grad_free[:, None, :]
+        u = self.unit_row
+        self.recompute_tmp = ga.fwd_tmp * per
+        self.bytes[u:u + 4 * n] = np.stack([ga.fwd_tmp * per, ga.bwd_tmp * per,
+                                            np.zeros(n), train], 1).ravel()
+        for slot, kind in enumerate((A_FWD, A_BWD, A_RECOMP)):
+            self.alloc[u + slot:u + 4 * n:4] = _anchor(kind, units, START, n)
+            self.free[u + slot:u + 4 * n:4] = _anchor(kind, units, END, n)[:, None, :]
+        self.alloc[u + 3:u + 4 * n:4] = _anchor(A_BWD, units, START, n)
+        self.free[u + 3:u + 4 * n:4] = _anchor(A_OPT, layout, END, n)[:, None, :]
+        o = slice(u + 4 * n, k)
+        self.bytes[o] = o_b.reshape(-1)
+        self.alloc[o] = _anchor(A_OPT, o_lay, START, len(o_lay))
+        self.free[o] = _anchor(A_OPT, o_lay, END, len(o_lay))[:, None, :]
+        self.carrier = np.full(R, -1)      # per record: the unit whose task offloads/compresses it
+        self.compress = np.zeros(R, bool)
+        self._mark = np.zeros(R, bool)
+        self.persistent = np.zeros((L, len(CATEGORIES)))
+        np.add.at(self.persistent[:, WEIGHTS], layout, (ga.param_bytes + ga.buffer_bytes) / p)
+        np.add.at(self.persistent[:, OPTIMIZER], layout, OPTIMIZER_STATES[optimizer] * train)
+        np.add.at(self.persistent[:, COMMUNICATION], layout, np.where(s * a > 1, train, 0.0))
+        self._key: tuple[np.ndarray, ...] | None = None
+
+    def plan(self, policy: np.ndarray, segment: np.ndarray, ratio: np.ndarray) -> MemoryPlan:
+        """The blocks of ``policy`` (per unit), ``segment`` (recompute segment per unit) and
+        ``ratio`` (compression ratio per unit, used where the policy is compress)."""
+        P = self.placed
+        pol = np.asarray(policy, np.int64)
+        start = segment_starts(segment)
+        ratio = np.asarray(ratio, np.float64)
+        old = self._key or (pol, start, ratio)
+        offloaded, compressed = np.empty(self.n), np.empty(self.n)
+        _replan(pol, start, ratio, *old, self._key is None, *P.touched, *P.savers, *P.members,
+                *P.readers, P.prod, P.home, P.nbytes, P.model_out, P.alloc, P.fwd_free,
+                P.last_xfer, self.n, self.unit_row, self.recompute_tmp, self.bytes, self.host,
+                self.alloc, self.free, self.carrier, self.compress, self._mark, offloaded,
+                compressed)
+        self._key = (pol, start, ratio)
+        rows = {**self.static, "bytes": self.bytes.copy(), "host": self.host.copy(),
+                "alloc": self.alloc.copy(), "free": self.free.copy()}
+        return MemoryPlan(rows, P.copies, offloaded, compressed, self.persistent)
 
 
 def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout: np.ndarray,
@@ -176,101 +346,13 @@ def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
     ``cache`` (a dict the caller keeps) holds what the placements alone decide, so strategies
     that differ in memory policies only share it.
     """
-    n, M = ga.n, int(microbatches)
-    s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
-    sa = (s * a).astype(np.float64)
-    blocks = _Blocks()
-    offloaded = np.zeros(n)
-    compressed = np.zeros(n)
-    # plain lists: the loop below reads single elements, which numpy makes slow
-    pol_l, seg_l, lay_l = policy.tolist(), segment.tolist(), layout.tolist()
-    ratio_l = np.asarray(ratio, np.float64).tolist()
-    key = (layout.tobytes(), degrees.tobytes(), M)
+    key = (layout.tobytes(), degrees.tobytes(), int(microbatches))
     placed = cache.get(key) if cache is not None else None
     if placed is None:
-        placed = _placements(ga, lay_l, sa.tolist(), p.tolist(), M)
+        placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
+                            degrees[layout, 1], microbatches)
         if cache is not None:
             cache[key] = placed
-    seg_first: dict[int, int] = {}
-    for i, g in enumerate(seg_l):
-        if g >= 0:
-            seg_first.setdefault(g, i)
-    rows = blocks.rows
-    for prod, records, last_xfer, grads in placed.tensors:
-        home_row = None
-        for lay, members, r, sv, is_home, nbytes, alloc, fwd_free, out_free in records:
-            # what holds it for backward
-            pol = {pol_l[v] for v in sv}
-            seg_in = [seg_first[seg_l[v]] for v in members
-                      if seg_l[v] >= 0 and (prod < 0 or not is_home or seg_l[prod] != seg_l[v])]
-            first_saver = min(sv) if sv else None
-            if KEEP in pol or seg_in:
-                state = KEEP
-                hold_end = min(([first_saver] if first_saver is not None else []) + seg_in)
-                row = blocks.add(lay, nbytes, ACTIVATIONS, alloc, (A_BWD, hold_end, END),
-                                 out_free)
-            elif COMPRESS in pol or OFFLOAD in pol:
-                state = COMPRESS if COMPRESS in pol else OFFLOAD
-                carrier = max(v for v in sv if pol_l[v] == state)
-                go, back = (A_COMPRESS, A_DECOMP) if state == COMPRESS else (A_OFFLOAD, A_PREFETCH)
-                stored = nbytes / ratio_l[carrier] if state == COMPRESS else nbytes
-                (compressed if state == COMPRESS else offloaded)[carrier] += nbytes
-                row = blocks.add(lay, nbytes, ACTIVATIONS, alloc, fwd_free, (go, carrier, END))
-                blocks.add(lay, stored, ACTIVATIONS, (go, carrier, START), (back, carrier, END),
-                           host=state == OFFLOAD)
-                blocks.add(lay, nbytes, ACTIVATIONS, (back, carrier, START),
-                           (A_BWD, first_saver, END))
-            else:
-                state = RECOMPUTE if RECOMPUTE in pol else None
-                row = blocks.add(lay, nbytes, ACTIVATIONS, alloc, fwd_free, out_free)
-            if is_home:
-                home_row = row
-            # re-materialized by its segment's recomputation
-            if is_home and prod >= 0 and seg_l[prod] >= 0 and state in (RECOMPUTE, None):
-                if state == RECOMPUTE:
-                    end = (A_BWD, first_saver, END)
-                else:
-                    inside = [v for v in r if seg_l[v] == seg_l[prod]]
-                    end = (A_RECOMP, max(inside) if inside else prod, END)
-                blocks.add(lay, nbytes, ACTIVATIONS, (A_RECOMP, prod, START), end)
-        if last_xfer is not None and home_row is not None:   # stays until every copy has left
-            rows[home_row][6][2] = last_xfer
-        rows.extend(grads)
-    copies = placed.copies
-
-    # temporaries of each unit's forward, backward and recomputation
-    per = 1.0 / (s * p * a) / M
-    for i in range(n):
-        blocks.add(layout[i], ga.fwd_tmp[i] * per[i], TRANSIENT, (A_FWD, i, START), (A_FWD, i, END))
-        blocks.add(layout[i], ga.bwd_tmp[i] * per[i], TRANSIENT, (A_BWD, i, START), (A_BWD, i, END))
-        if segment[i] >= 0:
-            blocks.add(layout[i], ga.fwd_tmp[i] * per[i], TRANSIENT, (A_RECOMP, i, START),
-                       (A_RECOMP, i, END))
-        blocks.add(layout[i], ga.trainable_bytes[i] / p[i], GRADIENTS, (A_BWD, i, START),
-                   (A_OPT, int(layout[i]), END), per_mb=FIRST_MB)
-
-    n_layouts = len(degrees)
-    persistent = np.zeros((n_layouts, len(CATEGORIES)))
-    train = ga.trainable_bytes / p
-    np.add.at(persistent[:, WEIGHTS], layout, (ga.param_bytes + ga.buffer_bytes) / p)
-    np.add.at(persistent[:, OPTIMIZER], layout, OPTIMIZER_STATES[optimizer] * train)
-    np.add.at(persistent[:, COMMUNICATION], layout, np.where(sa > 1, train, 0.0))
-    # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
-    if optimizer == "adam":
-        for lay in range(n_layouts):
-            mine = train[layout == lay]
-            tmp = mine.sum() if foreach else 2 * mine.max(initial=0.0)
-            blocks.add(lay, tmp, TRANSIENT, (A_OPT, lay, START), (A_OPT, lay, END),
-                       per_mb=FIRST_MB)
-
-    k = len(rows)
-    return MemoryPlan(
-        layout=np.fromiter((r[0] for r in rows), np.int64, k),
-        on_host=np.fromiter((r[1] for r in rows), bool, k),
-        bytes=np.fromiter((r[2] for r in rows), np.float64, k),
-        category=np.fromiter((r[3] for r in rows), np.int64, k),
-        per_mb=np.fromiter((r[4] for r in rows), np.int64, k),
-        alloc=np.array([r[5] for r in rows], np.int64).reshape(k, 3),
-        free=np.array([r[6] for r in rows], np.int64).reshape(k, 3, 3),
-        copies=copies, offloaded=offloaded, compressed=compressed, persistent=persistent)
-
+    table = BlockTable(ga, placed, layout, degrees, microbatches, optimizer=optimizer,
+                       foreach=foreach)
+    return table.plan(policy, segment, ratio)

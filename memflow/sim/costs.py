@@ -43,7 +43,10 @@ def _parts(degrees: tuple[int, int, int]) -> np.ndarray:
     return np.stack([si.ravel(), ai.ravel(), pi.ravel()], 1)
 
 
-def _ring(ca, groups: list[np.ndarray]) -> tuple[float, float, int]:
+Route = Callable[[int, int], list[int]]
+
+
+def _ring(ca, groups: list[np.ndarray], route: Route) -> tuple[float, float, int]:
     """Bandwidth, latency and size of rings run at once over ``groups`` (device positions)."""
     size = len(groups[0]) if groups else 1
     if size < 2:
@@ -51,8 +54,8 @@ def _ring(ca, groups: list[np.ndarray]) -> tuple[float, float, int]:
     use: dict[int, int] = {}
     lat = 0.0
     for g in groups:
-        for x, y in zip(g, np.roll(g, -1)):
-            path = ca.routing.route(int(x), int(y))
+        for x, y in zip(g.tolist(), np.roll(g, -1).tolist()):
+            path = route(x, y)
             for lid in path:
                 use[lid] = use.get(lid, 0) + 1
             lat = max(lat, float(ca.link_latency[path].sum()))
@@ -60,21 +63,23 @@ def _ring(ca, groups: list[np.ndarray]) -> tuple[float, float, int]:
     return float(bw), lat, size
 
 
-def _host_links(ca, devs: np.ndarray, up: bool) -> tuple[np.ndarray, float, float]:
+def _host_links(ca, devs: np.ndarray, up: bool, route: Route) -> tuple[np.ndarray, float, float]:
     n = len(ca.devices)
     links: list[int] = []
     slow, lat = 0.0, 0.0
-    for d in devs:
+    for d in devs.tolist():
         h = n + int(ca.host[d])
-        path = ca.routing.route(int(d), h) if up else ca.routing.route(h, int(d))
+        path = route(d, h) if up else route(h, d)
         links += path
         slow = max(slow, float(np.max(1.0 / ca.link_rate[path])) if path else 0.0)
         lat = max(lat, float(ca.link_latency[path].sum()))
     return np.unique(np.asarray(links, np.int64)), slow, lat
 
 
-def layout_cost(ca, key: tuple) -> LayoutCost:
-    """The cost figures of placement ``key`` = ``(sample, parameter, attribute, devices)``."""
+def layout_cost(ca, key: tuple, route: Route | None = None) -> LayoutCost:
+    """The cost figures of placement ``key`` = ``(sample, parameter, attribute, devices)``;
+    ``route(a, b)`` (default: the cluster's) gives the link ids between two vertices."""
+    route = route or ca.routing.route
     s, p, a, names = key
     devs = ca.devices.get_indexer(list(names)).astype(np.int64)
     f32 = ca.flops_fp32[devs] * ca.compute_efficiency[devs]
@@ -86,8 +91,10 @@ def layout_cost(ca, key: tuple) -> LayoutCost:
     by_region = [devs[(parts[:, 0] == i) & (parts[:, 1] == j)] for i in range(s) for j in range(a)]
     return LayoutCost(devices=devs, flops32=float(f32.min()), flops16=float(f16.min()),
                       mem_rate=float(mem.min()), launch=float(ca.launch_overhead[devs].max()),
-                      d2h=_host_links(ca, devs, True), h2d=_host_links(ca, devs, False),
-                      param_ring=_ring(ca, by_region), replica_ring=_ring(ca, by_param))
+                      d2h=_host_links(ca, devs, True, route),
+                      h2d=_host_links(ca, devs, False, route),
+                      param_ring=_ring(ca, by_region, route),
+                      replica_ring=_ring(ca, by_param, route))
 
 
 def ring_time(nbytes, bandwidth, latency, members):
@@ -103,7 +110,7 @@ def ring_time(nbytes, bandwidth, latency, members):
 
 
 def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
-              route: Callable[[int, int], list[int]] | None = None) -> tuple[np.ndarray, float, float]:
+              route: Route | None = None) -> tuple[np.ndarray, float, float]:
     """Channels, seconds per byte of the whole tensor, and latency of copying a tensor from
     placement ``src`` to placement ``dst`` (both ``(s, p, a, devices)``).
 
@@ -112,6 +119,13 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
     index, modulo); it takes each overlapping piece from the producer part with the same
     parameter rank (modulo), or from its own device when that already holds the region.
     ``route(a, b)`` (default: the cluster's) gives the link ids between two device positions.
+
+    >>> import memflow
+    >>> ca = memflow.Cluster.preset("4xV100-16GB").arrays
+    >>> links, per_byte, lat = copy_cost(ca, (1, 1, 1, ("gpu0",)), (2, 1, 1, ("gpu0", "gpu1")),
+    ...                                  True)
+    >>> len(links), per_byte > 0
+    (2, True)
     """
     route = route or ca.routing.route
     s1, p1, a1, n1 = src
@@ -119,31 +133,26 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
     d1 = ca.devices.get_indexer(list(n1))
     d2 = ca.devices.get_indexer(list(n2))
     P1, P2 = _parts((s1, p1, a1)), _parts((s2, p2, a2))
+    si, ai, pi = (P2[:, j, None] for j in range(3))        # destination parts: rows
+    sj, aj, pj = (P1[None, :, j] for j in range(3))        # producer parts: columns
+    if per_sample:
+        ov = (np.maximum(0.0, np.minimum((si + 1) / s2, (sj + 1) / s1) - np.maximum(si / s2, sj / s1))
+              * np.maximum(0.0, np.minimum((ai + 1) / a2, (aj + 1) / a1)
+                           - np.maximum(ai / a2, aj / a1)))
+    else:   # replicated: from the producer part of the same replica
+        ov = ((sj == si % s1) & (aj == ai % a1)).astype(np.float64)
+    # a destination device that holds a producer part of the same region takes nothing
+    region = P1[:, 0] * a1 + P1[:, 1]
+    held = np.zeros((s1 * a1, len(ca.devices)), bool)
+    held[region, d1] = True
+    need = (pj == pi % p1) & (ov > 0) & ~held[region[None, :], d2[:, None]]
     load: dict[int, float] = {}
     lat = 0.0
-    for k2, (si, ai, pi) in enumerate(P2):
-        e = int(d2[k2])
-        if per_sample:
-            lo_s, hi_s, lo_a, hi_a = si / s2, (si + 1) / s2, ai / a2, (ai + 1) / a2
-        else:
-            lo_s, hi_s, lo_a, hi_a = 0.0, 1.0, 0.0, 1.0
-        for k1, (sj, aj, pj) in enumerate(P1):
-            if pj != pi % p1:
-                continue
-            if per_sample:
-                ov = (max(0.0, min(hi_s, (sj + 1) / s1) - max(lo_s, sj / s1))
-                      * max(0.0, min(hi_a, (aj + 1) / a1) - max(lo_a, aj / a1)))
-            else:   # replicated: from the producer part of the same replica
-                ov = 1.0 if (sj, aj) == (si % s1, ai % a1) else 0.0
-            if ov <= 0:
-                continue
-            holders = d1[(P1[:, 0] == sj) & (P1[:, 1] == aj)]
-            if e in holders:
-                continue
-            path = route(int(d1[k1]), e)
-            for lid in path:
-                load[lid] = load.get(lid, 0.0) + ov
-            lat = max(lat, float(ca.link_latency[path].sum()))
+    for k2, k1 in zip(*np.nonzero(need)):
+        path = route(int(d1[k1]), int(d2[k2]))
+        for lid in path:
+            load[lid] = load.get(lid, 0.0) + float(ov[k2, k1])
+        lat = max(lat, float(ca.link_latency[path].sum()))
     if not load:
         return np.zeros(0, np.int64), 0.0, 0.0
     links = np.fromiter(load, np.int64, len(load))

@@ -9,19 +9,25 @@ are free.
 
 Dependencies are task ids; ``-(j + 1)`` means "after task ``j`` *starts*" (a prefetch is issued
 when the backward before it starts, one unit ahead, as vDNN does).
+
+What the placements decide (program order, reads, gradients, copies, DDP buckets) is a
+:class:`Structure`, made once per placement; :func:`expand` adds what the policies decide
+(offloads, prefetches, compressions, recomputations) in one compiled pass that also looks up
+each task's duration and channel set.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..memory.arrays import GraphArrays
-from ..memory.plan import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
-                           A_PREFETCH, A_RECOMP, A_XFER, MemoryPlan)
+from ..memory.plan import MemoryPlan, segment_starts
+from ..memory.records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
+                              A_PREFETCH, A_RECOMP, A_XFER, Placed)
+from ..memory.jit import njit
 from .pipeline import program_order
 
-__all__ = ["Tasks", "expand", "KINDS", "ROLES"]
+__all__ = ["Tasks", "Structure", "Timing", "structure", "expand", "KINDS", "ROLES"]
 
 KINDS = ("forward", "backward", "recompute", "transfer", "allreduce", "offload", "prefetch",
          "compress", "decompress", "optimizer")
@@ -35,223 +41,452 @@ FIRST_BUCKET = 2 ** 20          # DDP's first bucket is small so communication s
 
 @dataclass
 class Tasks:
-    """Tasks in program order (parallel lists) and where each memory anchor lands."""
+    """Tasks in program order (arrays) and the task of each memory anchor.
 
-    kind: list[int] = field(default_factory=list)
-    unit: list[int] = field(default_factory=list)
-    mb: list[int] = field(default_factory=list)
-    role: list[int] = field(default_factory=list)
-    key: list[int] = field(default_factory=list)      # layout, or copy id for copies
-    work: list[float] = field(default_factory=list)   # bytes moved (compute: TP all-reduce)
-    deps: list[list[int]] = field(default_factory=list)
-    anchor: dict[tuple[int, int, int], int] = field(default_factory=dict)
-    first_mb: dict[tuple[int, int], int] = field(default_factory=dict)  # (kind, key) -> task
-
-    def add(self, kind: int, unit: int, mb: int, role: int, key: int, deps: list[int],
-            work: float = 0.0, anchor: tuple[int, int] | None = None) -> int:
-        tid = len(self.kind)
-        self.kind.append(kind)
-        self.unit.append(unit)
-        self.mb.append(mb)
-        self.role.append(role)
-        self.key.append(key)
-        self.work.append(work)
-        self.deps.append(deps)
-        if anchor is not None:
-            self.anchor[(anchor[0], anchor[1], mb)] = tid
-            self.first_mb.setdefault(anchor, tid)
-        return tid
-
-
-def _reads(ga: GraphArrays, layout: np.ndarray, plan: MemoryPlan) -> list[list[tuple[int, int]]]:
-    """Per unit: anchors ``(A_FWD, producer)`` or ``(A_XFER, copy)`` its forward waits for."""
-    copy_of = {(c.tensor, c.dst_layout): i for i, c in enumerate(plan.copies)}
-    reads: list[list[tuple[int, int]]] = [[] for _ in range(ga.n)]
-    for t in range(len(ga.bytes)):
-        prod = int(ga.producer[t])
-        for v in set(ga.readers[t]) | set(ga.savers[t]):
-            if v == prod:
-                continue
-            ci = copy_of.get((t, int(layout[v])))
-            if ci is not None:
-                reads[v].append((A_XFER, ci))
-            elif prod >= 0:
-                reads[v].append((A_FWD, prod))
-    return [sorted(set(r)) for r in reads]
-
-
-def _grads_in(ga: GraphArrays, layout: np.ndarray, plan: MemoryPlan) -> list[list[tuple[int, int]]]:
-    """Per unit: anchors ``(A_BWD, reader)`` or ``(A_GXFER, copy)`` its backward waits for."""
-    copy_of = {(c.tensor, c.dst_layout): i for i, c in enumerate(plan.copies)}
-    deps: list[set] = [set() for _ in range(ga.n)]
-    last = ga.n - 1
-    for t in range(len(ga.bytes)):
-        prod = int(ga.producer[t])
-        if prod < 0:
-            continue
-        if ga.is_output[t] and prod != last:
-            deps[prod].add((A_FWD, last))
-        for v in ga.readers[t]:
-            ci = copy_of.get((t, int(layout[v])))
-            deps[prod].add((A_GXFER, ci) if ci is not None and plan.copies[ci].grad
-                           else (A_BWD, v))
-    return [sorted(d) for d in deps]
-
-
-def _buckets(ga: GraphArrays, layout: np.ndarray, part: np.ndarray, units: list[int]) -> list[list[int]]:
-    """DDP buckets over ``units`` (backward order): ~1 MiB first, then ~25 MiB each."""
-    out: list[list[int]] = []
-    cur: list[int] = []
-    size = 0.0
-    for u in units:
-        if ga.trainable_bytes[u] <= 0:
-            continue
-        cur.append(u)
-        size += ga.trainable_bytes[u] / part[u]
-        if size >= (FIRST_BUCKET if not out else BUCKET_CAP):
-            out.append(cur)
-            cur, size = [], 0.0
-    if cur:
-        out.append(cur)
-    return out
-
-
-def expand(ga: GraphArrays, strategy, plan: MemoryPlan, cache: dict | None = None) -> Tasks:
-    """The tasks of one step of ``strategy`` on ``ga``'s graph, with ``plan``'s side tasks.
-
-    ``cache`` (a dict the caller keeps) holds what depends on placements only, so strategies
-    that differ in memory policies alone share it.
+    ``table[kind, key, microbatch]`` is the task of anchor ``(kind, key)`` in a micro-batch
+    (-1: none), ``first[kind, key]`` its first task in program order. ``channel_set`` indexes
+    the channel sets of the :class:`Structure` (compute, comm, to-host, from-host per layout,
+    then copy and copy-back per copy).
     """
-    n, M = ga.n, strategy.microbatches
-    layout = strategy.layout_ids
-    degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-    p = degrees[layout, 1]
-    replicated = (degrees[:, 0] * degrees[:, 2]) > 1
-    segment = strategy.segment
-    stage = np.maximum(strategy.stage, 0)
+
+    kind: np.ndarray
+    unit: np.ndarray
+    mb: np.ndarray
+    role: np.ndarray
+    key: np.ndarray           # layout, or copy id for copies
+    work: np.ndarray          # bytes moved (compute: TP all-reduce)
+    duration: np.ndarray
+    channel_set: np.ndarray
+    dep_ptr: np.ndarray
+    dep_idx: np.ndarray
+    table: np.ndarray
+    first: np.ndarray
+
+    @property
+    def deps(self) -> list[list[int]]:
+        """Dependencies of each task as lists (see the module docstring)."""
+        return [self.dep_idx[a:b].tolist() for a, b in zip(self.dep_ptr[:-1], self.dep_ptr[1:])]
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+@dataclass
+class Structure:
+    """What expansion needs from the placements: per unit, per copy, per bucket arrays."""
+
+    n_layouts: int
+    op_stage: np.ndarray       # program order of (stage, backward?, micro-batch)
+    op_back: np.ndarray
+    op_mb: np.ndarray
+    stage_units: tuple[np.ndarray, np.ndarray]    # CSR per stage, units ascending
+    final_mb: np.ndarray       # per stage: micro-batch of its last backward
+    reads: tuple[np.ndarray, np.ndarray]          # CSR per unit, anchors (kind, key)
+    grads_in: tuple[np.ndarray, np.ndarray]
+    copies_from: tuple[np.ndarray, np.ndarray]    # CSR per unit: copies after its forward
+    copies_back: tuple[np.ndarray, np.ndarray]    # CSR per unit: gradient copies after backward
+    copy_src: np.ndarray       # the copy waits for its producer's forward
+    copy_bytes: np.ndarray
+    layout: np.ndarray         # per unit
+    tp_out: np.ndarray         # per unit: bytes of the tensor-parallel all-reduce in forward
+    tp_in: np.ndarray          # ... and of the input gradient in backward
+    buckets: tuple[np.ndarray, np.ndarray]        # CSR per stage: bucket ids
+    bucket_layout: np.ndarray
+    bucket_bytes: np.ndarray
+    bucket_units: tuple[np.ndarray, np.ndarray]   # CSR per bucket
+
+
+@dataclass
+class Timing:
+    """Durations the cluster gives: per unit, per bucket, per copy, per layout."""
+
+    forward: np.ndarray        # per unit (recomputation takes as long)
+    backward: np.ndarray
+    allreduce: np.ndarray      # per bucket
+    copy: np.ndarray           # per copy
+    copy_back: np.ndarray
+    d2h: np.ndarray            # per layout: (seconds per byte, latency)
+    h2d: np.ndarray
+    optimizer: np.ndarray      # per layout
+    compress: np.ndarray       # per unit: bytes per second (1 where it does not compress)
+    decompress: np.ndarray
+
+    @classmethod
+    def untimed(cls, S: "Structure", n_units: int) -> "Timing":
+        """Every task takes no time (for program-order replays such as ``memflow.estimate``)."""
+        def zeros(k: int, *shape: int) -> np.ndarray:
+            return np.zeros((k, *shape))
+
+        return cls(forward=zeros(n_units), backward=zeros(n_units),
+                   allreduce=zeros(len(S.bucket_layout)), copy=zeros(len(S.copy_src)),
+                   copy_back=zeros(len(S.copy_src)), d2h=zeros(S.n_layouts, 2),
+                   h2d=zeros(S.n_layouts, 2), optimizer=zeros(S.n_layouts),
+                   compress=np.ones(n_units), decompress=np.ones(n_units))
+
+
+def _ptr(rows: np.ndarray, n_rows: int) -> np.ndarray:
+    ptr = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=n_rows), out=ptr[1:])
+    return ptr
+
+
+@njit
+def _bucketize(stage_ptr, stage_units, layout, replicated, part_bytes, first_cap, cap):
+    """DDP buckets per stage: per layout (ascending) its units in backward order, ~1 MiB
+    first, then ~25 MiB each. Returns (stage of bucket, layout, bytes, unit ptr, units)."""
+    n_st = len(stage_ptr) - 1
+    b_stage = np.empty(len(stage_units), np.int64)
+    b_lay = np.empty(len(stage_units), np.int64)
+    b_bytes = np.empty(len(stage_units))
+    b_ptr = np.zeros(len(stage_units) + 1, np.int64)
+    units = np.empty(len(stage_units), np.int64)
+    nb = 0
+    nu = 0
+    for s in range(n_st):
+        mine = stage_units[stage_ptr[s]:stage_ptr[s + 1]]
+        lays = np.unique(layout[mine])
+        for lay in lays:
+            if not replicated[lay]:
+                continue
+            size = 0.0
+            first = True
+            count = 0
+            for j in range(len(mine) - 1, -1, -1):
+                u = mine[j]
+                if layout[u] != lay or part_bytes[u] <= 0:
+                    continue
+                units[nu] = u
+                nu += 1
+                count += 1
+                size += part_bytes[u]
+                if size >= (first_cap if first else cap):
+                    b_stage[nb], b_lay[nb], b_bytes[nb] = s, lay, 0.0
+                    nb += 1
+                    b_ptr[nb] = nu
+                    first = False
+                    size = 0.0
+                    count = 0
+            if count:
+                b_stage[nb], b_lay[nb] = s, lay
+                nb += 1
+                b_ptr[nb] = nu
+    for b in range(nb):   # summed again in bucket order, as DDP's flat buffer is
+        total = 0.0
+        for k in range(b_ptr[b], b_ptr[b + 1]):
+            total += part_bytes[units[k]]
+        b_bytes[b] = total
+    return b_stage[:nb], b_lay[:nb], b_bytes[:nb], b_ptr[:nb + 1], units[:nu]
+
+
+def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage: np.ndarray,
+              microbatches: int, schedule: str) -> Structure:
+    """The placement-only part of the expansion of one strategy."""
+    n, M = ga.n, int(microbatches)
+    stage = np.maximum(stage, 0)
     stages = int(stage.max()) + 1
-    key = (layout.tobytes(), tuple(strategy.layouts), strategy.stage.tobytes(), M,
-           strategy.schedule)
-    placed = cache.get(key) if cache is not None else None
-    if placed is None:
-        placed = (_reads(ga, layout, plan), _grads_in(ga, layout, plan),
-                  program_order(stages, M, strategy.schedule))
-        if cache is not None:
-            cache[key] = placed
-    reads, grads_in, order_ops = placed
-    out_bytes = np.zeros(n)
-    in_grad_bytes = np.zeros(n)
-    for t in range(len(ga.bytes)):
-        prod = int(ga.producer[t])
-        size = ga.bytes[t] / (M if ga.per_sample[t] else 1)
-        if prod >= 0 and (ga.readers[t] or ga.is_output[t]):
-            out_bytes[prod] += size
-        if ga.requires_grad[t]:
-            for v in ga.readers[t]:
-                in_grad_bytes[v] += size
+    order = program_order(stages, M, schedule)
+    op_stage = np.array([s for s, _, _ in order], np.int64)
+    op_back = np.array([op == "B" for _, op, _ in order], bool)
+    op_mb = np.array([m for _, _, m in order], np.int64)
+    last_op = np.full(stages, -1)
+    np.maximum.at(last_op, op_stage[op_back], np.flatnonzero(op_back))
+    final_mb = op_mb[last_op]          # micro-batch of each stage's last backward
+    st_ptr = _ptr(stage, stages)
+    st_units = np.argsort(stage, kind="stable")
+    # bytes of each unit's outputs and of the gradients of its inputs (tensor parallelism)
+    p = degrees[layout, 1]
     sa = degrees[layout, 0] * degrees[layout, 2]
-    tp_out = np.where(p > 1, out_bytes / sa, 0.0)
-    tp_in = np.where(p > 1, in_grad_bytes / sa, 0.0)
-    copies_from: dict[int, list[int]] = {}
-    copies_back: dict[int, list[int]] = {}
-    for ci, c in enumerate(plan.copies):
-        prod = int(ga.producer[c.tensor])
-        copies_from.setdefault(prod if prod >= 0 else c.first_reader, []).append(ci)
-        if c.grad:
-            copies_back.setdefault(c.first_reader, []).append(ci)
-    seg_units: dict[int, list[int]] = {}
-    for u in range(n):
-        if segment[u] >= 0:
-            seg_units.setdefault(int(segment[u]), []).append(u)
-    by_stage = [np.flatnonzero(stage == s).tolist() for s in range(stages)]
-    final_mb = {s: m for s, op, m in order_ops if op == "B"}
+    size = ga.bytes / np.where(ga.per_sample, M, 1)
+    has_readers = np.diff(ga.readers_ptr) > 0
+    out = np.flatnonzero((ga.producer >= 0) & (has_readers | ga.is_output))
+    out_bytes = np.zeros(n)
+    np.add.at(out_bytes, ga.producer[out], size[out])
+    r_t = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.readers_ptr))
+    grad = ga.requires_grad[r_t]
+    in_grad = np.zeros(n)
+    np.add.at(in_grad, ga.readers_idx[grad], size[r_t[grad]])
+    cp = placed.copies
+    src_unit = np.where(ga.producer[cp.tensor] >= 0, ga.producer[cp.tensor], cp.first_reader)
+    c_ids = np.arange(len(cp))
+    back = np.flatnonzero(cp.grad)
+    replicated = (degrees[:, 0] * degrees[:, 2]) > 1
+    b_stage, b_lay, b_bytes, b_ptr, b_units = _bucketize(
+        st_ptr, st_units, layout, replicated, ga.trainable_bytes / p, float(FIRST_BUCKET),
+        float(BUCKET_CAP))
+    return Structure(
+        n_layouts=len(degrees), op_stage=op_stage, op_back=op_back, op_mb=op_mb,
+        stage_units=(st_ptr, st_units), final_mb=final_mb, reads=placed.reads,
+        grads_in=placed.grads_in,
+        copies_from=(_ptr(src_unit, n), c_ids[np.argsort(src_unit, kind="stable")]),
+        copies_back=(_ptr(cp.first_reader[back], n),
+                     back[np.argsort(cp.first_reader[back], kind="stable")]),
+        copy_src=ga.producer[cp.tensor] >= 0, copy_bytes=cp.bytes, layout=layout,
+        tp_out=np.where(p > 1, out_bytes / sa, 0.0), tp_in=np.where(p > 1, in_grad / sa, 0.0),
+        buckets=(_ptr(b_stage, stages), np.arange(len(b_stage))), bucket_layout=b_lay,
+        bucket_bytes=b_bytes, bucket_units=(b_ptr, b_units))
 
-    # plain lists: the loops below read single elements, which numpy makes slow
-    lay_l, seg_l = layout.tolist(), segment.tolist()
-    off_l, comp_l = plan.offloaded.tolist(), plan.compressed.tolist()
-    tpo_l, tpi_l = tp_out.tolist(), tp_in.tolist()
-    T = Tasks()
-    fwd_done: dict[tuple[int, int], int] = {}   # (unit, mb) -> task readers wait for
-    bwd_done: dict[tuple[int, int], int] = {}
 
-    def resolve(anchors: list[tuple[int, int]], m: int) -> list[int]:
-        out = []
-        for kind, key in anchors:
-            if kind == A_FWD:
-                out.append(fwd_done[(key, m)])
-            elif kind == A_BWD:
-                out.append(bwd_done[(key, m)])
-            else:
-                out.append(T.anchor[(kind, key, m)])
-        return out
+@njit
+def _count(S_ptr, S_units, rd_ptr, gi_ptr, cf_ptr, cb_ptr, off, comp, seg_start, seg_last,
+           op_stage, op_back, n_buckets_units, n_buckets, n_layouts):
+    """Upper bounds of the number of tasks and of dependencies."""
+    n_st = len(S_ptr) - 1
+    f_tasks = np.zeros(n_st, np.int64)
+    f_deps = np.zeros(n_st, np.int64)
+    b_tasks = np.zeros(n_st, np.int64)
+    b_deps = np.zeros(n_st, np.int64)
+    for s in range(n_st):
+        for k in range(S_ptr[s], S_ptr[s + 1]):
+            u = S_units[k]
+            copies = cf_ptr[u + 1] - cf_ptr[u]
+            back = cb_ptr[u + 1] - cb_ptr[u]
+            waits = gi_ptr[u + 1] - gi_ptr[u]
+            seg = u - seg_start[u] + 1 if seg_last[u] else 0
+            f_tasks[s] += 3 + copies
+            f_deps[s] += rd_ptr[u + 1] - rd_ptr[u] + 3 + copies
+            b_tasks[s] += 4 + seg + back
+            b_deps[s] += waits * (seg + 1) + 7 + back
+    tasks = n_buckets + n_layouts
+    deps = n_buckets_units + 4 * n_layouts
+    for i in range(len(op_stage)):
+        if op_back[i]:
+            tasks += b_tasks[op_stage[i]]
+            deps += b_deps[op_stage[i]]
+        else:
+            tasks += f_tasks[op_stage[i]]
+            deps += f_deps[op_stage[i]]
+    return tasks, deps
 
-    for s, op, m in order_ops:
-        units = by_stage[s]
-        if op == "F":
-            offloading: list[int] = []
-            for u in units:
-                lay = int(lay_l[u])
+
+@njit
+def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units, final_mb,
+            rd_ptr, rd_kind, rd_key, gi_ptr, gi_kind, gi_key, cf_ptr, cf_copy, cb_ptr,
+            cb_copy, copy_src, copy_bytes, layout, tp_out, tp_in, off, comp, seg_start,
+            seg_last, bk_ptr, bk_lay, bk_bytes, bu_ptr, bu_units, d_fwd, d_bwd, d_ar, d_cp,
+            d_cpb, d2h, h2d, d_opt, r_comp, r_decomp, n_tasks, n_deps):
+    kind = np.empty(n_tasks, np.int64)
+    unit = np.empty(n_tasks, np.int64)
+    mb = np.empty(n_tasks, np.int64)
+    role = np.empty(n_tasks, np.int64)
+    key = np.empty(n_tasks, np.int64)
+    work = np.empty(n_tasks)
+    dur = np.empty(n_tasks)
+    cset = np.empty(n_tasks, np.int64)
+    dep_ptr = np.zeros(n_tasks + 1, np.int64)
+    dep_idx = np.empty(n_deps, np.int64)
+    n_keys = max(n, n_copies, n_layouts, 1)
+    table = np.full((10, n_keys, M), -1, np.int64)
+    first = np.full((10, n_keys), -1, np.int64)
+    last4 = np.full((n_layouts, 4), -1, np.int64)   # last backward/all-reduce tasks per layout
+    set_base = np.array([0, n_layouts, 2 * n_layouts, 3 * n_layouts, 4 * n_layouts,
+                         4 * n_layouts + n_copies])
+    wait = np.empty(max(len(gi_kind), 1), np.int64)
+    t = 0
+    d = 0
+    for i in range(len(op_stage)):
+        s, m = op_stage[i], op_mb[i]
+        lo, hi = S_ptr[s], S_ptr[s + 1]
+        if not op_back[i]:
+            offloading = -1
+            for k in range(lo, hi):
+                u = S_units[k]
+                lay = layout[u]
                 # Megatron: a split unit all-reduces its output (work: bytes), synchronously;
                 # vDNN: a forward waits for the previous unit's offload, which bounds memory
-                f = T.add(K_FWD, u, m, R_COMPUTE, lay, resolve(reads[u], m) + offloading,
-                          tpo_l[u], (A_FWD, u))
-                done = fwd_done[(u, m)] = f
-                offloading = []
-                if off_l[u] > 0:
-                    offloading = [T.add(K_OFFLOAD, u, m, R_D2H, lay, [f], off_l[u],
-                                        (A_OFFLOAD, u))]
-                if comp_l[u] > 0:
-                    T.add(K_COMPRESS, u, m, R_COMPUTE, lay, [f], comp_l[u],
-                          (A_COMPRESS, u))
-                for ci in copies_from.get(u, ()):
-                    c = plan.copies[ci]
-                    src = [done] if ga.producer[c.tensor] >= 0 else []
-                    T.add(K_XFER, u, m, R_COPY, ci, src, c.bytes, (A_XFER, ci))
+                for j in range(rd_ptr[u], rd_ptr[u + 1]):
+                    dep_idx[d] = table[rd_kind[j], rd_key[j], m]
+                    d += 1
+                if offloading >= 0:
+                    dep_idx[d] = offloading
+                    d += 1
+                f = t
+                kind[t], unit[t], mb[t], role[t], key[t] = K_FWD, u, m, R_COMPUTE, lay
+                work[t], dur[t], cset[t] = tp_out[u], d_fwd[u], set_base[R_COMPUTE] + lay
+                table[A_FWD, u, m] = t
+                if first[A_FWD, u] < 0:
+                    first[A_FWD, u] = t
+                t += 1
+                dep_ptr[t] = d
+                offloading = -1
+                if off[u] > 0:
+                    dep_idx[d] = f
+                    d += 1
+                    kind[t], unit[t], mb[t], role[t], key[t] = K_OFFLOAD, u, m, R_D2H, lay
+                    work[t], dur[t] = off[u], off[u] * d2h[lay, 0] + d2h[lay, 1]
+                    cset[t] = set_base[R_D2H] + lay
+                    table[A_OFFLOAD, u, m] = t
+                    if first[A_OFFLOAD, u] < 0:
+                        first[A_OFFLOAD, u] = t
+                    offloading = t
+                    t += 1
+                    dep_ptr[t] = d
+                if comp[u] > 0:
+                    dep_idx[d] = f
+                    d += 1
+                    kind[t], unit[t], mb[t], role[t], key[t] = K_COMPRESS, u, m, R_COMPUTE, lay
+                    work[t], dur[t] = comp[u], comp[u] / r_comp[u]
+                    cset[t] = set_base[R_COMPUTE] + lay
+                    table[A_COMPRESS, u, m] = t
+                    if first[A_COMPRESS, u] < 0:
+                        first[A_COMPRESS, u] = t
+                    t += 1
+                    dep_ptr[t] = d
+                for j in range(cf_ptr[u], cf_ptr[u + 1]):
+                    c = cf_copy[j]
+                    if copy_src[c]:
+                        dep_idx[d] = f
+                        d += 1
+                    kind[t], unit[t], mb[t], role[t], key[t] = K_XFER, u, m, R_COPY, c
+                    work[t], dur[t], cset[t] = copy_bytes[c], d_cp[c], set_base[R_COPY] + c
+                    table[A_XFER, c, m] = t
+                    if first[A_XFER, c] < 0:
+                        first[A_XFER, c] = t
+                    t += 1
+                    dep_ptr[t] = d
             continue
-        order = units[::-1]
-        prev_compute: int | None = None
-        for j, u in enumerate(order):
-            lay = int(lay_l[u])
-            wait = resolve(grads_in[u], m)
-            if prev_compute is None and off_l[u] > 0:
-                T.add(K_PREFETCH, u, m, R_H2D, lay, [T.anchor[(A_OFFLOAD, u, m)]],
-                      off_l[u], (A_PREFETCH, u))
-            if seg_l[u] >= 0 and (u + 1 >= n or seg_l[u + 1] != seg_l[u]):
-                for v in seg_units[int(seg_l[u])]:
-                    prev_compute = T.add(K_RECOMP, v, m, R_COMPUTE, lay, list(wait), tpo_l[v],
-                                         (A_RECOMP, v))
-            if comp_l[u] > 0:
-                T.add(K_DECOMP, u, m, R_COMPUTE, lay, [T.anchor[(A_COMPRESS, u, m)]],
-                      comp_l[u], (A_DECOMP, u))
-            deps = wait + [fwd_done[(u, m)]]
-            for kind in (A_PREFETCH, A_DECOMP):
-                if (kind, u, m) in T.anchor:
-                    deps.append(T.anchor[(kind, u, m)])
+        prev_compute = -1
+        for k in range(hi - 1, lo - 1, -1):
+            u = S_units[k]
+            lay = layout[u]
+            nw = 0
+            for j in range(gi_ptr[u], gi_ptr[u + 1]):
+                wait[nw] = table[gi_kind[j], gi_key[j], m]
+                nw += 1
+            if prev_compute < 0 and off[u] > 0:
+                dep_idx[d] = table[A_OFFLOAD, u, m]
+                d += 1
+                kind[t], unit[t], mb[t], role[t], key[t] = K_PREFETCH, u, m, R_H2D, lay
+                work[t], dur[t] = off[u], off[u] * h2d[lay, 0] + h2d[lay, 1]
+                cset[t] = set_base[R_H2D] + lay
+                table[A_PREFETCH, u, m] = t
+                if first[A_PREFETCH, u] < 0:
+                    first[A_PREFETCH, u] = t
+                t += 1
+                dep_ptr[t] = d
+            if seg_last[u]:
+                for v in range(seg_start[u], u + 1):
+                    for j in range(nw):
+                        dep_idx[d] = wait[j]
+                        d += 1
+                    kind[t], unit[t], mb[t], role[t], key[t] = K_RECOMP, v, m, R_COMPUTE, lay
+                    work[t], dur[t], cset[t] = tp_out[v], d_fwd[v], set_base[R_COMPUTE] + lay
+                    table[A_RECOMP, v, m] = t
+                    if first[A_RECOMP, v] < 0:
+                        first[A_RECOMP, v] = t
+                    prev_compute = t
+                    t += 1
+                    dep_ptr[t] = d
+            if comp[u] > 0:
+                dep_idx[d] = table[A_COMPRESS, u, m]
+                d += 1
+                kind[t], unit[t], mb[t], role[t], key[t] = K_DECOMP, u, m, R_COMPUTE, lay
+                work[t], dur[t] = comp[u], comp[u] / r_decomp[u]
+                cset[t] = set_base[R_COMPUTE] + lay
+                table[A_DECOMP, u, m] = t
+                if first[A_DECOMP, u] < 0:
+                    first[A_DECOMP, u] = t
+                t += 1
+                dep_ptr[t] = d
             # ... and its input gradient in backward
-            b = T.add(K_BWD, u, m, R_COMPUTE, lay, deps, tpi_l[u], (A_BWD, u))
-            prev_compute = done = bwd_done[(u, m)] = b
-            for ci in copies_back.get(u, ()):
-                T.add(K_XFER, u, m, R_COPYBACK, ci, [done], plan.copies[ci].bytes, (A_GXFER, ci))
-            if j + 1 < len(order) and off_l[order[j + 1]] > 0:
-                v = order[j + 1]
-                T.add(K_PREFETCH, v, m, R_H2D, int(lay_l[v]),
-                      [T.anchor[(A_OFFLOAD, v, m)], -(b + 1)], off_l[v],
-                      (A_PREFETCH, v))
+            for j in range(nw):
+                dep_idx[d] = wait[j]
+                d += 1
+            dep_idx[d] = table[A_FWD, u, m]
+            d += 1
+            for a in (A_PREFETCH, A_DECOMP):
+                if table[a, u, m] >= 0:
+                    dep_idx[d] = table[a, u, m]
+                    d += 1
+            b = t
+            kind[t], unit[t], mb[t], role[t], key[t] = K_BWD, u, m, R_COMPUTE, lay
+            work[t], dur[t], cset[t] = tp_in[u], d_bwd[u], set_base[R_COMPUTE] + lay
+            table[A_BWD, u, m] = t
+            if first[A_BWD, u] < 0:
+                first[A_BWD, u] = t
+            last4[lay, :3] = last4[lay, 1:].copy()
+            last4[lay, 3] = t
+            prev_compute = t
+            t += 1
+            dep_ptr[t] = d
+            for j in range(cb_ptr[u], cb_ptr[u + 1]):
+                c = cb_copy[j]
+                dep_idx[d] = b
+                d += 1
+                kind[t], unit[t], mb[t], role[t], key[t] = K_XFER, u, m, R_COPYBACK, c
+                work[t], dur[t], cset[t] = copy_bytes[c], d_cpb[c], set_base[R_COPYBACK] + c
+                table[A_GXFER, c, m] = t
+                if first[A_GXFER, c] < 0:
+                    first[A_GXFER, c] = t
+                t += 1
+                dep_ptr[t] = d
+            if k - 1 >= lo and off[S_units[k - 1]] > 0:
+                v = S_units[k - 1]
+                dep_idx[d] = table[A_OFFLOAD, v, m]
+                dep_idx[d + 1] = -(b + 1)
+                d += 2
+                kind[t], unit[t], mb[t], role[t], key[t] = K_PREFETCH, v, m, R_H2D, layout[v]
+                work[t], dur[t] = off[v], off[v] * h2d[layout[v], 0] + h2d[layout[v], 1]
+                cset[t] = set_base[R_H2D] + layout[v]
+                table[A_PREFETCH, v, m] = t
+                if first[A_PREFETCH, v] < 0:
+                    first[A_PREFETCH, v] = t
+                t += 1
+                dep_ptr[t] = d
         if m == final_mb[s]:   # DDP: all-reduce gradient buckets as backward produces them
-            for lay in sorted({int(lay_l[u]) for u in units}):
-                if not replicated[lay]:
-                    continue
-                mine = [u for u in order if lay_l[u] == lay]
-                for bucket in _buckets(ga, layout, p, mine):
-                    size = float(sum(ga.trainable_bytes[u] / p[u] for u in bucket))
-                    T.add(K_ALLRED, bucket[-1], m, R_COMM, lay,
-                          [bwd_done[(u, m)] for u in bucket], size)
-    n_layouts = len(degrees)
-    last_of_layout: dict[int, list[int]] = {}
-    for tid, (kind, role, key) in enumerate(zip(T.kind, T.role, T.key)):
-        if role in (R_COMPUTE, R_COMM) and kind in (K_BWD, K_ALLRED):
-            last_of_layout.setdefault(key, []).append(tid)
+            for bk in range(bk_ptr[s], bk_ptr[s + 1]):
+                for j in range(bu_ptr[bk], bu_ptr[bk + 1]):
+                    dep_idx[d] = table[A_BWD, bu_units[j], m]
+                    d += 1
+                lay = bk_lay[bk]
+                kind[t], unit[t], mb[t] = K_ALLRED, bu_units[bu_ptr[bk + 1] - 1], m
+                role[t], key[t], work[t], dur[t] = R_COMM, lay, bk_bytes[bk], d_ar[bk]
+                cset[t] = set_base[R_COMM] + lay
+                last4[lay, :3] = last4[lay, 1:].copy()
+                last4[lay, 3] = t
+                t += 1
+                dep_ptr[t] = d
     for lay in range(n_layouts):
-        T.add(K_OPT, -1, 0, R_COMPUTE, lay, last_of_layout.get(lay, [])[-4:],
-              anchor=(A_OPT, lay))
-    return T
+        for j in range(4):
+            if last4[lay, j] >= 0:
+                dep_idx[d] = last4[lay, j]
+                d += 1
+        kind[t], unit[t], mb[t], role[t], key[t] = K_OPT, -1, 0, R_COMPUTE, lay
+        work[t], dur[t], cset[t] = 0.0, d_opt[lay], set_base[R_COMPUTE] + lay
+        table[A_OPT, lay, 0] = t
+        if first[A_OPT, lay] < 0:
+            first[A_OPT, lay] = t
+        t += 1
+        dep_ptr[t] = d
+    return (kind[:t], unit[:t], mb[:t], role[:t], key[:t], work[:t], dur[:t], cset[:t],
+            dep_ptr[:t + 1], dep_idx[:d], table, first)
+
+
+def expand(S: Structure, timing: Timing, plan: MemoryPlan, segment: np.ndarray) -> Tasks:
+    """The tasks of one step: ``S`` with ``plan``'s side tasks and ``segment``'s
+    recomputations, timed by ``timing``."""
+    n = len(S.layout)
+    seg_start = np.zeros(n, np.int64)
+    seg_last = np.zeros(n, bool)
+    if (segment >= 0).any():
+        seg_start = segment_starts(segment)
+        nxt = np.append(segment[1:], -1)
+        seg_last = (segment >= 0) & (nxt != segment)
+    off, comp = plan.offloaded, plan.compressed
+    rd_ptr, rd = S.reads
+    gi_ptr, gi = S.grads_in
+    n_tasks, n_deps = _count(S.stage_units[0], S.stage_units[1], rd_ptr, gi_ptr,
+                             S.copies_from[0], S.copies_back[0], off, comp, seg_start, seg_last,
+                             S.op_stage, S.op_back, len(S.bucket_units[1]),
+                             len(S.bucket_layout), S.n_layouts)
+    M = int(S.op_mb.max()) + 1
+    out = _expand(n, M, S.n_layouts, len(S.copy_src), S.op_stage, S.op_back, S.op_mb,
+                  S.stage_units[0], S.stage_units[1], S.final_mb, rd_ptr, rd[:, 0], rd[:, 1],
+                  gi_ptr, gi[:, 0], gi[:, 1], S.copies_from[0], S.copies_from[1],
+                  S.copies_back[0], S.copies_back[1], S.copy_src, S.copy_bytes, S.layout,
+                  S.tp_out, S.tp_in, off, comp, seg_start, seg_last, S.buckets[0],
+                  S.bucket_layout, S.bucket_bytes, S.bucket_units[0], S.bucket_units[1],
+                  timing.forward, timing.backward, timing.allreduce, timing.copy,
+                  timing.copy_back, timing.d2h, timing.h2d, timing.optimizer, timing.compress,
+                  timing.decompress, n_tasks, n_deps)
+    return Tasks(*out)
+

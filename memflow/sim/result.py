@@ -61,31 +61,28 @@ class SimResult:
         r, sim = self._run, self._sim
         T = r.tasks
         names = np.array(list(sim.ga.names) + [""], dtype=object)
-        unit = np.asarray(T.unit)
         keys = self.strategy.layouts
-        res_cache: dict[tuple[int, int], str] = {}
         links = sim.cluster.links
         n = len(sim.ca.devices)
+        raw = r.placement.raw_sets
 
-        def resource(role: int, key: int) -> str:
-            k = (role, key)
-            if k not in res_cache:
-                if role in (R_COPY, R_COPYBACK) or ROLES[role] in ("to-host", "from-host"):
-                    chans = r.channels[(role, key)]
-                    res_cache[k] = ",".join(f"{links['src'].iat[c - 2 * n]}->"
-                                            f"{links['dst'].iat[c - 2 * n]}" for c in chans)
-                else:
-                    devs = ",".join(keys[key][3])
-                    res_cache[k] = devs if ROLES[role] == "compute" else f"comm:{devs}"
-            return res_cache[k]
+        def resource(role: int, key: int, chan_set: int) -> str:
+            if role in (R_COPY, R_COPYBACK) or ROLES[role] in ("to-host", "from-host"):
+                return ",".join(f"{links['src'].iat[c - 2 * n]}->{links['dst'].iat[c - 2 * n]}"
+                                for c in raw[chan_set])
+            devs = ",".join(keys[key][3])
+            return devs if ROLES[role] == "compute" else f"comm:{devs}"
 
+        sets, first = np.unique(T.channel_set, return_index=True)
+        label = {int(c): resource(int(T.role[i]), int(T.key[i]), int(c))
+                 for c, i in zip(sets, first)}
         return pd.DataFrame({
             "task": np.arange(len(T.kind)),
-            "kind": np.array(KINDS, dtype=object)[np.asarray(T.kind)],
-            "unit": names[unit],
-            "microbatch": np.asarray(T.mb),
-            "resource": [resource(ro, k) for ro, k in zip(T.role, T.key)],
-            "start": r.start, "end": r.end, "bytes": np.asarray(T.work)})
+            "kind": np.array(KINDS, dtype=object)[T.kind],
+            "unit": names[T.unit],
+            "microbatch": T.mb,
+            "resource": [label[c] for c in T.channel_set.tolist()],
+            "start": r.start, "end": r.end, "bytes": T.work})
 
     @cached_property
     def memory(self) -> pd.DataFrame:
@@ -128,7 +125,7 @@ class SimResult:
     def summary(self) -> pd.DataFrame:
         """Per device: peak, capacity, headroom, busy time of its compute stream, utilization."""
         r, sim = self._run, self._sim
-        role, key = np.asarray(r.tasks.role), np.asarray(r.tasks.key)
+        role, key = r.tasks.role, r.tasks.key
         compute = role == R_COMPUTE
         per_layout = np.bincount(key[compute], weights=r.duration[compute],
                                  minlength=len(self.strategy.layouts))

@@ -2,31 +2,42 @@
 
 ``Simulator(graph, cluster).evaluate(strategy)`` returns a small :class:`Evaluation` (time, peak
 per device, feasible) for a search's inner loop; ``.result(strategy)`` the full
-:class:`~memflow.sim.result.SimResult`. Per-placement cost figures and copy routes are cached
-across strategies, so a search that changes one unit re-derives only that unit's placement.
+:class:`~memflow.sim.result.SimResult`.
+
+Work is split by what it depends on, and each part is cached under what it depends on:
+
+* per placement (degrees and devices of one unit): cost figures, copy routes (a move that
+  changes one unit's placement derives only that placement);
+* per strategy placement (every unit's placement, stages, micro-batches): the records of the
+  memory plan, the expansion's structure, durations, channel and device classes
+  (:class:`Placement`);
+* per memory policies: the policy blocks, re-derived by delta for the records the changed
+  units touch (:class:`~memflow.memory.plan.PolicyBlocks`), then the tasks and the ledgers;
+* per strategy: the schedule and the ledger sweep, every time (a revisited strategy skips the
+  rest).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from ..errors import SimulationError
 from ..memory.arrays import GraphArrays, graph_arrays
-from ..memory.plan import OPTIMIZER_STATES, MemoryPlan, memory_plan
+from ..memory.plan import OPTIMIZER_STATES, BlockTable, MemoryPlan
+from ..memory.records import Placed, placements
 from ..strategy.strategy import Strategy
 from .costs import (OPTIMIZER_LAUNCHES, OPTIMIZER_TRAFFIC, compress_model, compression_ratios,
                     copy_cost, layout_cost, ring_time)
-from .expand import (K_ALLRED, K_BWD, K_COMPRESS, K_DECOMP, K_FWD, K_OFFLOAD, K_OPT,
-                     K_PREFETCH, K_RECOMP, K_XFER, R_COMM, R_COMPUTE,
-                     R_COPY, R_COPYBACK, R_D2H, R_H2D, Tasks, expand)
+from .expand import Structure, Tasks, Timing, expand, structure
 from .folding import classes
-from .ledger import Ledger, LedgerPlan, anchor_tasks, ledger, ledger_plan
-from .schedule import csr, schedule
+from .ledger import Ledger, LedgerPlan, ledger_plan, ledgers
+from .schedule import schedule
 
-__all__ = ["Simulator", "Evaluation", "Run", "PRECISIONS"]
+__all__ = ["Simulator", "Evaluation", "Run", "Placement", "PRECISIONS"]
 
 PRECISIONS = ("fp32", "amp")
 
@@ -47,6 +58,26 @@ class Evaluation:
 
 
 @dataclass
+class Placement:
+    """What the placement of every unit (with stages and micro-batches) decides."""
+
+    placed: Placed
+    blocks: BlockTable
+    structure: Structure
+    timing: Timing
+    sets: tuple[np.ndarray, np.ndarray]     # CSR: channel classes of each channel set
+    raw_sets: list[np.ndarray]              # raw channel ids of each channel set
+    n_channel_classes: int
+    channel_class: np.ndarray
+    device_class: np.ndarray
+    layout_classes: list[np.ndarray]
+    layout_hosts: list[np.ndarray]
+    n_device_classes: int
+    devices_used: np.ndarray
+    mem_rate: np.ndarray                    # per layout, for compression speed
+
+
+@dataclass
 class Run:
     """Everything one simulation produced, as arrays (DataFrames are made by SimResult)."""
 
@@ -55,15 +86,38 @@ class Run:
     plan: MemoryPlan
     start: np.ndarray
     end: np.ndarray
-    duration: np.ndarray
-    task_channels: list[tuple[int, ...]]   # folded channel classes
-    channels: dict                        # (role, key) -> raw channel ids
-    channel_class: np.ndarray             # channel -> class
-    device_class: np.ndarray              # device -> class
+    placement: Placement
     device: Ledger
     host: Ledger
     iteration_time: float
-    devices_used: np.ndarray              # device positions the strategy uses
+
+    @property
+    def duration(self) -> np.ndarray:
+        return self.tasks.duration
+
+    @property
+    def device_class(self) -> np.ndarray:
+        """Class of each device of the cluster (devices with identical ledgers share one)."""
+        return self.placement.device_class
+
+    @property
+    def channel_class(self) -> np.ndarray:
+        return self.placement.channel_class
+
+    @property
+    def devices_used(self) -> np.ndarray:
+        """Positions of the devices the strategy uses."""
+        return self.placement.devices_used
+
+    @cached_property
+    def task_channels(self) -> list[tuple[int, ...]]:
+        """Channel classes each task occupies."""
+        ptr, idx = self.placement.sets
+        return [tuple(idx[ptr[s]:ptr[s + 1]].tolist()) for s in self.tasks.channel_set]
+
+    def raw_channels(self, task: int) -> np.ndarray:
+        """Channel ids (devices' compute streams, then comm streams, then links) of a task."""
+        return self.placement.raw_sets[int(self.tasks.channel_set[task])]
 
 
 @dataclass
@@ -72,17 +126,8 @@ class _Prepared:
 
     plan: MemoryPlan
     tasks: Tasks
-    duration: np.ndarray
-    channels: dict
-    task_channels: list[tuple[int, ...]]
-    deps_csr: tuple[np.ndarray, np.ndarray]
-    channels_csr: tuple[np.ndarray, np.ndarray]
-    n_channel_classes: int
-    channel_class: np.ndarray
-    device_class: np.ndarray
-    device_ledger: LedgerPlan
-    host_ledger: LedgerPlan
-    devices_used: np.ndarray
+    placement: Placement
+    ledger: LedgerPlan
 
 
 class Simulator:
@@ -118,8 +163,10 @@ class Simulator:
         self._layout_cost: dict[tuple, Any] = {}
         self._copy_cost: dict[tuple, Any] = {}
         self._routes: dict[tuple[int, int], list[int]] = {}
-        self._placement_cache: dict[tuple, Any] = {}
+        self._placed: dict[tuple, Placed] = {}
+        self._placements: OrderedDict[tuple, Placement] = OrderedDict()
         self._compress: tuple | None = None
+        self._rates: dict[tuple, float] = {}
         self._prepared_cache: OrderedDict[tuple, _Prepared] = OrderedDict()
 
     @property
@@ -131,19 +178,34 @@ class Simulator:
         return self._compress
 
     # ------------------------------------------------------------------ pieces
+    def _ratios(self, strategy: Strategy) -> np.ndarray:
+        return compression_ratios(strategy, self.ga.half,
+                                  lambda eb, dtype: self.compression[0](eb, dtype))
+
+    def _placed_of(self, strategy: Strategy) -> Placed:
+        layout, M = strategy.layout_ids, strategy.microbatches
+        degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
+        key = (layout.tobytes(), degrees.tobytes(), M)
+        placed = self._placed.get(key)
+        if placed is None:
+            if len(self._placed) > 4 * self.cache_size:   # placements seen long ago
+                self._placed.clear()
+            placed = self._placed[key] = placements(
+                self.ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
+                degrees[layout, 1], M)
+        return placed
+
     def plan(self, strategy: Strategy, *, foreach: bool = True) -> MemoryPlan:
         """The memory plan of ``strategy`` (blocks with anchors)."""
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-        ratio = compression_ratios(strategy, self.ga.half,
-                                   lambda eb, dtype: self.compression[0](eb, dtype))
-        return memory_plan(self.ga, strategy.policy, strategy.segment, strategy.layout_ids,
-                           degrees, strategy.microbatches, ratio, optimizer=self.optimizer,
-                           foreach=foreach, cache=self._placement_cache)
+        table = BlockTable(self.ga, self._placed_of(strategy), strategy.layout_ids, degrees,
+                           strategy.microbatches, optimizer=self.optimizer, foreach=foreach)
+        return table.plan(strategy.policy, strategy.segment, self._ratios(strategy))
 
     def _lc(self, key: tuple):
         lc = self._layout_cost.get(key)
         if lc is None:
-            lc = self._layout_cost[key] = layout_cost(self.ca, key)
+            lc = self._layout_cost[key] = layout_cost(self.ca, key, self._route)
         return lc
 
     def _cc(self, src: tuple, dst: tuple, per_sample: bool):
@@ -159,81 +221,113 @@ class Simulator:
             path = self._routes[(a, b)] = self.ca.routing.route(a, b)
         return path
 
-    def _timing(self, strategy: Strategy, T: Tasks, plan: MemoryPlan):
-        """Duration and raw channel ids of every task."""
+    def _timing(self, strategy: Strategy, S: Structure, placed: Placed) -> tuple[Timing, list]:
+        """Durations that the placements fix, and the raw channels of every channel set."""
         ga, M = self.ga, strategy.microbatches
         n = len(self.ca.devices)
         keys = strategy.layouts
         lcs = [self._lc(k) for k in keys]
-        kind = np.asarray(T.kind)
-        unit = np.asarray(T.unit)
-        key = np.asarray(T.key)
-        work = np.asarray(T.work)
-        dur = np.zeros(len(kind))
-        # compute tasks of units, vectorized over tasks
-        comp = np.isin(kind, (K_FWD, K_BWD, K_RECOMP))
-        if comp.any():
-            u, L = unit[comp], key[comp]
-            deg = np.array([k[0] * k[1] * k[2] for k in keys], np.float64)[L] * M
-            bwd = kind[comp] == K_BWD
-            flops = np.where(bwd, ga.bwd_flops[u], ga.fwd_flops[u]) / deg
-            moved = np.where(bwd, ga.bwd_bytes_moved[u], ga.fwd_bytes_moved[u]) / deg
-            ops = np.where(bwd, ga.bwd_ops[u], ga.fwd_ops[u])
-            half = ga.half[u] | (self.precision == "amp")
-            f32 = np.array([lc.flops32 for lc in lcs])[L]
-            f16 = np.array([lc.flops16 for lc in lcs])[L]
-            mem = np.array([lc.mem_rate for lc in lcs])[L]
-            launch = np.array([lc.launch for lc in lcs])[L]
-            ring = np.array([lc.param_ring for lc in lcs])[L]
-            dur[comp] = (np.maximum(flops / np.where(half, f16, f32), moved / mem) + ops * launch
-                         + ring_time(work[comp], ring[:, 0], ring[:, 1], ring[:, 2]))
-        channels: dict[tuple[int, int], np.ndarray] = {}
-        red = np.flatnonzero(kind == K_ALLRED)
-        if len(red):   # DDP's gradient buckets over the replicas
-            ring = np.array([lc.replica_ring for lc in lcs])[key[red]]
-            dur[red] = ring_time(work[red], ring[:, 0], ring[:, 1], ring[:, 2])
-        for i in np.flatnonzero(~comp & (kind != K_ALLRED)):
-            k, L, w = int(kind[i]), int(key[i]), float(work[i])
-            if k in (K_OFFLOAD, K_PREFETCH):
-                _, per, lat = lcs[L].d2h if k == K_OFFLOAD else lcs[L].h2d
-                dur[i] = w * per + lat
-            elif k in (K_COMPRESS, K_DECOMP):
-                rate = self.compression[1](lcs[L].mem_rate, decompress=k == K_DECOMP,
-                                           error_bound=float(strategy.error_bound[unit[i]]))
-                dur[i] = w / rate
-            elif k == K_XFER:
-                c = plan.copies[L]
-                src, dst = keys[c.src_layout], keys[c.dst_layout]
-                back = T.role[i] == R_COPYBACK
-                links, per, lat = self._cc(dst, src, ga.per_sample[c.tensor]) if back else \
-                    self._cc(src, dst, ga.per_sample[c.tensor])
-                whole = w * (dst[0] * dst[2] if ga.per_sample[c.tensor] else 1)
-                dur[i] = whole * per + lat if len(links) else 0.0
-                channels[(T.role[i], L)] = 2 * n + links
-            elif k == K_OPT:
-                mine = strategy.layout_ids == L
-                train = float(np.sum(ga.trainable_bytes[mine])) / keys[L][1]
-                lc = lcs[L]
-                dur[i] = (OPTIMIZER_TRAFFIC[self.optimizer] * train / lc.mem_rate
-                          + OPTIMIZER_LAUNCHES * lc.launch)
-        for r, L in set(zip(T.role, T.key)):
-            if (r, L) in channels:
-                continue
-            lc = lcs[L] if r not in (R_COPY, R_COPYBACK) else None
-            if r == R_COMPUTE:
-                channels[(r, L)] = lc.devices
-            elif r == R_COMM:
-                channels[(r, L)] = n + lc.devices
-            elif r == R_D2H:
-                channels[(r, L)] = 2 * n + lc.d2h[0]
-            elif r == R_H2D:
-                channels[(r, L)] = 2 * n + lc.h2d[0]
-        return dur, channels
+        L = strategy.layout_ids
+        deg = np.array([k[0] * k[1] * k[2] for k in keys], np.float64)[L] * M
+        half = ga.half | (self.precision == "amp")
+        f32 = np.array([lc.flops32 for lc in lcs])[L]
+        f16 = np.array([lc.flops16 for lc in lcs])[L]
+        mem = np.array([lc.mem_rate for lc in lcs])
+        launch = np.array([lc.launch for lc in lcs])[L]
+        ring = np.array([lc.param_ring for lc in lcs])[L]
+        rate = np.where(half, f16, f32)
+
+        def compute(flops, moved, ops, work):
+            return (np.maximum(flops / deg / rate, moved / deg / mem[L]) + ops * launch
+                    + ring_time(work, ring[:, 0], ring[:, 1], ring[:, 2]))
+
+        fwd = compute(ga.fwd_flops, ga.fwd_bytes_moved, ga.fwd_ops, S.tp_out)
+        bwd = compute(ga.bwd_flops, ga.bwd_bytes_moved, ga.bwd_ops, S.tp_in)
+        rr = np.array([lc.replica_ring for lc in lcs]).reshape(-1, 3)[S.bucket_layout]
+        allreduce = ring_time(S.bucket_bytes, rr[:, 0], rr[:, 1], rr[:, 2])
+        cp = placed.copies
+        copy, back = np.zeros(len(cp)), np.zeros(len(cp))
+        links_fwd, links_back = [], []
+        for c in range(len(cp)):
+            src, dst = keys[cp.src_layout[c]], keys[cp.dst_layout[c]]
+            per_sample = bool(ga.per_sample[cp.tensor[c]])
+            whole = cp.bytes[c] * (dst[0] * dst[2] if per_sample else 1)
+            for out, chans, (links, per, lat) in ((copy, links_fwd, self._cc(src, dst, per_sample)),
+                                                  (back, links_back, self._cc(dst, src, per_sample))):
+                out[c] = whole * per + lat if len(links) else 0.0
+                chans.append(2 * n + links)
+        optimizer = np.empty(len(keys))
+        for i, (k, lc) in enumerate(zip(keys, lcs)):
+            train = float(np.sum(ga.trainable_bytes[L == i])) / k[1]
+            optimizer[i] = (OPTIMIZER_TRAFFIC[self.optimizer] * train / lc.mem_rate
+                            + OPTIMIZER_LAUNCHES * lc.launch)
+        timing = Timing(forward=fwd, backward=bwd, allreduce=allreduce, copy=copy,
+                        copy_back=back,
+                        d2h=np.array([lc.d2h[1:] for lc in lcs], np.float64).reshape(-1, 2),
+                        h2d=np.array([lc.h2d[1:] for lc in lcs], np.float64).reshape(-1, 2),
+                        optimizer=optimizer, compress=np.ones(ga.n), decompress=np.ones(ga.n))
+        # channel sets: compute, comm, to-host, from-host per layout, then copies, copies back
+        raw = ([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
+               + [2 * n + lc.d2h[0] for lc in lcs] + [2 * n + lc.h2d[0] for lc in lcs]
+               + links_fwd + links_back)
+        return timing, raw
+
+    def placement(self, strategy: Strategy, fold: bool = True) -> Placement:
+        """What the placements of ``strategy`` decide (cached)."""
+        key = (strategy.layout_ids.tobytes(), tuple(strategy.layouts), strategy.stage.tobytes(),
+               strategy.microbatches, strategy.schedule, fold)
+        hit = self._placements.get(key)
+        if hit is not None:
+            self._placements.move_to_end(key)
+            return hit
+        placed = self._placed_of(strategy)
+        degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
+        S = structure(self.ga, placed, strategy.layout_ids, degrees, strategy.stage,
+                      strategy.microbatches, strategy.schedule)
+        timing, raw = self._timing(strategy, S, placed)
+        n_dev = len(self.ca.devices)
+        ch_cls, per_set = classes(raw, 2 * n_dev + len(self.ca.link_rate), fold)
+        lcs = [self._lc(k) for k in strategy.layouts]
+        dev_cls, lay_cls = classes([lc.devices for lc in lcs], n_dev, fold)
+        set_ptr = np.zeros(len(per_set) + 1, np.int64)
+        np.cumsum([len(x) for x in per_set], out=set_ptr[1:])
+        set_idx = np.concatenate(per_set).astype(np.int64) if per_set else np.zeros(0, np.int64)
+        out = Placement(
+            placed=placed, blocks=BlockTable(self.ga, placed, strategy.layout_ids, degrees,
+                                             strategy.microbatches, optimizer=self.optimizer),
+            structure=S, timing=timing,
+            sets=(set_ptr, set_idx), raw_sets=raw, n_channel_classes=int(ch_cls.max()) + 1,
+            channel_class=ch_cls, device_class=dev_cls, layout_classes=lay_cls,
+            layout_hosts=[self.ca.host[lc.devices] for lc in lcs],
+            n_device_classes=int(dev_cls.max()) + 1,
+            devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])),
+            mem_rate=np.array([lc.mem_rate for lc in lcs]))
+        self._placements[key] = out
+        if len(self._placements) > self.cache_size:
+            self._placements.popitem(last=False)
+        return out
+
+    def _compress_rates(self, strategy: Strategy, P: Placement, plan: MemoryPlan) -> Timing:
+        """``P.timing`` with the compression speed of the units that compress."""
+        units = np.flatnonzero(plan.compressed > 0)
+        if not len(units):
+            return P.timing
+        comp, decomp = np.ones(self.ga.n), np.ones(self.ga.n)
+        for u in units.tolist():
+            lay, eb = int(strategy.layout_ids[u]), float(strategy.error_bound[u])
+            for out, back in ((comp, False), (decomp, True)):
+                k = (float(P.mem_rate[lay]), back, eb)
+                r = self._rates.get(k)
+                if r is None:
+                    r = self._rates[k] = self.compression[1](k[0], decompress=back,
+                                                             error_bound=eb)
+                out[u] = r
+        return Timing(**{**P.timing.__dict__, "compress": comp, "decompress": decomp})
 
     # ------------------------------------------------------------------ runs
-    def _prepared(self, strategy: Strategy, fold: bool) -> "_Prepared":
-        """Tasks, blocks, durations and channel classes of ``strategy`` (cached by structure:
-        a search that revisits a strategy, or re-times one, skips all of this)."""
+    def _prepared(self, strategy: Strategy, fold: bool) -> _Prepared:
+        """Tasks, blocks, durations and ledgers of ``strategy`` (cached by structure: a search
+        that revisits a strategy, or re-times one, skips all of this)."""
         key = (strategy.policy.tobytes(), strategy.error_bound.tobytes(),
                strategy.stage.tobytes(), tuple(strategy.layouts),
                strategy.layout_ids.tobytes(), strategy.microbatches, strategy.schedule, fold)
@@ -241,32 +335,12 @@ class Simulator:
         if hit is not None:
             self._prepared_cache.move_to_end(key)
             return hit
-        plan = self.plan(strategy)
-        T = expand(self.ga, strategy, plan, self._placement_cache)
-        if len(self._placement_cache) > 4 * self.cache_size:   # placements seen long ago
-            self._placement_cache.clear()
-        dur, chan_sets = self._timing(strategy, T, plan)
-        n_dev = len(self.ca.devices)
-        n_ch = 2 * n_dev + len(self.ca.link_rate)
-        set_keys = list(chan_sets)
-        ch_cls, per_set = classes([chan_sets[k] for k in set_keys], n_ch, fold)
-        folded = {k: tuple(per_set[j].tolist()) for j, k in enumerate(set_keys)}
-        lcs = [self._lc(k) for k in strategy.layouts]
-        dev_cls, lay_cls = classes([lc.devices for lc in lcs], n_dev, fold)
-        alloc, frees, idx = anchor_tasks(plan, T.anchor, T.first_mb, strategy.microbatches)
-        h = plan.on_host[idx]
-        task_channels = [folded[(r, L)] for r, L in zip(T.role, T.key)]
-        prep = _Prepared(
-            plan=plan, tasks=T, duration=dur, channels=chan_sets, task_channels=task_channels,
-            deps_csr=csr(T.deps), channels_csr=csr(task_channels),
-            n_channel_classes=int(ch_cls.max()) + 1, channel_class=ch_cls,
-            device_class=dev_cls,
-            device_ledger=ledger_plan(plan, alloc[~h], frees[~h], idx[~h], lay_cls,
-                                      int(dev_cls.max()) + 1),
-            host_ledger=ledger_plan(plan, alloc[h], frees[h], idx[h],
-                                    [self.ca.host[lc.devices] for lc in lcs],
-                                    len(self.ca.host_memory), host=True),
-            devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])))
+        P = self.placement(strategy, fold)
+        plan = P.blocks.plan(strategy.policy, strategy.segment, self._ratios(strategy))
+        T = expand(P.structure, self._compress_rates(strategy, P, plan), plan, strategy.segment)
+        prep = _Prepared(plan=plan, tasks=T, placement=P,
+                         ledger=ledger_plan(plan, P.layout_classes, P.n_device_classes,
+                                            P.layout_hosts, len(self.ca.host_memory)))
         self._prepared_cache[key] = prep
         if len(self._prepared_cache) > self.cache_size:
             self._prepared_cache.popitem(last=False)
@@ -276,13 +350,12 @@ class Simulator:
         """Simulate one step of ``strategy``; every array of the outcome."""
         if self.ca is None:
             raise SimulationError("this simulator has no cluster; give one to time a strategy")
-        P = self._prepared(strategy, fold)
-        start, end = schedule(P.deps_csr, P.channels_csr, P.duration, P.n_channel_classes)
-        dev = ledger(P.device_ledger, start, end)
-        hst = ledger(P.host_ledger, start, end)
-        return Run(strategy, P.tasks, P.plan, start, end, P.duration, P.task_channels,
-                   P.channels, P.channel_class, P.device_class, dev, hst,
-                   float(end.max(initial=0.0)), P.devices_used)
+        p = self._prepared(strategy, fold)
+        T, P = p.tasks, p.placement
+        start, end = schedule((T.dep_ptr, T.dep_idx), T.channel_set, P.sets, T.duration,
+                              P.n_channel_classes)
+        device, host = ledgers(p.ledger, T, start, end)
+        return Run(strategy, T, p.plan, start, end, P, device, host, float(end.max(initial=0.0)))
 
     def evaluate(self, strategy: Strategy, *, fold: bool = True) -> Evaluation:
         """Time, peak per device and feasibility of ``strategy`` (no DataFrames)."""

@@ -1,0 +1,262 @@
+"""What the placements alone decide about activation storages: records, copies, gradients.
+
+A *record* is one copy of a storage on one placement: the producer's placement (*home*) holds
+the original, every other placement whose units read or save the storage gets a copy by a
+transfer. Each record carries its size per part, the anchors of its allocation and of its
+last forward read, and, as CSR rows, the units on its placement that use it (*members*), save
+it and read it. The gradient blocks of storages and copies follow from the placements too.
+Memory policies then decide what *holds* each record (:mod:`memflow.memory.plan`).
+
+Everything is computed for all storages at once over the (storage, user) pairs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arrays import GraphArrays
+from .rows import row_max, row_of
+
+__all__ = ["Placed", "Copy", "Copies", "placements", "anchors",
+           "A_FWD", "A_BWD", "A_RECOMP", "A_OFFLOAD", "A_PREFETCH", "A_COMPRESS", "A_DECOMP",
+           "A_XFER", "A_GXFER", "A_OPT", "START", "END"]
+
+A_FWD, A_BWD, A_RECOMP, A_OFFLOAD, A_PREFETCH, A_COMPRESS, A_DECOMP, A_XFER, A_GXFER, \
+    A_OPT = range(10)
+START, END = 0, 1
+ANCHOR_KINDS = 10
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A storage copied from its producer's placement to the placement of some readers."""
+
+    tensor: int
+    src_layout: int
+    dst_layout: int
+    bytes: float            # per part of the destination placement
+    first_reader: int       # the transfer must land before this unit's forward
+    last_reader: int        # the gradient goes back after this unit's backward
+    grad: bool
+
+
+@dataclass(frozen=True)
+class Copies:
+    """The copies between placements as arrays; indexing gives a :class:`Copy`."""
+
+    tensor: np.ndarray
+    src_layout: np.ndarray
+    dst_layout: np.ndarray
+    bytes: np.ndarray
+    first_reader: np.ndarray
+    last_reader: np.ndarray
+    grad: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tensor)
+
+    def __getitem__(self, i: int) -> Copy:
+        return Copy(int(self.tensor[i]), int(self.src_layout[i]), int(self.dst_layout[i]),
+                    float(self.bytes[i]), int(self.first_reader[i]), int(self.last_reader[i]),
+                    bool(self.grad[i]))
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Records, gradient blocks and copies of one placement of every unit."""
+
+    tensor: np.ndarray        # per record: the storage
+    layout: np.ndarray
+    home: np.ndarray          # the producer's placement (else a copy)
+    prod: np.ndarray          # producer unit, -1 for the model's inputs
+    nbytes: np.ndarray        # per part
+    alloc: np.ndarray         # (R, 3) anchor of the allocation
+    fwd_free: np.ndarray      # (R, 3) end of the last forward read on this placement
+    model_out: np.ndarray     # a model output: held until backward starts
+    last_xfer: np.ndarray     # (R, 3) end of the storage's last copy out (home), kind -1 if none
+    members: tuple[np.ndarray, np.ndarray]   # CSR: users on this placement
+    savers: tuple[np.ndarray, np.ndarray]    # CSR: savers on this placement (producer included)
+    readers: tuple[np.ndarray, np.ndarray]   # CSR: forward readers on this placement
+    touched: tuple[np.ndarray, np.ndarray]   # CSR per unit: records whose rules read its policy
+    grad_layout: np.ndarray   # gradient blocks of storages and of copies
+    grad_bytes: np.ndarray
+    grad_alloc: np.ndarray    # (G, 3)
+    grad_free: np.ndarray     # (G, 3)
+    copies: Copies
+    reads: tuple[np.ndarray, np.ndarray]     # CSR per unit: anchors (kind, key) its forward waits for
+    grads_in: tuple[np.ndarray, np.ndarray]  # CSR per unit: anchors its backward waits for
+
+
+def anchors(kind, key, edge) -> np.ndarray:
+    """Anchors ``(kind, key, edge)`` stacked on a last axis, the three broadcast together.
+
+    >>> anchors(A_BWD, np.array([4, 5]), END).tolist()
+    [[1, 4, 1], [1, 5, 1]]
+    """
+    return np.stack(np.broadcast_arrays(np.asarray(kind, np.int64), np.asarray(key, np.int64),
+                                        np.asarray(edge, np.int64)), -1)
+
+
+def _ptr(rows: np.ndarray, n_rows: int) -> np.ndarray:
+    ptr = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=n_rows), out=ptr[1:])
+    return ptr
+
+
+def _anchor_rows(unit: np.ndarray, kind: np.ndarray, key: np.ndarray, n: int,
+                 n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit, the distinct anchors ``(kind, key)`` in sorted order, as CSR (idx is (k, 2))."""
+    code = np.unique((unit * ANCHOR_KINDS + kind) * n_keys + key)
+    unit, rest = np.divmod(code, ANCHOR_KINDS * n_keys)
+    return _ptr(unit, n), np.stack(np.divmod(rest, n_keys), 1)
+
+
+def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarray,
+               microbatches: int) -> Placed:
+    """The records, copies and gradient blocks of ``layout`` (placement per unit), where
+    ``sa`` is each unit's sample × attribute degree and ``p`` its parameter degree."""
+    n, last, M = ga.n, ga.n - 1, int(microbatches)
+    n_t = len(ga.bytes)
+    prod_t = ga.producer
+    # (storage, user) pairs, sorted: the users are the readers and savers but the producer
+    r_t = row_of(ga.readers_ptr)
+    s_t = row_of(ga.savers_ptr)
+    own = ga.savers_idx == prod_t[s_t]
+    r_code = r_t * n + ga.readers_idx
+    s_code = s_t[~own] * n + ga.savers_idx[~own]
+    code = np.union1d(r_code, s_code)
+    pt, pv = np.divmod(code, n)
+    p_read = np.isin(code, r_code, assume_unique=True)
+    p_save = np.isin(code, s_code, assume_unique=True)
+    t_ptr = _ptr(pt, n_t)
+    has_users = np.diff(t_ptr) > 0
+    first_user = np.where(has_users, pv[np.minimum(t_ptr[:-1], max(len(pv) - 1, 0))]
+                          if len(pv) else 0, -1)
+    home_t = np.where(prod_t >= 0, layout[np.maximum(prod_t, 0)],
+                      np.where(has_users, layout[np.maximum(first_user, 0)], -1))
+
+    # records: (storage, placement) groups, the home one first, then by first member
+    n_lay = int(layout.max()) + 1
+    g_code, g_first, g_of_pair = np.unique(pt * n_lay + layout[pv], return_index=True,
+                                           return_inverse=True)
+    g_t, g_lay = np.divmod(g_code, n_lay)
+    g_min = pv[g_first]
+    placed_t = np.flatnonzero(home_t >= 0)
+    home_code = placed_t * n_lay + home_t[placed_t]
+    missing = placed_t[~np.isin(home_code, g_code, assume_unique=True)]
+    rec_t = np.concatenate([g_t, missing])
+    rec_lay = np.concatenate([g_lay, home_t[missing]])
+    rec_min = np.concatenate([g_min, np.full(len(missing), -1)])
+    rec_home = rec_lay == home_t[rec_t]
+    order = np.lexsort((rec_min, ~rec_home, rec_t))
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    rec_t, rec_lay, rec_min, rec_home = rec_t[order], rec_lay[order], rec_min[order], \
+        rec_home[order]
+    R = len(rec_t)
+    # pairs in record order (users ascending within a record)
+    pair_rec = rank[g_of_pair]
+    by_rec = np.argsort(pair_rec, kind="stable")
+    pair_rec, pv, p_read, p_save = pair_rec[by_rec], pv[by_rec], p_read[by_rec], \
+        p_save[by_rec]
+    members = (_ptr(pair_rec, R), pv)
+    readers = (_ptr(pair_rec[p_read], R), pv[p_read])
+    rec_prod = prod_t[rec_t]
+    # the producer saves it: first of the home record's savers (it runs before every user)
+    prod_saves = np.zeros(n_t, bool)
+    prod_saves[s_t[own]] = True
+    lead = rec_home & prod_saves[rec_t]
+    sv_rec = np.concatenate([np.flatnonzero(lead), pair_rec[p_save]])
+    sv_unit = np.concatenate([rec_prod[lead], pv[p_save]])
+    sv_order = np.lexsort((sv_unit, sv_rec))
+    savers = (_ptr(sv_rec, R), sv_unit[sv_order])
+
+    # sizes per part
+    per_sample = ga.per_sample[rec_t]
+    size = ga.bytes[rec_t] / np.where(per_sample, M, 1)
+    lead_unit = np.where(rec_home & (rec_prod >= 0), rec_prod, rec_min)
+    share = np.where(per_sample, 1.0 / sa[np.maximum(lead_unit, 0)], 1.0)
+    no_readers = (ga.readers_ptr[rec_t + 1] == ga.readers_ptr[rec_t]) & ~ga.is_output[rec_t]
+    split = rec_home & (rec_prod >= 0) & no_readers & (p[np.maximum(rec_prod, 0)] > 1)
+    share = np.where(split, share / p[np.maximum(rec_prod, 0)], share)  # internal to a split unit
+    nbytes = size * share
+
+    # copies: every record off the producer's placement
+    is_copy = ~rec_home
+    copy_id = np.where(is_copy, np.cumsum(is_copy) - 1, -1)
+    r_max = row_max(readers[0], readers[1], -1)
+    m_max = row_max(members[0], members[1], -1)
+    rg = ga.requires_grad[rec_t]
+    cp = np.flatnonzero(is_copy)
+    copies = Copies(tensor=rec_t[cp], src_layout=home_t[rec_t[cp]], dst_layout=rec_lay[cp],
+                    bytes=nbytes[cp], first_reader=rec_min[cp], last_reader=m_max[cp],
+                    grad=rg[cp] & (r_max[cp] >= 0))
+    alloc = np.where(rec_home[:, None], anchors(A_FWD, np.where(rec_prod >= 0, rec_prod, rec_min),
+                                                START), anchors(A_XFER, copy_id, START))
+    fwd_last = np.where(r_max >= 0, r_max, np.where(rec_home & (rec_prod >= 0), rec_prod, rec_min))
+    model_out = rec_home & ga.is_output[rec_t]
+    last_copy = np.full(n_t, -1)
+    np.maximum.at(last_copy, rec_t[cp], copy_id[cp])
+    lx = np.where(rec_home, last_copy[rec_t], -1)
+    last_xfer = np.where((lx >= 0)[:, None], anchors(A_XFER, lx, END), -1)
+
+    # gradients: of each copy a reader needs, and of the storage itself
+    src_grad = rg & ((r_max >= 0) | model_out)
+    g_copy = cp[src_grad[cp]]
+    src_pos = np.where(rec_home, np.where(model_out, n, r_max), rec_min)
+    src_anchor = np.where(
+        rec_home[:, None],
+        anchors(A_BWD, np.where(model_out, last, r_max), START),
+        anchors(A_GXFER, copy_id, START))
+    with_src = np.flatnonzero(src_grad)
+    best = np.full(n_t, -1)
+    np.maximum.at(best, rec_t[with_src], src_pos[with_src])
+    # the latest source (the first backward to run) allocates the storage's gradient
+    winner = with_src[src_pos[with_src] == best[rec_t[with_src]]]
+    g_t = rec_t[winner]
+    first_any = np.where(prod_t >= 0, prod_t, first_user)
+    t_share = np.where(ga.per_sample, 1.0 / sa[np.maximum(first_any, 0)], 1.0)
+    grad_layout = np.concatenate([rec_lay[g_copy], home_t[g_t]])
+    grad_bytes = np.concatenate([nbytes[g_copy],
+                                 ga.bytes[g_t] / np.where(ga.per_sample[g_t], M, 1) * t_share[g_t]])
+    grad_alloc = np.concatenate([anchors(A_BWD, r_max[g_copy], START), src_anchor[winner]])
+    grad_free = np.concatenate([anchors(A_GXFER, copy_id[g_copy], END),
+                                anchors(A_BWD, first_any[g_t], END)])
+    keep = grad_bytes > 0
+
+    # per unit, the anchors its forward reads and its backward's incoming gradients
+    m_rec = row_of(members[0])
+    n_keys = max(n, len(cp), 1)
+    via_copy = is_copy[m_rec]
+    direct = ~via_copy & (rec_prod[m_rec] >= 0)
+    reads = _anchor_rows(
+        np.concatenate([members[1][via_copy], members[1][direct]]),
+        np.concatenate([np.full(int(via_copy.sum()), A_XFER), np.full(int(direct.sum()), A_FWD)]),
+        np.concatenate([copy_id[m_rec[via_copy]], rec_prod[m_rec[direct]]]), n, n_keys)
+    r_rec = row_of(readers[0])
+    to = rec_prod[r_rec] >= 0
+    r_rec, r_unit = r_rec[to], readers[1][to]
+    back = is_copy[r_rec] & rg[r_rec]
+    outs = np.flatnonzero(ga.is_output & (prod_t >= 0) & (prod_t != last))
+    grads_in = _anchor_rows(
+        np.concatenate([rec_prod[r_rec], prod_t[outs]]),
+        np.concatenate([np.where(back, A_GXFER, A_BWD), np.full(len(outs), A_FWD)]),
+        np.concatenate([np.where(back, copy_id[r_rec], r_unit), np.full(len(outs), last)]),
+        n, n_keys)
+
+    # which records read the policy or segment of a unit: their members and producer
+    t_rec = np.concatenate([m_rec, np.flatnonzero(rec_home & (rec_prod >= 0))])
+    t_unit = np.concatenate([members[1], rec_prod[rec_home & (rec_prod >= 0)]])
+    t_order = np.lexsort((t_rec, t_unit))
+    touched = (_ptr(t_unit, n), t_rec[t_order])
+    return Placed(tensor=rec_t, layout=rec_lay, home=rec_home, prod=rec_prod, nbytes=nbytes,
+                  alloc=alloc, fwd_free=anchors(A_FWD, fwd_last, END), model_out=model_out,
+                  last_xfer=last_xfer, members=members, savers=savers, readers=readers,
+                  touched=touched, grad_layout=grad_layout[keep], grad_bytes=grad_bytes[keep],
+                  grad_alloc=grad_alloc[keep], grad_free=grad_free[keep], copies=copies,
+                  reads=reads, grads_in=grads_in)
+
