@@ -152,7 +152,7 @@ class MemoryTimeline(BokehView):
     """
 
     def __init__(self, result: Any, *, devices: Sequence[str] | None = None,
-                 max_points: int = 4000, width: int = 420, height: int = 190,
+                 max_points: int = 4000, width: int = 400, height: int = 190,
                  ncols: int = 2) -> None:
         self.result = result
         self.max_points = max_points
