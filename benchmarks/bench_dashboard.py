@@ -3,8 +3,8 @@
 For each case the same search (same graph, cluster and seed, so the same proposals) runs the
 same number of iterations twice: bare, ``search.step(N)`` in one call; and through a
 :class:`memflow_widgets.SearchDashboard` — its runner's asyncio chunks, with every view
-attached: the history streamed into the acceptance and cost charts every 0.2 s, the counters,
-and the best strategy's memory chart redrawn as it improves. Headless (no browser): the widget
+attached: a point of progress streamed into the acceptance and cost charts every 0.2 s, the
+counters, and the best strategy's memory chart redrawn as it improves. Headless (no browser): the widget
 messages are built and handed to a comm that has no kernel behind it. Runs come in pairs, one
 bare and one through the dashboard, in alternating order; each pair gives a ratio of rates and
 the median ratio is what the dashboard keeps. Rates are proposals per second of this process's
@@ -84,7 +84,7 @@ def through_dashboard(make, iterations: int) -> tuple[float, float, float, int]:
         assert state == "done", (state, dash.runner.error)
 
     cpu, wall = timed(lambda: asyncio.run(go()))
-    assert dash.feed.seen == iterations and dash.runner.error is None
+    assert search.iteration == iterations and dash.runner.error is None
     return cpu, wall, search.cpu, len(flushes)
 
 
@@ -146,12 +146,13 @@ def main() -> None:
     print(table(df))
     if not args.quick:
         write_section("dashboard", table(df) + (
-            "\n\nMedians over pairs of runs (bare, dashboard; alternating order); "
-            "proposals per second of CPU time of the process and of wall time; the dashboard's "
-            "own share is the CPU time of the dashboard runs spent outside the search's steps. The dashboard streams the history into its "
-            "charts every 0.2 s (less often when a flush would take more than 5% of the time) "
-            "and redraws the best strategy's memory chart as it improves (at most 3% of the "
-            "time); target: keep at least 90% of the bare search's proposals per CPU second."),
+            "\n\nMedians over pairs of runs (bare, dashboard; alternating order); proposals "
+            "per second of CPU time of the process and of wall time; the dashboard's own share "
+            "is the CPU time of the dashboard runs spent outside the search's steps. The "
+            "dashboard streams a point of progress into its charts every 0.2 s (less often when "
+            "a flush would take more than 3% of the time) and redraws the best strategy's "
+            "memory chart as it improves (at most 2% of the time); target: keep at least 90% "
+            "of the bare search's proposals per CPU second."),
             title="Dashboard overhead: proposals per second with and without the live views")
 
 

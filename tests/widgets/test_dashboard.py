@@ -1,6 +1,4 @@
 """SearchDashboard driven headlessly: buttons, counters, charts, pins, step, export."""
-import json
-
 import numpy as np
 import pytest
 
@@ -21,7 +19,7 @@ def test_buttons_follow_the_state(search):
 
     async def scenario():
         dash.start_button.click()
-        await until(lambda: dash.feed.seen > 20)
+        await until(lambda: search.iteration > 20)
         running = buttons(dash)
         pins_locked = all(r.pin.disabled for r in dash.pins.rows)
         dash.pause_button.click()
@@ -41,17 +39,18 @@ def test_pause_pin_resume_keeps_pins_in_every_later_strategy(recording):
 
     async def scenario():
         dash.start_button.click()
-        await until(lambda: dash.feed.seen >= 60)
+        await until(lambda: search.iteration >= 60)
         dash.pause_button.click()
         await dash.runner.wait()
         paused_at = search.iteration
-        assert paused_at == dash.runner.steps == dash.feed.seen    # a step boundary, all drawn
+        assert paused_at == dash.runner.steps == len(search.history)   # a step boundary
+        assert dash.progress_source.data["iteration"][-1] == paused_at  # and drawn
         assert "paused" in dash.counters.value
         dash.pins.rows[3].pin.value = True
         dash.pins.rows[6].pin.value = True
         assert search.pins == {"layer3": "recompute", "layer6": "recompute"}
         dash.resume_button.click()
-        await until(lambda: dash.feed.seen >= paused_at + 60)
+        await until(lambda: search.iteration >= paused_at + 60)
         dash.pause_button.click()
         await dash.runner.wait()
         return paused_at
@@ -66,7 +65,7 @@ def test_pause_pin_resume_keeps_pins_in_every_later_strategy(recording):
     assert list(search.history["iteration"]) == list(range(search.iteration))   # no gap
 
 
-def test_charts_and_counters_receive_the_history(search):
+def test_charts_and_counters_receive_the_progress(search):
     dash = SearchDashboard(search, flush_seconds=0.02, max_iterations=150)
 
     async def scenario():
@@ -75,11 +74,15 @@ def test_charts_and_counters_receive_the_history(search):
 
     run(scenario())
     assert dash.runner.state == "done"
-    cost = dash.cost_source.data
-    assert len(cost["iteration"]) == 150                     # few enough rows: none thinned
-    assert list(cost["iteration"]) == list(range(150))
-    np.testing.assert_allclose(cost["best_cost"], search.history["best_cost"])
-    rate = np.asarray(dash.acceptance_source.data["rate"])
+    data = dash.progress_source.data
+    its = np.asarray(data["iteration"])
+    assert its[0] == 0 and its[-1] == 150 and (np.diff(its) > 0).all()
+    assert len(its) >= 3                                     # flushes while it ran
+    assert data["best_cost"][-1] == pytest.approx(search.best_cost)
+    assert data["cost"][-1] == pytest.approx(search.current_cost)
+    best = np.asarray(data["best_cost"])
+    assert (np.diff(best) <= 1e-12).all()                    # the best never gets worse
+    rate = np.asarray(data["rate"][1:])
     assert ((0 <= rate) & (rate <= 1)).all()
     assert "data-counter='iteration'>150<" in dash.iteration.value
     assert f"{search.acceptance_rate(200):.1%}" in dash.counters.value
@@ -92,8 +95,8 @@ def test_step_button_runs_the_asked_steps(search):
     dash = SearchDashboard(search)
     dash.steps.value = 7
     dash.step_button.click()
-    assert len(search.history) == 7 and dash.feed.seen == 7
-    assert len(dash.cost_source.data["iteration"]) == 7
+    assert len(search.history) == 7
+    assert list(dash.progress_source.data["iteration"]) == [0, 7]
     assert "data-counter='iteration'>7<" in dash.iteration.value
 
 

@@ -1,6 +1,4 @@
 """PinTable: pages of units; a tick pins in the search, an untick unpins; errors are shown."""
-import pytest
-
 from memflow_widgets.pins import PinTable
 
 

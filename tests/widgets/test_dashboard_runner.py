@@ -45,7 +45,7 @@ def test_pause_stops_at_a_step_boundary_and_resume_continues():
         return latency
 
     latency = run(scenario())
-    assert latency < 0.1                               # one chunk (~10 ms), not a whole run
+    assert latency < 0.25                              # one chunk (~10 ms), not a whole run
     assert max(search.calls) > 1                       # chunks grew past one step
 
 

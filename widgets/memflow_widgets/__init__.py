@@ -14,8 +14,8 @@ In a notebook (each view displays itself as the last expression of a cell):
 >>> search = memflow.MCMCSearch(graph, cluster, seed=0)
 >>> dash = mfw.SearchDashboard(search)     # Start, Pause, pin units, Resume, Export
 >>> dash.runner.step(10)                   # what the Step button does
->>> search.iteration, dash.feed.seen
-(10, 10)
+>>> search.iteration, list(dash.progress_source.data["iteration"])
+(10, [0, 10])
 >>> result = search.best_result
 >>> views = [mfw.MemoryTimeline(result), mfw.Timeline(result),
 ...          mfw.StrategyView(graph, search.best), mfw.compare({"best": result})]

@@ -2,15 +2,16 @@
 
 The search runs through a :class:`~memflow_widgets.runner.SearchRunner` on the kernel's event
 loop, in chunks short enough that every click is handled within a fraction of a second. Every
-flush (~0.2 s) the dashboard streams the new history rows (through a
-:class:`~memflow_widgets.feed.HistoryFeed`) into the acceptance and cost charts, updates the
-counters, and — when the best strategy improved, at most every ``best_seconds`` — redraws the
-best strategy's memory over time on every GPU. While paused, the unit table pins units in the
+flush (~0.2 s) the dashboard streams one point of progress (a
+:class:`~memflow_widgets.feed.ProgressFeed` row) into the acceptance and cost charts, updates
+the counters, and — when the best strategy improved, at most every ``best_seconds`` — redraws
+the best strategy's memory over time on every GPU. While paused, the unit table pins units in the
 search. The dashboard holds the search, the runner and widgets; the search holds all state.
 """
 from __future__ import annotations
 
 import html
+import math
 import time
 from typing import Any
 
@@ -22,10 +23,10 @@ from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
 
 from .export_panel import ExportPanel
-from .feed import HistoryFeed
+from .feed import COLUMNS, ProgressFeed
 from .memory import MemoryTimeline
 from .pins import PinTable
-from .render import StaticFallback, static_html
+from .render import Chart, StaticFallback, static_html
 from .runner import SearchRunner
 
 __all__ = ["SearchDashboard"]
@@ -33,24 +34,25 @@ __all__ = ["SearchDashboard"]
 _REDRAW_SHARE = 0.02    # the share of the time the best strategy's memory chart may take
 
 
-def _progress_charts(window: int) -> tuple[Any, ColumnDataSource, ColumnDataSource]:
-    acceptance = ColumnDataSource({"iteration": np.empty(0, np.int64), "rate": np.empty(0)})
-    cost = ColumnDataSource({"iteration": np.empty(0, np.int64), "cost": np.empty(0),
-                             "best_cost": np.empty(0)})
-    a_fig = figure(width=380, height=220, title=f"acceptance rate (last {window} proposals)",
+def _progress_charts(window: int) -> tuple[Any, ColumnDataSource]:
+    """The acceptance-rate and cost charts, over one source of :class:`ProgressFeed` rows."""
+    source = ColumnDataSource({c: np.empty(0, np.int64 if c == "iteration" else float)
+                               for c in COLUMNS})
+    a_fig = figure(width=360, height=220, title=f"acceptance rate (last {window} proposals)",
                    x_axis_label="iteration", y_range=Range1d(0, 1), tools="xpan,reset,save")
-    a_fig.line("iteration", "rate", source=acceptance, color="#4c72b0", line_width=2)
-    c_fig = figure(width=480, height=220, title="cost", x_axis_label="iteration",
+    a_fig.line("iteration", "rate", source=source, color="#4c72b0", line_width=2)
+    c_fig = figure(width=440, height=220, title="cost", x_axis_label="iteration",
                    x_range=a_fig.x_range, y_axis_type="log", tools="xpan,reset,save")
-    c_fig.line("iteration", "cost", source=cost, color="#aaaaaa", legend_label="current")
-    best = c_fig.line("iteration", "best_cost", source=cost, color="#c44e52", line_width=2,
+    c_fig.line("iteration", "cost", source=source, color="#999999", legend_label="current")
+    best = c_fig.line("iteration", "best_cost", source=source, color="#c44e52", line_width=2,
                       legend_label="best")
     c_fig.add_tools(HoverTool(renderers=[best], mode="vline", tooltips=[
-        ("iteration", "@iteration"), ("cost", "@cost{0.0000}"), ("best", "@best_cost{0.0000}")]))
+        ("iteration", "@iteration"), ("current", "@cost{0.0000}"),
+        ("best", "@best_cost{0.0000}")]))
     c_fig.legend.location = "top_right"
     for fig in (a_fig, c_fig):
         fig.toolbar.logo = None
-    return row(a_fig, c_fig), acceptance, cost
+    return row(a_fig, c_fig), source
 
 
 class SearchDashboard(StaticFallback, ipywidgets.VBox):
@@ -65,8 +67,9 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
     Parameters
     ----------
     search:
-        a :class:`memflow.MCMCSearch` (anything with its ``step``, ``history``, ``best``,
-        ``best_result``, ``acceptance_rate``, ``pin``, ``unpin``, ``pins`` and ``graph``).
+        a :class:`memflow.MCMCSearch` (anything with its ``step``, ``iteration``,
+        ``current_cost``, ``best``, ``best_cost``, ``best_result``, ``acceptance_rate``,
+        ``pin``, ``unpin``, ``pins``, ``graph`` and ``settings``).
     max_iterations:
         the runner stops (``done``) after this many proposals; None runs until paused.
     window:
@@ -83,7 +86,7 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         self.search = search
         self.runner = SearchRunner(search, chunk_seconds=chunk_seconds,
                                    flush_seconds=flush_seconds, max_iterations=max_iterations)
-        self.feed = HistoryFeed(window=window)
+        self.feed = ProgressFeed(window=window)
         self.window = window
         self.rollover = rollover
         self.best_seconds = best_seconds
@@ -105,8 +108,8 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         self.counters = ipywidgets.HTML()
         self.iteration = ipywidgets.HTML(layout=ipywidgets.Layout(min_width="130px"))
 
-        self.progress_root, self.acceptance_source, self.cost_source = _progress_charts(window)
-        self.progress = BokehModel(self.progress_root)
+        self.progress_root, self.progress_source = _progress_charts(window)
+        self.progress = Chart(self.progress_root)
         self.memory = MemoryTimeline(search.best_result)
         self.pins = PinTable(search)
         self.export = ExportPanel(search, path=export_path)
@@ -130,10 +133,9 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
 
     # ------------------------------------------------------------------ flush
     def _on_flush(self, runner: SearchRunner) -> None:
-        batch = self.feed.take(self.search.history.iloc[self.feed.seen:])
-        if batch is not None:
-            self.cost_source.stream(batch["cost"], rollover=self.rollover)
-            self.acceptance_source.stream(batch["acceptance"], rollover=self.rollover)
+        point = self.feed.take(self.search)
+        if point is not None:
+            self.progress_source.stream(point, rollover=self.rollover)
         self._draw_best(force=not runner.running)
         state = runner.state
         self.start_button.disabled = state != "idle"
@@ -145,7 +147,8 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
             self.pins.refresh()
         elif not self.pins.rows[0].pin.disabled:
             self.pins.set_enabled(False)
-        self.iteration.value = f"iteration <b data-counter='iteration'>{self.feed.seen:,}</b>"
+        self.iteration.value = (f"iteration <b data-counter='iteration'>"
+                                f"{self.search.iteration:,}</b>")
         self.counters.value = self._counters_html()
 
     def _draw_best(self, *, force: bool) -> None:
@@ -166,9 +169,9 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
     def _counters_html(self) -> str:
         r = self.runner
         state = r.state if r.error is None else f"{r.state} ({type(r.error).__name__}: {r.error})"
-        rate = self.search.acceptance_rate(self.window) if self.feed.seen else float("nan")
-        best = self.feed.best_cost
-        best_text = f"{best:.5g}" if best == best else "–"
+        rate = self.search.acceptance_rate(self.window)
+        best = float(self.search.best_cost)
+        best_text = f"{best:.5g}" if math.isfinite(best) else "none feasible yet"
         color = "#d62728" if r.state == "failed" else "#333333"
         return (f"<span style='color:{color}'>state <b data-counter='state'>"
                 f"{html.escape(state)}</b></span> · "
@@ -181,5 +184,5 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         return [(self.progress, self.progress_root), *self.memory.charts()]
 
     def static_html(self) -> str:
-        return (f"<div><p>iteration {self.feed.seen:,} · {self._counters_html()}</p>"
+        return (f"<div><p>iteration {self.search.iteration:,} · {self._counters_html()}</p>"
                 f"{static_html(self.progress_root)}{self.memory.static_html()}</div>")

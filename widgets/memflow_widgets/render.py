@@ -1,10 +1,10 @@
 """How views reach the page: BokehJS loaded inline, live widgets, and a static fallback.
 
 Every view is an ipywidgets box around one or more bokeh layouts (through jupyter_bokeh's
-``BokehModel``). When widgets are live (JupyterLab, Voila) the widget view is drawn; when they
-are not (nbconvert, a notebook viewer), the same display also carries ``text/html``: a short
-table of the numbers that matter plus a static bokeh embed of the same charts, which draws
-wherever BokehJS was loaded by :func:`setup` earlier in the notebook.
+``BokehModel``, as :class:`Chart`). When widgets are live (JupyterLab, Voila) the widget view
+is drawn; when they are not (nbconvert, a notebook viewer), the same display also carries
+``text/html``: a short table of the numbers that matter plus a static bokeh embed of the same
+charts, which draws wherever BokehJS was loaded by :func:`setup` earlier in the notebook.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from bokeh.embed import components
 from bokeh.models import LayoutDOM
 from jupyter_bokeh import BokehModel
 
-__all__ = ["setup", "static_html", "StaticFallback", "BokehView"]
+__all__ = ["setup", "static_html", "Chart", "StaticFallback", "BokehView"]
 
 
 def setup(*, banner: bool = False) -> None:
@@ -50,6 +50,25 @@ def static_html(root: LayoutDOM, summary: str = "") -> str:
     finally:
         log.setLevel(level)
     return f"<div>{summary}{div}{script}</div>"
+
+
+class Chart(BokehModel):
+    """jupyter_bokeh's ``BokehModel`` without the page's echo.
+
+    While the page applies a change sent from the kernel, jupyter_bokeh 4.1 queues the events
+    that applying it raises and then sends them back, so every streamed row would be appended
+    a second time on the kernel's side (and every redraw sent back whole). Only what a person
+    does on the page comes back here: selections (a click on a glyph) and bokeh's UI events.
+    """
+
+    def _sync_model(self, model: BokehModel, content: dict[str, Any],
+                    buffers: list[Any]) -> None:
+        kind = content.get("kind")
+        if content.get("event") == "jsevent" and (
+                kind in ("ColumnsStreamed", "ColumnsPatched")
+                or (kind == "ModelChanged" and content.get("attr") != "indices")):
+            return
+        super()._sync_model(model, content, buffers)
 
 
 class StaticFallback:
@@ -92,7 +111,7 @@ class BokehView(StaticFallback, ipywidgets.VBox):
     def __init__(self, root: LayoutDOM, controls: tuple[ipywidgets.Widget, ...] = (),
                  **kwargs: Any) -> None:
         self.root = root
-        self.chart = BokehModel(root)
+        self.chart = Chart(root)
         super().__init__([self.chart, *controls], **kwargs)
         self.add_class(f"memflow-{type(self).__name__.lower()}")   # a handle for page tests
 

@@ -46,7 +46,7 @@ class SearchRunner:
     flush_seconds:
         how often listeners are told while running (chart updates are batched to this).
     max_overhead:
-        the share of the time listeners may take: when they are slow (a large history, a busy
+        the share of the time listeners may take: when they are slow (a big redraw, a busy
         machine) they are told less often than ``flush_seconds``, so the search keeps its pace.
     max_iterations:
         stop (state ``done``) after this many steps run by this runner; None runs until paused.
