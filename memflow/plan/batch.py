@@ -42,6 +42,8 @@ __all__ = ["at_batch", "graph_source"]
 
 def at_batch(graph: OpGraph, batch_size: int) -> OpGraph:
     """``graph`` scaled linearly from its batch size to ``batch_size`` (see the module)."""
+    if not isinstance(graph, OpGraph):
+        raise PlanError(f"at_batch: graph must be a memflow OpGraph, got {type(graph).__name__}")
     old = graph.meta.get("batch_size")
     if not isinstance(old, (int, np.integer)) or old < 1:
         raise PlanError(f"at_batch: graph.meta['batch_size'] must be a positive integer, got "

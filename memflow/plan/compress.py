@@ -106,7 +106,12 @@ def compress(graph, cluster: Any, *, error_bound: float | Iterable[float] = ERRO
     c = as_cluster(cluster)
     dev = str(c.devices.index[0])
     limit = as_limit(memory_limit, c, [dev])
-    bounds = [float(error_bound)] if np.isscalar(error_bound) else [float(e) for e in error_bound]
+    try:
+        bounds = ([float(error_bound)] if np.isscalar(error_bound)
+                  else [float(e) for e in error_bound])
+    except (TypeError, ValueError):
+        raise PlanError(f"compress: error_bound must be a positive number or a list of them "
+                        f"(absolute bounds such as 1e-2), got {error_bound!r}") from None
     if not bounds:
         raise PlanError("compress: give at least one error bound")
     ev = Evaluator(graph, c, limit, optimizer=optimizer)

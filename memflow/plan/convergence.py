@@ -13,8 +13,12 @@ large-batch runs of the family needed retuning or more epochs (ImageNet CNNs ~8k
 Goyal et al. 2017, Shallue et al. 2019; GNMT ~2k sentence pairs: MLPerf v0.5–0.6 reference
 batches; LSTM language models on 1B words ~4k sequences of 20 tokens: Shallue et al.'s LM1B
 curves), ``epochs_min`` the reference schedules' epochs (90, 6, 5) and the datasets' sizes.
-Give your own measurements instead: a :class:`Measured` table or any function
-``global_batch -> epochs``.
+Give your own measurements instead: a :class:`Measured` table (``global_batch``, ``epochs``:
+epochs to the target measured at each batch, interpolated in log-log) or any function
+``global_batch -> epochs``. Bad input is a :class:`~memflow.errors.PlanError` that names the
+field: a non-positive or non-finite ``b_noise`` / ``epochs_min``, a table row whose
+``global_batch`` or ``epochs`` is not a positive number, fewer than two distinct batches, or a
+function that answers anything but a positive finite number of epochs.
 
 >>> c = CriticalBatch(b_noise=1000, epochs_min=10)
 >>> c(100), c(1000), c(10000)
@@ -36,6 +40,11 @@ from ..errors import PlanError
 __all__ = ["CriticalBatch", "Measured", "DEFAULTS", "DATASETS", "convergence_model"]
 
 
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and bool(
+        np.isfinite(value) and value > 0)
+
+
 @dataclass(frozen=True)
 class CriticalBatch:
     """Epochs to target: ``epochs_min · (1 + B / b_noise)`` (McCandlish et al. 2018)."""
@@ -44,9 +53,11 @@ class CriticalBatch:
     epochs_min: float
 
     def __post_init__(self):
-        if not (self.b_noise > 0 and self.epochs_min > 0):
-            raise PlanError(f"CriticalBatch needs b_noise > 0 and epochs_min > 0, got "
-                            f"{self.b_noise} and {self.epochs_min}")
+        for field in ("b_noise", "epochs_min"):
+            value = getattr(self, field)
+            if not _positive(value):
+                raise PlanError(f"CriticalBatch: {field} must be a positive finite number "
+                                f"(b_noise in samples, epochs_min in epochs), got {value!r}")
 
     def __call__(self, global_batch: float) -> float:
         return float(self.epochs_min * (1.0 + global_batch / self.b_noise))
@@ -61,13 +72,23 @@ class Measured:
         if not isinstance(table, pd.DataFrame) or not {"global_batch", "epochs"} <= set(table):
             raise PlanError("a measured convergence table needs the columns 'global_batch' and "
                             "'epochs' (one row per measured batch size)")
-        t = table.sort_values("global_batch")
-        b = t["global_batch"].to_numpy(np.float64)
-        e = t["epochs"].to_numpy(np.float64)
-        if len(b) < 2 or np.any(b <= 0) or np.any(e <= 0) or len(np.unique(b)) != len(b):
-            raise PlanError("a measured convergence table needs at least two distinct positive "
-                            "batch sizes with positive epochs")
-        self.x, self.y = np.log(b), np.log(e)
+        cols = {}
+        for field in ("global_batch", "epochs"):
+            values = pd.to_numeric(table[field], errors="coerce").to_numpy(np.float64)
+            bad = np.flatnonzero(~(np.isfinite(values) & (values > 0)))
+            if len(bad):
+                value = table[field].iloc[bad[0]]
+                value = value.item() if isinstance(value, np.generic) else value
+                raise PlanError(f"measured convergence table: column {field!r} must hold "
+                                f"positive finite numbers; row {table.index[bad[0]]!r} has "
+                                f"{value!r}")
+            cols[field] = values
+        b, e = cols["global_batch"], cols["epochs"]
+        if len(b) < 2 or len(np.unique(b)) != len(b):
+            raise PlanError(f"measured convergence table: column 'global_batch' needs at least "
+                            f"two distinct batch sizes (one row each), got {b.tolist()}")
+        order = np.argsort(b)
+        self.x, self.y = np.log(b[order]), np.log(e[order])
 
     def __call__(self, global_batch: float) -> float:
         x, y = self.x, self.y
@@ -98,7 +119,14 @@ DATASETS: dict[str, int] = {
 
 def convergence_model(convergence: Any, model: str | None) -> Callable[[float], float]:
     """A function ``global_batch -> epochs`` from what a user gave (see the module); None
-    takes the default of ``model``."""
+    takes the default of ``model``. Whatever it is, each value it returns is checked: a
+    positive finite number of epochs, or a :class:`PlanError` naming the batch.
+
+    >>> convergence_model(lambda b: 0.0, None)(256)
+    Traceback (most recent call last):
+    ...
+    memflow.errors.PlanError: convergence: epochs to the target at global batch 256 must be a positive finite number, got 0.0
+    """
     if convergence is None:
         if model not in DEFAULTS:
             raise PlanError(f"no default convergence curve for model {model!r} (defaults: "
@@ -107,9 +135,25 @@ def convergence_model(convergence: Any, model: str | None) -> Callable[[float], 
         return DEFAULTS[model]
     if isinstance(convergence, str):
         return convergence_model(None, convergence)
+    if isinstance(convergence, (CriticalBatch, Measured)):
+        return convergence
     if isinstance(convergence, pd.DataFrame):
         return Measured(convergence)
     if callable(convergence):
-        return convergence
+        return _Checked(convergence)
     raise PlanError(f"convergence must be None, a model name, a CriticalBatch, a DataFrame "
                     f"(global_batch, epochs) or a function, got {type(convergence).__name__}")
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A user's function ``global_batch -> epochs`` whose answers are checked."""
+
+    fn: Callable[[float], Any]
+
+    def __call__(self, global_batch: float) -> float:
+        epochs = self.fn(global_batch)
+        if not _positive(epochs):
+            raise PlanError(f"convergence: epochs to the target at global batch {global_batch} "
+                            f"must be a positive finite number, got {epochs!r}")
+        return float(epochs)

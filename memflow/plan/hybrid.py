@@ -103,7 +103,9 @@ def hybrid_projection(graph, cluster_sizes: Iterable[int], *, convergence: Any =
     One row per device count: for ``dp_*`` and ``hybrid_*``, ``step`` (s), ``batch`` (global),
     ``epochs``, ``hours`` (projected training time); ``hybrid_mp`` and ``hybrid_split``; ``gain``
     (data-parallel hours over hybrid hours, minus 1: > 0 when hybrid is faster) and ``best``.
-    Configurations that do not fit in memory are left out (NaN when none fits).
+    Configurations that do not fit in memory are left out (NaN when none fits); ``min_peak``
+    is the smallest peak (bytes, worst device) of any configuration tried at that count, so a
+    ``"none fits"`` row says how much memory per device it would take.
     ``df.attrs["candidates"]`` lists every configuration simulated.
     """
     source = graph_source(graph)
@@ -125,6 +127,9 @@ def hybrid_projection(graph, cluster_sizes: Iterable[int], *, convergence: Any =
             raise PlanError(f"hybrid_projection: give samples_per_epoch (no dataset size known "
                             f"for model {model!r}; known: {', '.join(DATASETS)})")
         samples_per_epoch = DATASETS[model]
+    if not (isinstance(samples_per_epoch, (int, np.integer)) and samples_per_epoch >= 1):
+        raise PlanError(f"hybrid_projection: samples_per_epoch must be a positive whole number "
+                        f"of training samples, got {samples_per_epoch!r}")
     splits = tuple(splits)
     bad = [x for x in splits if x not in SPLITS]
     if bad or not splits:
@@ -142,9 +147,9 @@ def hybrid_projection(graph, cluster_sizes: Iterable[int], *, convergence: Any =
         for mp in [1] + [m for m in degrees if n % m == 0]:
             batch = (n // mp) * b
             g = source(batch)
-            ev = Evaluator(g, c, optimizer=optimizer)
             if mp > len(g):   # fewer units than devices per worker: no split exists
                 continue
+            ev = Evaluator(g, c, optimizer=optimizer)
             tried = ({"data parallel": Strategy.data_parallel(g, devices)} if mp == 1
                      else hybrid_strategies(g, devices, mp, b, splits))
             for split, s in tried.items():
@@ -174,6 +179,7 @@ def _summarise(n: int, cand: pd.DataFrame) -> dict[str, Any]:
             row["hybrid_mp"] = int(best["mp"]) if best is not None else 0
             row["hybrid_split"] = best["split"] if best is not None else ""
     row["gain"] = row["dp_hours"] / row["hybrid_hours"] - 1.0
+    row["min_peak"] = float(cand["peak"].min()) if len(cand) else math.nan
     if np.isnan(row["hybrid_hours"]) and np.isnan(row["dp_hours"]):
         row["best"] = "none fits"
     elif np.isnan(row["dp_hours"]) or row["hybrid_hours"] < row["dp_hours"]:

@@ -25,7 +25,7 @@ def test_critical_batch_and_measured_curves():
         convergence_model(None, "toy")
     with pytest.raises(PlanError, match="global_batch"):
         Measured(pd.DataFrame({"batch": [1, 2]}))
-    with pytest.raises(PlanError, match="b_noise > 0"):
+    with pytest.raises(PlanError, match="b_noise must be a positive finite number"):
         CriticalBatch(b_noise=0, epochs_min=1)
 
 
@@ -88,3 +88,51 @@ def test_memory_decides_feasibility():
     t = hybrid_projection(g, [8], convergence=CriticalBatch(10 ** 6, 1), samples_per_epoch=100)
     assert math.isnan(t.loc[8, "dp_hours"]) and t.loc[8, "best"] == "hybrid"
     assert t.loc[8, "hybrid_mp"] == 4
+
+
+@pytest.mark.parametrize("bad, field", [
+    (pd.DataFrame({"global_batch": [256, 1024], "epochs": [10, float("nan")]}), "'epochs'"),
+    (pd.DataFrame({"global_batch": [256, -1], "epochs": [10, 12]}), "'global_batch'"),
+    (pd.DataFrame({"global_batch": [256, "x"], "epochs": [10, 12]}), "'global_batch'"),
+    (pd.DataFrame({"global_batch": [256, 256], "epochs": [10, 12]}), "two distinct"),
+])
+def test_bad_measurements_name_the_field(bad, field):
+    with pytest.raises(PlanError, match=field):
+        Measured(bad)
+    g = chain(4)
+    with pytest.raises(PlanError, match=field):
+        hybrid_projection(g, [8], convergence=bad, samples_per_epoch=100)
+
+
+def test_bad_curves_and_functions_are_plan_errors():
+    for kwargs, field in (({"b_noise": float("nan"), "epochs_min": 1}, "b_noise"),
+                          ({"b_noise": 10, "epochs_min": "x"}, "epochs_min")):
+        with pytest.raises(PlanError, match=field):
+            CriticalBatch(**kwargs)
+    g = chain(4)
+    with pytest.raises(PlanError, match="at global batch 64 must be a positive finite"):
+        hybrid_projection(g, [8], convergence=lambda b: -1.0, samples_per_epoch=100)
+    with pytest.raises(PlanError, match="samples_per_epoch must be a positive whole number"):
+        hybrid_projection(g, [8], convergence=CriticalBatch(100, 1), samples_per_epoch=-5)
+
+
+def test_user_measurements_replace_the_default_curve():
+    # measured epochs that grow steeply with the batch make the smaller hybrid batch win
+    g = chain(4, flops=2e11, params=2 ** 24, batch=32, model="gnmt")
+    steep = pd.DataFrame({"global_batch": [32, 256], "epochs": [1, 64]})
+    t = hybrid_projection(g, [8], convergence=steep, samples_per_epoch=10 ** 6)
+    m = Measured(steep)
+    assert t.loc[8, "dp_epochs"] == pytest.approx(m(256))
+    assert t.loc[8, "hybrid_epochs"] == pytest.approx(m(t.loc[8, "hybrid_batch"]))
+    assert t.loc[8, "best"] == "hybrid"
+    default = hybrid_projection(g, [8], samples_per_epoch=10 ** 6)     # gnmt's default curve
+    assert default.loc[8, "dp_epochs"] == pytest.approx(DEFAULTS["gnmt"](256))
+
+
+def test_none_fits_gives_the_smallest_memory_found():
+    g = chain(2, params=20 * 2 ** 30, batch=8)      # 20 GiB of weights per unit, 2 units
+    t = hybrid_projection(g, [2], convergence=CriticalBatch(10 ** 6, 1), samples_per_epoch=100,
+                          mp_degrees=[2])
+    assert t.loc[2, "best"] == "none fits"
+    cand = t.attrs["candidates"]
+    assert t.loc[2, "min_peak"] == cand["peak"].min() > 16 * 2 ** 30
