@@ -49,6 +49,12 @@ class GraphArrays:
     readers_idx: np.ndarray
     savers_ptr: np.ndarray
     savers_idx: np.ndarray
+    # parameter storages (``graph.parameters``, tied weights once)
+    param_owner: np.ndarray       # unit holding the storage (weights, optimizer state)
+    param_grad_bytes: np.ndarray  # bytes of its gradient: the storage's if trainable, else 0
+    param_grad_unit: np.ndarray   # unit whose backward makes its gradient: the last reader
+    param_readers_ptr: np.ndarray  # CSR: the units whose forward reads it
+    param_readers_idx: np.ndarray
 
     @property
     def n(self) -> int:
@@ -100,6 +106,13 @@ def graph_arrays(graph) -> GraphArrays:
         savers.append(tuple(sorted({pos[s] for s in sav})))
     r_ptr, r_idx = csr(readers)
     s_ptr, s_idx = csr(savers)
+    pt = graph.parameters
+    p_owner = np.array([pos[o] for o in pt["owner"]], np.int64)
+    p_readers = [tuple(pos[r] for r in rs) for rs in pt["readers"]]
+    pr_ptr, pr_idx = csr(p_readers)
+    # an unread parameter gets its gradient (if any) where its owner's backward runs
+    p_grad_unit = np.array([rs[-1] if rs else o for rs, o in zip(p_readers, p_owner.tolist())],
+                           np.int64)
     recomputable = (u["recomputable"].to_numpy(bool) if "recomputable" in u.columns
                     else np.ones(len(u), bool))
     out = GraphArrays(
@@ -114,6 +127,9 @@ def graph_arrays(graph) -> GraphArrays:
         is_output=t["is_output"].to_numpy(bool), requires_grad=t["requires_grad"].to_numpy(bool),
         per_sample=t["per_sample"].to_numpy(bool), readers=tuple(readers),
         savers=tuple(savers), batch_size=graph.meta.get("batch_size"), readers_ptr=r_ptr,
-        readers_idx=r_idx, savers_ptr=s_ptr, savers_idx=s_idx)
+        readers_idx=r_idx, savers_ptr=s_ptr, savers_idx=s_idx, param_owner=p_owner,
+        param_grad_bytes=np.where(pt["trainable"].to_numpy(bool),
+                                  pt["bytes"].to_numpy(np.float64), 0.0),
+        param_grad_unit=p_grad_unit, param_readers_ptr=pr_ptr, param_readers_idx=pr_idx)
     _CACHE[graph] = out
     return out

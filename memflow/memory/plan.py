@@ -7,7 +7,8 @@ single-device program order; the simulator runs the same blocks against its sche
 are those of ``docs/data-model.md`` ("Memory model"), which follow PyTorch:
 
 * weights, buffers, optimizer state and DDP gradient buckets are persistent;
-* a parameter gradient lives from its unit's first backward to the end of the optimizer step;
+* a parameter gradient lives from the backward of its last reader (the first to run) to the
+  end of the optimizer step; every other reader's backward makes a contribution of its size;
 * an activation storage lives from its producer's forward to the later of its last forward
   read, the start of backward (model outputs) and, when held for backward, the end of the
   backward of its first saver. Policies decide what *holds* it (keep > segment input >
@@ -247,6 +248,30 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
     return n_recs
 
 
+def _gradient_unit(ga: GraphArrays) -> np.ndarray:
+    """Per unit, the unit whose backward allocates the gradients of the parameters it owns:
+    the last reader of each (the first backward to reach it), the earliest of them in backward
+    order when they differ; the unit itself when it owns no trainable parameter."""
+    out = np.arange(ga.n)
+    grad = ga.param_grad_bytes > 0
+    np.maximum.at(out, ga.param_owner[grad], ga.param_grad_unit[grad])
+    return out
+
+
+def _accumulated(ga: GraphArrays, p: np.ndarray) -> np.ndarray:
+    """Per unit, the gradient contributions its backward makes to parameters whose gradient
+    already exists (a tied weight, a module called twice): each reader but the last makes one
+    of the parameter's size, held until the engine adds it in (the sum itself is in the
+    reader's ``bwd_tmp_bytes``). ``p``: each unit's parameter degree."""
+    out = np.zeros(ga.n)
+    ptr, idx = ga.param_readers_ptr, ga.param_readers_idx
+    for k in np.flatnonzero((ga.param_grad_bytes > 0) & (np.diff(ptr) > 1)):
+        readers = idx[ptr[k]:ptr[k + 1]]
+        readers = readers[readers != ga.param_grad_unit[k]]
+        out[readers] += ga.param_grad_bytes[k] / p[readers]
+    return out
+
+
 class BlockTable:
     """Every block of one placement's plan, in fixed rows, re-derived by delta.
 
@@ -269,8 +294,10 @@ class BlockTable:
         per = 1.0 / (s * p * a) / M
         # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
         o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
-        o_b = np.array([train[layout == lay].sum() if foreach
-                        else 2 * train[layout == lay].max(initial=0.0) for lay in o_lay])
+        p_train = ga.param_grad_bytes / p[ga.param_owner]
+        p_lay = layout[ga.param_owner]
+        o_b = np.array([p_train[p_lay == lay].sum() if foreach
+                        else 2 * p_train[p_lay == lay].max(initial=0.0) for lay in o_lay])
         self.unit_row = 4 * R + G
         k = self.unit_row + 4 * n + len(o_lay)
         self.placed, self.n = P, n
@@ -293,12 +320,13 @@ class BlockTable:
         self.free[g] = P.grad_free[:, None, :]
         u = self.unit_row
         self.recompute_tmp = ga.fwd_tmp * per
-        self.bytes[u:u + 4 * n] = np.stack([ga.fwd_tmp * per, ga.bwd_tmp * per,
-                                            np.zeros(n), train], 1).ravel()
+        bwd_tmp = ga.bwd_tmp * per + _accumulated(ga, p)
+        self.bytes[u:u + 4 * n] = np.stack([ga.fwd_tmp * per, bwd_tmp, np.zeros(n), train],
+                                           1).ravel()
         for slot, kind in enumerate((A_FWD, A_BWD, A_RECOMP)):
             self.alloc[u + slot:u + 4 * n:4] = _anchor(kind, units, START, n)
             self.free[u + slot:u + 4 * n:4] = _anchor(kind, units, END, n)[:, None, :]
-        self.alloc[u + 3:u + 4 * n:4] = _anchor(A_BWD, units, START, n)
+        self.alloc[u + 3:u + 4 * n:4] = _anchor(A_BWD, _gradient_unit(ga), START, n)
         self.free[u + 3:u + 4 * n:4] = _anchor(A_OPT, layout, END, n)[:, None, :]
         o = slice(u + 4 * n, k)
         self.bytes[o] = o_b.reshape(-1)

@@ -45,3 +45,20 @@ def test_capacity_from_a_preset_and_bad_input():
         estimate(g, "cpu", optimizer="lamb")
     with pytest.raises(MemflowError, match="one device"):
         estimate(g, "cpu", strategy=Strategy.data_parallel(g, 2))
+
+
+def test_tied_weight_gradient_starts_at_its_last_reader():
+    import pandas as pd
+    from memflow.graph import OpGraph
+    units = pd.DataFrame({"fwd_flops": [1.0] * 3, "bwd_flops": [2.0] * 3}, index=["a", "b", "c"])
+    tensors = pd.DataFrame({"bytes": [10, 20, 30], "producer": ["<input>", "a", "b"],
+                            "consumers": [["a"], ["b"], ["c"]], "savers": [[], [], []],
+                            "requires_grad": [False, False, False]})
+    w = pd.DataFrame({"name": ["a.weight"], "names": [["a.weight", "c.weight"]],
+                      "bytes": [1000], "numel": [250], "owner": ["a"], "readers": [["a", "c"]],
+                      "trainable": [True]})
+    df = estimate(OpGraph(units, tensors, parameters=w), "cpu")
+    # the weight once; its gradient from c's backward on; a's backward adds a contribution
+    assert df.loc["weights", "at_peak"] == 1000
+    assert df.loc["total", "at_peak"] == 1000 + 1000 + 1000
+    assert df.attrs["peak_task"] == "backward a"
