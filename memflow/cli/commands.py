@@ -1,0 +1,183 @@
+"""What each ``memflow`` subcommand does, given its parsed arguments.
+
+Each function takes the ``argparse.Namespace`` of :func:`memflow.cli.parser` and prints for a
+person; errors are :class:`~memflow.errors.MemflowError` and become one line in
+:func:`memflow.cli.main`.
+
+>>> import argparse
+>>> zoo(argparse.Namespace())                                     # doctest: +ELLIPSIS
+          family ...
+name ...
+resnet50 ...
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..errors import MemflowError
+from ..report.style import fmt_bytes
+from .inputs import (is_file_model, load_cluster, load_graph, load_model, load_strategy,
+                     parse_options, parse_shape, parse_units)
+from .plan import FILES, run_search, write_plan
+
+__all__ = ["search", "simulate", "export", "report", "zoo", "presets", "demo", "DEMO"]
+
+DEMO = {"model": "resnet50", "batch": 1024, "cluster": "4xV100-16GB"}
+"""The demo's defaults: data parallel needs ~21 GiB per V100-16GB at this batch."""
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The model arguments as plain data (also recorded in summary.json)."""
+    return {"model": args.model, "batch": args.batch,
+            "options": parse_options(getattr(args, "option", None)),
+            "input_shape": (list(parse_shape(args.input_shape))
+                            if getattr(args, "input_shape", None) else None),
+            "units": parse_units(getattr(args, "units", "blocks")),
+            "cluster": getattr(args, "cluster", None),
+            "memory_limit": getattr(args, "memory_limit", None)}
+
+
+def _graph(inputs: dict[str, Any]):
+    return load_graph(inputs["model"], inputs["batch"], units=inputs["units"],
+                      options=inputs["options"], input_shape=inputs["input_shape"])
+
+
+def _describe(result) -> str:
+    worst = result.peak_memory.idxmax()
+    fit = "fits" if result.feasible else "does NOT fit"
+    peak, capacity = fmt_bytes(result.peak_memory[worst]), fmt_bytes(result.capacity[worst])
+    return (f"{result.iteration_time * 1e3:,.1f} ms/step, {result.throughput:,.0f} samples/s, "
+            f"peak {peak} of {capacity} on {worst}: {fit}")
+
+
+def _search(inputs: dict[str, Any], out: str, *, iterations=None, seconds=None, seed=0,
+            optimizer="sgd", quiet=False, graph=None, cluster=None):
+    # the cluster first: a wrong preset is reported before a capture that may take a while
+    cluster = cluster if cluster is not None else load_cluster(inputs["cluster"],
+                                                               inputs["memory_limit"])
+    graph = graph if graph is not None else _graph(inputs)
+    search = run_search(graph, cluster, iterations=iterations, seconds=seconds, seed=seed,
+                        optimizer=optimizer, progress=not quiet)
+    plan = write_plan(out, search, {**inputs, "optimizer": optimizer, "seed": seed})
+    return search, plan
+
+
+def search(args: argparse.Namespace) -> None:
+    """``memflow search``: run the search, write the plan folder, print the best."""
+    if args.iterations is not None and args.iterations < 1:
+        raise MemflowError(f"--iterations {args.iterations} must be at least 1")
+    if args.seconds is not None and not args.seconds > 0:
+        raise MemflowError(f"--seconds {args.seconds} must be positive")
+    found, plan = _search(_inputs(args), args.out, iterations=args.iterations,
+                          seconds=args.seconds, seed=args.seed, optimizer=args.optimizer,
+                          quiet=args.quiet)
+    print(f"best after {found.iteration} proposals: {_describe(found.best_result)}")
+    print(f"plan written to {plan}/ ({', '.join(FILES.values())})")
+
+
+def simulate(args: argparse.Namespace) -> None:
+    """``memflow simulate``: one step of the strategy; the per-device summary."""
+    from ..sim import simulate as run
+
+    inputs = _inputs(args)
+    cluster = load_cluster(args.cluster, args.memory_limit)
+    graph = _graph(inputs)
+    strategy = load_strategy(args.strategy, graph, cluster)
+    result = run(graph, strategy, cluster, optimizer=args.optimizer)
+    print(f"{strategy.name!r} on {cluster.name}: {_describe(result)}")
+    table = result.summary()
+    with pd.option_context("display.width", 120, "display.max_rows", 64):
+        print(table.to_string(formatters={
+            **dict.fromkeys(("peak", "capacity", "headroom"), fmt_bytes),
+            "compute_busy": lambda t: f"{t * 1e3:,.3f} ms", "utilization": "{:.0%}".format}))
+
+
+def _export(strategy, model: str, batch: int, options: dict, out: str | Path,
+            optimizer: str = "sgd") -> Path:
+    from ..export import script
+
+    return script(strategy, out, model=model if not is_file_model(model)
+                  else str(Path(model.rpartition(":")[0]).resolve()) + ":" +
+                  model.rpartition(":")[2],
+                  model_options=options, batch_size=batch, optimizer=optimizer)
+
+
+def export(args: argparse.Namespace) -> None:
+    """``memflow export``: the torchrun training script of a strategy."""
+    inputs = _inputs(args)
+    if is_file_model(args.model):
+        # The script builds the model from the factory at run time, inputs included.
+        load_model(args.model, args.batch, options=inputs["options"],
+                   input_shape=inputs["input_shape"])
+        if inputs["input_shape"] is not None:
+            raise MemflowError(f"export: the training script calls {args.model} for the model "
+                               "and its example inputs; a factory returning a bare model "
+                               "(--input-shape) cannot be exported; return (model, inputs)")
+    strategy = load_strategy(args.strategy)
+    path = _export(strategy, args.model, args.batch, inputs["options"], args.out,
+                   args.optimizer)
+    print(f"wrote {path} and {path.with_suffix('.json').name} beside it")
+
+
+def report(args: argparse.Namespace) -> None:
+    """``memflow report``: the plan folder's self-contained HTML report."""
+    from ..report import write_plan_report
+
+    path = write_plan_report(args.plan, args.out)
+    print(f"wrote {path}")
+
+
+def zoo(args: argparse.Namespace) -> None:
+    """``memflow zoo``: the built-in models."""
+    from .. import zoo as models
+
+    table = models.info()[["family", "params", "batch_size", "inputs"]]
+    with pd.option_context("display.width", 160, "display.max_rows", 200,
+                           "display.max_colwidth", 70):
+        print(table.to_string())
+
+
+def presets(args: argparse.Namespace) -> None:
+    """``memflow presets``: the named clusters (any NxGPU or NODESxNxGPU works too)."""
+    from ..hardware import Cluster
+
+    table = Cluster.presets()
+    table["memory"] = table["memory"].map(fmt_bytes)
+    with pd.option_context("display.width", 200, "display.max_colwidth", 60):
+        print(table.to_string(index=False))
+
+
+def demo(args: argparse.Namespace) -> None:
+    """``memflow demo``: capture, show that data parallel does not fit, search, report,
+    export — on resnet50 at a batch of 1024 over 4xV100-16GB unless told otherwise."""
+    from ..report import write_plan_report
+    from ..sim import simulate as run
+    from ..strategy import Strategy
+    from .. import zoo as models
+
+    if not args.seconds > 0:
+        raise MemflowError(f"--seconds {args.seconds} must be positive")
+    batch = args.batch or (DEMO["batch"] if args.model == DEMO["model"]
+                           else models.spec_of(args.model).batch_size)
+    inputs = {"model": args.model, "batch": batch, "options": parse_options(args.option),
+              "input_shape": None, "units": "blocks", "cluster": args.cluster,
+              "memory_limit": args.memory_limit}
+    cluster = load_cluster(args.cluster, args.memory_limit)
+    print(f"memflow demo: {args.model} at batch {batch} on {cluster.name}")
+    print(f"1. capturing {args.model} (blocks as units) on meta tensors ...", flush=True)
+    graph = _graph(inputs)
+    dp = run(graph, Strategy.data_parallel(graph, cluster), cluster)
+    print(f"   {len(graph)} units; data parallel: {_describe(dp)}")
+    print(f"2. searching for {args.seconds:g} s ...", flush=True)
+    found, plan = _search(inputs, args.out, seconds=args.seconds, quiet=args.quiet,
+                          graph=graph, cluster=cluster)
+    print(f"   best: {_describe(found.best_result)}")
+    print("3. writing the report and the training script ...", flush=True)
+    html = write_plan_report(plan, search=found)
+    train = _export(found.best, args.model, batch, inputs["options"], plan / "train.py")
+    print(f"done:\n  strategy  {plan / FILES['strategy']}\n  report    {html}\n"
+          f"  training  {train}  (run: torchrun --nproc_per_node N {train} --steps 10)")

@@ -1,0 +1,125 @@
+"""Colours and number formats shared by the report and the Jupyter views, so one category looks
+the same everywhere (``memflow_widgets.style`` is this module).
+
+>>> fmt_bytes(3 * 2**30)
+'3.00 GiB'
+>>> color_for("gpu3", ["gpu0", "gpu1", "gpu2", "gpu3"]) == DEVICE_PALETTE[3]
+True
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "POLICY_COLORS", "DEVICE_PALETTE",
+           "MULTI_DEVICE_COLOR", "GIB", "CAPACITY_IN_VIEW", "fmt_bytes", "fmt_seconds", "byte_unit",
+           "memory_scale", "color_for"]
+
+GIB = float(2**30)
+
+# Memory categories of SimResult.memory, bottom of the stack first (persistent ones at the bottom,
+# so the per-step activity reads as the moving top layer).
+CATEGORIES = ("weights", "optimizer", "communication", "gradients", "activations", "transient")
+CATEGORY_COLORS = {
+    "weights": "#4c72b0",
+    "optimizer": "#937860",
+    "communication": "#8172b3",
+    "gradients": "#dd8452",
+    "activations": "#55a868",
+    "transient": "#c44e52",
+}
+
+# Task kinds of SimResult.timeline.
+KIND_COLORS = {
+    "forward": "#4c72b0",
+    "backward": "#dd8452",
+    "recompute": "#c44e52",
+    "transfer": "#8172b3",
+    "allreduce": "#937860",
+    "offload": "#55a868",
+    "prefetch": "#8fd19e",
+    "compress": "#da8bc3",
+    "decompress": "#f2b8dc",
+    "optimizer": "#8c8c8c",
+}
+OTHER_COLOR = "#bbbbbb"
+
+# Memory policies of Strategy.table.
+POLICY_COLORS = {
+    "keep": "#4c72b0",
+    "recompute": "#c44e52",
+    "offload": "#55a868",
+    "compress": "#da8bc3",
+}
+
+DEVICE_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                  "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
+                  "#c5b0d5", "#c49c94")
+MULTI_DEVICE_COLOR = "#444444"  # a unit split over several devices
+
+
+def color_for(device: str, devices: Sequence[str]) -> str:
+    """The colour of ``device`` among ``devices`` (cycling through the palette)."""
+    return DEVICE_PALETTE[list(devices).index(device) % len(DEVICE_PALETTE)]
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes in binary units with three significant figures.
+
+    >>> fmt_bytes(1536 * 1024), fmt_bytes(100), fmt_bytes(20.5 * 2**40)
+    ('1.50 MiB', '100 B', '20.5 TiB')
+    """
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            break
+        n /= 1024
+    if unit == "B":
+        return f"{n:.0f} B"
+    return f"{n:.2f} {unit}" if abs(n) < 10 else f"{n:.1f} {unit}" if abs(n) < 100 else \
+        f"{n:,.0f} {unit}"
+
+
+def byte_unit(n: float) -> tuple[str, float]:
+    """The largest binary unit in which ``n`` bytes is at least 1, and its size.
+
+    >>> byte_unit(3 * 2**30), byte_unit(5000), byte_unit(0)
+    (('GiB', 1073741824.0), ('KiB', 1024.0), ('B', 1.0))
+    """
+    name, size = "B", 1.0
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < size * 1024:
+            break
+        name, size = unit, size * 1024
+    return name, size
+
+
+# A capacity far above the peak is left off a chart's scale (titles still give it): a 40 KiB
+# model on a 16 GiB GPU would otherwise be a hairline at the bottom of the chart.
+CAPACITY_IN_VIEW = 4.0
+
+
+def memory_scale(peak: float, capacity: float) -> tuple[str, float, float]:
+    """How to draw memory whose largest peak is ``peak`` on devices of ``capacity`` bytes:
+    ``(unit name, unit size, top of the axis in bytes)``; the capacity is in view unless it is
+    more than ``CAPACITY_IN_VIEW`` times the peak.
+
+    >>> memory_scale(12 * 2**30, 16 * 2**30)[:2], memory_scale(40 * 1024, 16 * 2**30)[:2]
+    (('GiB', 1073741824.0), ('KiB', 1024.0))
+    """
+    top = max(peak, capacity) if capacity <= CAPACITY_IN_VIEW * peak else peak
+    name, size = byte_unit(top)
+    return name, size, top
+
+
+def fmt_seconds(t: float) -> str:
+    """A duration in the unit that reads best: ``'12.3 ms'``, ``'1.25 s'``.
+
+    >>> fmt_seconds(0.0123), fmt_seconds(1.25), fmt_seconds(4e-6)
+    ('12.3 ms', '1.25 s', '4 µs')
+    """
+    t = float(t)
+    if abs(t) >= 1:
+        return f"{t:.3g} s"
+    if abs(t) >= 1e-3:
+        return f"{t * 1e3:.3g} ms"
+    return f"{t * 1e6:.3g} µs"
