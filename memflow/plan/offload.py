@@ -82,8 +82,12 @@ def knapsack_choice(prof: Profile, need: float, eligible: np.ndarray) -> np.ndar
         return np.zeros(n, bool)
     if prof.saved[eligible].sum() < need:
         return eligible.copy()
+    # bytes in units of ``need`` (HiGHS misjudges feasibility with GiB-sized coefficients),
+    # and a margin over its feasibility tolerance (1e-7), which would otherwise accept a
+    # choice a few bytes short of ``need``
     res = milp(cost, integrality=np.ones(n), bounds=Bounds(0, eligible.astype(float)),
-               constraints=LinearConstraint(prof.saved[None, :], lb=need, ub=np.inf))
+               constraints=LinearConstraint(prof.saved[None, :] / need, lb=1.0 + 1e-6,
+                                            ub=np.inf))
     if res.x is None:   # pragma: no cover - HiGHS solves every feasible covering knapsack
         raise PlanError(f"offload: the knapsack solver failed ({res.message})")
     return res.x > 0.5
@@ -194,9 +198,9 @@ class _Planner:
             if mask.sum() == self.eligible.sum():
                 break
             need += max(out.peak - self.limit, 0.0) + 1.0
-        low = min(seen + [self.ev(self.static("all"))], key=lambda o: o.peak)
-        raise Infeasible("offload", policy, limit=self.limit, min_memory=low.peak,
-                         best=low.strategy)
+        # offloading every unit is the choice both heuristics end at when nothing less fits
+        return self.ev.best([o.strategy for o in seen] + [self.static("all")], "offload",
+                            policy)
 
 
 def offload(graph, cluster: Any, policy: str = "dynamic", *, memory_limit: Any = None,

@@ -5,6 +5,11 @@ search's best side by side, judged by the same simulator against the same limit.
 keeps the best feasible strategy it has seen, the start included, so a search started from a
 plan that fits can only match or beat it (``never_worse``).
 
+The search may choose the policies the plan uses (a compressed plan's error bounds included)
+and keep / recompute / offload, except offload where the devices' hosts have no memory to
+receive it (an edge board's unified memory): the search's cost counts device memory only, so
+it must not be offered a move whose host side it cannot judge.
+
 >>> from memflow.search.synthetic import chain_graph
 >>> from memflow.plan import checkpoint
 >>> g = chain_graph(6, width=4096, batch=16384, seed=None)
@@ -17,12 +22,35 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from ..errors import PlanError
 from ..strategy import Strategy
 from .common import Evaluator, as_cluster
 
-__all__ = ["refine"]
+__all__ = ["refine", "search_policies"]
+
+
+def search_policies(cluster, strategy: Strategy) -> tuple[list[str], list[float]]:
+    """The policies and error bounds the search may choose from ``strategy``: keep, recompute,
+    offload (only where every host of the devices used holds memory) and the plan's own.
+
+    >>> from memflow.search.synthetic import chain_graph
+    >>> from memflow.plan import compress_strategy
+    >>> g = chain_graph(3, width=512, batch=64, seed=None)
+    >>> search_policies(as_cluster("jetson-nano-4GB"), compress_strategy(g, "jetson-nano-4GB"))
+    (['keep', 'recompute', 'compress'], [0.01])
+    """
+    ca = cluster.arrays
+    devs = sorted({d for group in strategy.devices for d in group})
+    hosts = np.unique(ca.host[cluster.devices.index.get_indexer(devs)])
+    policies = ["keep", "recompute"]
+    if np.all(ca.host_memory[hosts] > 0):
+        policies.append("offload")
+    policies += [p for p in dict.fromkeys(strategy.policies) if p not in policies]
+    bounds = sorted({float(b) for b in np.asarray(strategy.error_bound) if b == b})
+    return policies, bounds or [1e-3]
 
 
 def refine(graph, cluster: Any, strategy: Strategy, *, iterations: int = 300,
@@ -34,10 +62,14 @@ def refine(graph, cluster: Any, strategy: Strategy, *, iterations: int = 300,
     ``never_worse``. The series' ``attrs["best"]`` is the search's best strategy."""
     from ..search import MCMCSearch   # the search is heavier; load it when used
 
+    if not isinstance(strategy, Strategy):
+        raise PlanError(f"refine: strategy must be a memflow Strategy (what a planner returns), "
+                        f"got {type(strategy).__name__}")
     c = as_cluster(cluster)
     ev = Evaluator(graph, c, memory_limit, optimizer=optimizer)
+    policies, bounds = search_policies(c, strategy)
     search = MCMCSearch(graph, c, memory_limit=memory_limit, init=strategy, seed=seed,
-                        optimizer=optimizer)
+                        optimizer=optimizer, policies=policies, error_bounds=bounds)
     search.run(iterations=iterations, seconds=seconds)
     before, after = ev(strategy), ev(search.best)
     never_worse = after.fits if before.fits else True
