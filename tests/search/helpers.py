@@ -7,7 +7,7 @@ import numpy as np
 
 import memflow
 from memflow.search import exhaustive
-from memflow.search.synthetic import chain_graph
+from memflow.search.synthetic import chain_graph, mlp_chain
 
 V100 = memflow.Cluster.preset("1xV100-16GB")
 FOUR = memflow.Cluster.preset("4xV100-16GB")
@@ -16,10 +16,10 @@ FOUR = memflow.Cluster.preset("4xV100-16GB")
 @lru_cache(maxsize=None)
 def chain(n: int, seed: int = 0, activation: str = "gelu", batch: int = 16384, width: int = 64):
     """A chain whose activations dominate its weights, so checkpointing matters; activation
-    ``"mlp"``: transformer MLP blocks (4× hidden) alternating with dense layers."""
+    ``"mlp"``: :func:`~memflow.search.synthetic.mlp_chain` (16× MLP blocks between narrow
+    projections), where schedules reach down to about a third of keep-all on 10 units."""
     if activation == "mlp":
-        return chain_graph(n, batch=batch // 4, width=width, seed=seed,
-                           expansion=[4, 0] * (n // 2) + [4] * (n % 2))
+        return mlp_chain(n, seed=seed)
     return chain_graph(n, batch=batch, width=width, seed=seed, activation=activation)
 
 

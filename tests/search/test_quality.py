@@ -1,6 +1,8 @@
 """Done-when of issue 4: the search reaches the exhaustive optimum (within 1%) on chains of
 10 units under limits between 30% and 80% of keep-all, within 3,000 iterations, for several
-seeds. (benchmarks/bench_search.py runs 10–14 units and more seeds.)"""
+seeds (35% is about the lowest at which the 10-unit MLP chain has a schedule at all: one
+block's backward alone needs a third of keep-all); benchmarks/bench_search.py runs 10–14
+units and more seeds."""
 import pytest
 
 from memflow.search import MCMCSearch, optimal_checkpointing
@@ -10,8 +12,8 @@ from .helpers import V100, chain, every_schedule, keep_all_peak, optimum
 BUDGET = 3000
 
 
-@pytest.mark.parametrize("kind, fraction", [("gelu", 0.65), ("gelu", 0.8), ("mlp", 0.55),
-                                            ("mlp", 0.75)])
+@pytest.mark.parametrize("kind, fraction", [("mlp", 0.35), ("mlp", 0.5), ("mlp", 0.65),
+                                            ("gelu", 0.65), ("mlp", 0.8)])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_within_one_percent_of_the_exhaustive_optimum(kind, fraction, seed):
     table = every_schedule(10, 0, kind)
