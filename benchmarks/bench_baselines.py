@@ -7,7 +7,13 @@ with plain data parallelism — on a ``4xV100-16GB`` cluster, this gives, per mo
 * ``FlexFlow (memory-oblivious)`` — the same Metropolis search with FlexFlow's cost (time
   only) and moves (parallel configurations only), as long as memflow's search: its best by
   time, whatever its memory;
-* ``recompute everything`` — data parallel, every unit recomputed (one segment);
+* ``recompute everything (one segment)`` — data parallel, every unit recomputed. A
+  :class:`~memflow.Strategy` derives its recompute segments as maximal runs of recomputed
+  units on one placement (one ``torch.utils.checkpoint`` call per run), so this is one segment
+  that is rebuilt whole before the backward: it peaks like data parallel and adds a forward.
+  Chen's / Checkmate's "checkpoint every unit" (each unit its own segment, only its input held)
+  cannot be written as a Strategy today; it would need a per-unit segment boundary in the
+  strategy (which the memory plan and task expansion already take as an array);
 * ``sqrt checkpointing`` — data parallel with Chen et al.'s checkpoints (their greedy over a
   grid of budgets, :func:`memflow.plan.checkpoint.chen_checkpoints`; the fastest that fits);
 * ``optimal chain schedule`` — :func:`memflow.search.optimal_checkpointing` on the
@@ -15,8 +21,10 @@ with plain data parallelism — on a ``4xV100-16GB`` cluster, this gives, per mo
 * ``memflow search`` — :class:`memflow.MCMCSearch`, memory-aware, started from the best of the
   rows above (and of its own baselines), for the same time as FlexFlow's.
 
-Columns: time (ms per iteration), the peak of each GPU (GiB), feasible. The check at the end:
-memflow is feasible wherever any row is, and never slower than the fastest feasible row.
+Columns: time (ms per iteration), the peak of each GPU (GiB), feasible. The checks at the end:
+memflow is feasible wherever any row is, and never slower than the fastest feasible row; and a
+search started from each row's strategy (``--from-each`` proposals, memory-aware) ends no worse
+than where it started (feasible before infeasible, then faster; infeasible: lower cost).
 
 Granularity: resnet50/101 at depth 2 (one unit per bottleneck), gpt2 with ``units="blocks"``
 (one per transformer block), vgg16 at leaves (one per layer) — units at which recomputation
@@ -79,14 +87,15 @@ def row(name: str, s: Strategy, sim: Simulator) -> dict:
     return out
 
 
-def bench(model: str, batch: int, capture: dict, seconds: float) -> pd.DataFrame:
+def bench(model: str, batch: int, capture: dict, seconds: float,
+          iterations: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     cluster = memflow.Cluster.preset(CLUSTER)
     t = time.perf_counter()
     g = memflow.zoo.graph(model, batch_size=batch, **capture)
     sim = Simulator(g, cluster)
     dp = Strategy.data_parallel(g, cluster)
     rows = {"data parallel": dp,
-            "recompute everything": dp.with_policy(recompute=list(g.names)),
+            "recompute everything (one segment)": dp.with_policy(recompute=list(g.names)),
             "sqrt checkpointing": sqrt_checkpointing(g, dp, sim)}
     if chain_violation(g) is None:
         try:
@@ -107,7 +116,27 @@ def bench(model: str, batch: int, capture: dict, seconds: float) -> pd.DataFrame
     out.loc[out["strategy"] == "memflow search", "started_from"] = start
     print(f"  {model}: {len(g)} units, {search.iteration} proposals "
           f"({flex.iteration} for FlexFlow) in {time.perf_counter() - t:.0f} s")
-    return out
+    starts = from_each_start(g, cluster, {k: s for k, s in rows.items()
+                                          if k != "memflow search"}, iterations)
+    starts.insert(0, "model", f"{model} b={batch}")
+    return out, starts
+
+
+def from_each_start(g, cluster, rows: dict[str, Strategy], iterations: int) -> pd.DataFrame:
+    """A memory-aware search of ``iterations`` proposals from each strategy in ``rows``:
+    where it started, where it ended, and whether the end is no worse (the chain only reports
+    a feasible best once it has seen one, and never a worse one)."""
+    out = []
+    for name, s in rows.items():
+        search = MCMCSearch(g, cluster, init=s, seed=0)
+        first = search.best_score
+        search.run(iterations=iterations)
+        end = search.best_score
+        no_worse = (not end.feasible, end.cost) <= (not first.feasible, first.cost)
+        out.append({"started_from": name, "start_ms": first.time * 1e3,
+                    "start_feasible": first.feasible, "end_ms": end.time * 1e3,
+                    "end_feasible": end.feasible, "no_worse": no_worse})
+    return pd.DataFrame(out)
 
 
 def check(df: pd.DataFrame) -> list[str]:
@@ -133,24 +162,38 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=120.0,
                     help="search time per model (memflow and FlexFlow each)")
-    ap.add_argument("--quick", action="store_true", help="small batches, 10 s searches")
+    ap.add_argument("--from-each", type=int, default=300,
+                    help="proposals of the search started from each row's strategy")
+    ap.add_argument("--quick", action="store_true",
+                    help="small batches, 10 s searches, 50 proposals from each start")
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     args = ap.parse_args()
     seconds = 10.0 if args.quick else args.seconds
-    frames = []
+    each = 50 if args.quick else args.from_each
+    frames, starts = [], []
     for model in args.models:
         batch, capture, _ = MODELS[model]
-        frames.append(bench(model, QUICK[model] if args.quick else batch, capture, seconds))
-    df = pd.concat(frames, ignore_index=True)
+        rows, from_each = bench(model, QUICK[model] if args.quick else batch, capture, seconds,
+                                each)
+        frames.append(rows)
+        starts.append(from_each)
+    df, st = pd.concat(frames, ignore_index=True), pd.concat(starts, ignore_index=True)
     notes = check(df)
+    bad = st[~st["no_worse"]]
+    notes.append(f"search from each row's strategy ({each} proposals): no worse than its start "
+                 f"in {len(st) - len(bad)}/{len(st)}" + "".join(
+                     f"; FAILED from {r.started_from} on {r.model}" for r in bad.itertuples()))
     print(df.to_string(index=False))
+    print(st.to_string(index=False))
     print("\n".join(notes))
     if args.quick:
         return
     gran = "; ".join(f"{m}: {MODELS[m][2]}" for m in args.models)
     body = (f"Cluster {CLUSTER}; each search ran {seconds:.0f} s (memflow memory-aware from the "
             f"best row, FlexFlow memory-oblivious from data parallel). Units: {gran}.\n\n"
-            + table(df.set_index("model"), ".3g") + "\n\n" + "\n".join(f"- {n}" for n in notes))
+            + table(df.set_index("model"), ".3g") + "\n\n" + "\n".join(f"- {n}" for n in notes)
+            + f"\n\nThe search ({each} proposals, seed 0) started from each row's strategy:\n\n"
+            + table(st.set_index("model"), ".4g"))
     write_section("bench_baselines", body, title="Search against the baselines (issue 4)")
 
 
