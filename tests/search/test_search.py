@@ -69,6 +69,17 @@ def test_baseline_start_is_the_best_baseline():
     assert search._cost(first).cost == min(costs.values())
 
 
+def test_from_every_baseline_the_search_ends_no_worse():
+    """Started from each planner's strategy, the reported best is never worse than the start:
+    feasible before infeasible, then a lower cost."""
+    g = chain(5, batch=65536)
+    for name, start in memflow.search.baselines(g, FOUR, memory_limit=60e6).items():
+        search = MCMCSearch(g, FOUR, init=start, memory_limit=60e6, seed=0)
+        first = search.best_score
+        end = search.run(iterations=40).best_score
+        assert (not end.feasible, end.cost) <= (not first.feasible, first.cost), name
+
+
 def test_given_strategy_is_validated():
     g = chain(3)
     bad = memflow.Strategy.single_device(g, "gpu9")
