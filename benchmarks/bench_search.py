@@ -2,9 +2,10 @@
 
 Three sections of RESULTS.md:
 
-* ``search_optimum`` — on heterogeneous chains of 10, 12 and 14 units on one V100 (dense
-  layers; transformer MLP blocks between dense layers), under memory limits from 30% to 80%
-  of keeping everything: the optimum (the exact DP of
+* ``search_optimum`` — on heterogeneous chains of 10, 12 and 14 units on one V100
+  (transformer MLP blocks between narrow projections, under memory limits from 30% to 80% of
+  keeping everything; dense layers, from 60%, below which no dense chain has a schedule),
+  the optimum (the exact DP of
   :func:`memflow.search.optimal_checkpointing`, checked against exhaustive enumeration on the
   10-unit chains here and on every chain of the tests), and for each of several seeds whether
   :class:`memflow.MCMCSearch` (keep/recompute, from keep-everything) came within 1% of it
