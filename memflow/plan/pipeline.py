@@ -112,6 +112,12 @@ class _Planner:
         self.graph, self.schedule, self.solver = graph, schedule, solver
         self.cluster = as_cluster(cluster)
         names = device_list(self.cluster)
+        if stages is not None and not isinstance(stages, (int, np.integer)):
+            raise PlanError(f"pipeline: stages must be a whole number of stages (or None for "
+                            f"one per device), got {stages!r}")
+        if not (isinstance(time_limit, (int, float)) and time_limit > 0):
+            raise PlanError(f"pipeline: time_limit must be a positive number of seconds per "
+                            f"ILP solve, got {time_limit!r}")
         P = len(names) if stages is None else int(stages)
         if not 1 <= P <= min(len(names), len(graph)):
             raise PlanError(f"pipeline: stages={stages} must be between 1 and "

@@ -104,3 +104,23 @@ def test_optimal_beats_or_matches_the_heuristics_on_chains_only():
     t = checkpoint_table(skip, "1xV100-16GB", ["optimal", "sqrt"])
     assert not t.loc["optimal", "fits"] and "chains only" in t.loc["optimal", "strategy"]
     assert t.loc["sqrt", "fits"]
+
+
+def test_edge_board_smallest_memory_and_cost_for_every_method():
+    # 6 × 0.5 GiB saved: keeping everything does not fit a Jetson Nano's 3 GiB
+    g = chain(6, saved=[GIB // 2] * 6, flops=1e10)
+    t = checkpoint_table(g, "jetson-nano-4GB")
+    assert list(t.index) == ["keep all", "optimal", "sqrt", "revolve", "all"]
+    assert not t.loc["keep all", "fits"]
+    for m in ("optimal", "sqrt", "revolve"):
+        low = t.loc[m, "min_memory"]
+        assert t.loc[m, "fits"] and low < 3 * GIB and t.loc[m, "overhead_at_min"] > 0
+        # the smallest memory is where training still runs: at it a plan exists, below not
+        s = checkpoint(g, "jetson-nano-4GB", low * 1.001, method=m)
+        assert memflow.simulate(g, s, memflow.Cluster.preset("jetson-nano-4GB")
+                                ).peak_memory.max() <= low * 1.001
+        with pytest.raises(Infeasible) as err:
+            checkpoint(g, "jetson-nano-4GB", low * 0.97, method=m)
+        assert err.value.min_memory == pytest.approx(low, rel=0.01)
+    assert t.loc["optimal", "min_memory"] <= t.loc["sqrt", "min_memory"] * 1.01
+    assert t.loc["optimal", "time"] <= t.loc["revolve", "time"] * 1.0001

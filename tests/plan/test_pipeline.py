@@ -77,3 +77,13 @@ def test_infeasible_and_inputs():
         pipeline(g, C4, stages=9)
     with pytest.raises(PlanError, match="unknown schedule"):
         pipeline(g, C4, schedule="zero-bubble")
+    with pytest.raises(PlanError, match="stages must be a whole number"):
+        pipeline(g, C4, stages="two")
+    with pytest.raises(PlanError, match="time_limit must be a positive number"):
+        pipeline(g, C4, time_limit=0)
+    with pytest.raises(PlanError, match="memory_limit must be a positive number"):
+        pipeline(g, C4, memory_limit="lots")
+    # a table answers instead of raising: the row says it does not fit, with its least peak
+    t = pipeline_table(g, C4, memory_limit="0.5GiB", microbatches=4, schedules=["1f1b"])
+    row = t.loc[("1f1b", "memflow")]
+    assert not row["fits"] and row["peak"] >= err.value.min_memory > 0.5 * GIB
