@@ -144,12 +144,18 @@ def planned(g: OpGraph, titan, policy: str) -> Strategy:
 
 
 def policy_mix(s: Strategy, g: OpGraph) -> str:
-    """What a strategy does, e.g. ``"offload 20 units (12.4 GB), recompute 3"``."""
+    """What a strategy does, e.g. ``"offload 29 units (15.3 GB); recompute 3 units in 1
+    segment: features.0..features.2"``."""
     saved = g.units["saved_bytes"]
-    off = [u for u, p in zip(s.units, s.policies) if p == "offload"]
-    rec = [u for u, p in zip(s.units, s.policies) if p == "recompute"]
-    return (f"offload {len(off)} units ({saved[off].sum() / GB:.1f} GB), recompute "
-            f"{len(rec)}" + (f" ({rec[0]}..{rec[-1]})" if rec else ""))
+    pol = dict(zip(s.units, s.policies))
+    off = [u for u in g.names if pol[u] == "offload"]
+    segments = [[u for u, _ in run] for rec, run in
+                groupby(((u, pol[u]) for u in g.names), lambda up: up[1] == "recompute") if rec]
+    shown = ", ".join(f"{seg[0]}..{seg[-1]}" if len(seg) > 1 else seg[0]
+                      for seg in segments[:3]) + (", ..." if len(segments) > 3 else "")
+    return (f"offload {len(off)} units ({saved[off].sum() / GB:.1f} GB); recompute "
+            f"{sum(map(len, segments))} units in {len(segments)} segments" +
+            (f": {shown}" if segments else ""))
 
 
 def vdnn_strategies(g: OpGraph, titan) -> dict[str, tuple[Strategy, str]]:
