@@ -15,8 +15,9 @@ Import the fixtures into a test module (or a conftest) to use them::
 
 Helpers: :func:`write_notebook`, :func:`open_notebook`, :func:`run_all_cells`,
 :func:`canvas_ink` (colourful pixels drawn in the canvases under a CSS selector, shadow roots
-included), :func:`wait_for_ink` and :func:`screenshot` (under ``artifacts/``, which git
-ignores).
+included), :func:`wait_for_ink`, :func:`screenshot` (under ``artifacts/``, which git ignores)
+and :func:`explained` (a failure comes with a screenshot, the page's errors and the server
+log).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -265,6 +267,23 @@ def wait_for_ink(page, selector: str, minimum: int, timeout: float = 60_000) -> 
     page.wait_for_function(f"(a) => ({_CANVAS_INK_JS})(a.selector).ink >= a.minimum",
                            arg={"selector": selector, "minimum": minimum}, timeout=timeout)
     return canvas_ink(page, selector)
+
+
+@contextmanager
+def explained(page, server: JupyterServer | None, name: str) -> Iterator[None]:
+    """On failure inside the block, save ``artifacts/<name>-failed.png`` and add the page's
+    last console errors and the server log's tail to the error (a browser test that fails in
+    CI must say what the page looked like)."""
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text[:300]) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)[:300]))
+    try:
+        yield
+    except Exception as exc:
+        shot = screenshot(page, f"{name}-failed")
+        log = server.log_tail() if server is not None else ""
+        raise AssertionError(f"{exc}\n--- screenshot: {shot}\n--- page errors:\n"
+                             + "\n".join(errors[-10:]) + f"\n--- server log:\n{log}") from exc
 
 
 def screenshot(page, name: str) -> Path:

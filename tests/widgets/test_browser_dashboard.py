@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from browser import (canvas_ink, chromium, jupyter_server, lab_page,  # noqa: F401 (fixtures)
-                     open_notebook, run_all_cells, screenshot, wait_for_ink, write_notebook)
+from browser import (canvas_ink, chromium, explained, jupyter_server,  # noqa: F401 (fixtures)
+                     lab_page, open_notebook, run_all_cells, screenshot, wait_for_ink,
+                     write_notebook)
 
 pytestmark = pytest.mark.browser
 
@@ -40,6 +41,7 @@ PINNED = {PINNED!r}
 PROBE = """
 def probe(runner):
     doc = {"state": runner.state, "pins": search.pins, "iteration": search.iteration,
+           "chart": [int(i) for i in dash.progress_source.data["iteration"]],
            "policies": {u: [dict(zip(s.units, s.policies))[u] for s in search.strategies]
                         for u in PINNED},
            "moved": search.history["unit"].astype(str).tolist()}
@@ -78,6 +80,21 @@ def wait_state(page, state: str) -> None:
         }""", arg=state, timeout=60_000)
 
 
+_PAGE_CHART_JS = """() => window.Bokeh ? Bokeh.documents.flatMap(d => [...d._all_models.values()])
+    .filter(m => m.data && m.data.best_cost).map(m => Array.from(m.data.iteration)) : []"""
+
+
+def wait_chart_points(page, points: list[int]) -> None:
+    """Wait until the page's cost chart holds exactly ``points`` (its data reached the page)."""
+    try:
+        page.wait_for_function(f"(want) => ({_PAGE_CHART_JS})().some(it => "
+                               "it.length === want.length && it.every((v, i) => v === want[i]))",
+                               arg=points, timeout=60_000)
+    except Exception as exc:
+        raise AssertionError(f"the page's chart holds {page.evaluate(_PAGE_CHART_JS)}, the "
+                             f"kernel's {points}") from exc
+
+
 def read_probe(path: Path, *, state: str, timeout: float = 30.0) -> dict:
     """The kernel's report once it says ``state`` (the page may show it a moment earlier)."""
     end = time.monotonic() + timeout
@@ -91,51 +108,58 @@ def read_probe(path: Path, *, state: str, timeout: float = 30.0) -> dict:
 
 def test_pause_pin_resume_in_jupyterlab(jupyter_server, lab_page):
     page = lab_page
-    write_notebook(jupyter_server.root / "dashboard.ipynb", [SETUP, PROBE])
-    open_notebook(page, jupyter_server, "dashboard.ipynb")
-    run_all_cells(page)
-    start = button(page, "Start")
-    start.wait_for(timeout=90_000)
-    start.click()
-    wait_iteration_above(page, 30)
+    with explained(page, jupyter_server, "dashboard"):
+        write_notebook(jupyter_server.root / "dashboard.ipynb", [SETUP, PROBE])
+        open_notebook(page, jupyter_server, "dashboard.ipynb")
+        run_all_cells(page)
+        start = button(page, "Start")
+        start.wait_for(timeout=90_000)
+        start.click()
+        wait_iteration_above(page, 30)
 
-    button(page, "Pause").click()
-    wait_state(page, "paused")
-    paused_at = int(counter(page, "iteration").replace(",", ""))
-    for unit in PINNED:
-        page.get_by_label(unit, exact=True).check()
-        page.get_by_text(f"pinned {unit} to recompute").wait_for()
+        button(page, "Pause").click()
+        wait_state(page, "paused")
+        paused_at = int(counter(page, "iteration").replace(",", ""))
+        for unit in PINNED:
+            page.get_by_label(unit, exact=True).check()
+            page.get_by_text(f"pinned {unit} to recompute").wait_for()
 
-    button(page, "Resume").click()
-    wait_iteration_above(page, paused_at + 100)
-    button(page, "Pause").click()
-    wait_state(page, "paused")
+        button(page, "Resume").click()
+        wait_iteration_above(page, paused_at + 100)
+        button(page, "Pause").click()
+        wait_state(page, "paused")
 
-    probe = read_probe(jupyter_server.root / "probe.json", state="paused")
-    assert probe["pins"] == {u: "recompute" for u in PINNED}
-    assert probe["iteration"] >= paused_at + 100
-    for unit in PINNED:     # every strategy the chain stood on after the resume
-        assert set(probe["policies"][unit][paused_at:]) == {"recompute"}, unit
-    moved_after = probe["moved"][paused_at:]
-    assert len(moved_after) >= 100 and not set(moved_after) & set(PINNED)
+        probe = read_probe(jupyter_server.root / "probe.json", state="paused")
+        assert probe["pins"] == {u: "recompute" for u in PINNED}
+        assert probe["iteration"] >= paused_at + 100
+        for unit in PINNED:     # every strategy the chain stood on after the resume
+            assert set(probe["policies"][unit][paused_at:]) == {"recompute"}, unit
+        moved_after = probe["moved"][paused_at:]
+        assert len(moved_after) >= 100 and not set(moved_after) & set(PINNED)
+        # the kernel's chart holds one point per flush, ending at the pause (the page's echo of
+        # each stream is not added twice), and the page's chart holds the same points
+        chart = probe["chart"]
+        assert chart[-1] == probe["iteration"] and chart == sorted(set(chart))
+        wait_chart_points(page, chart)
 
-    ink = wait_for_ink(page, ".memflow-memorytimeline", 5000)      # the stacked areas
-    progress = canvas_ink(page, ".memflow-searchdashboard")
-    assert progress["ink"] > ink["ink"] + 500, progress  # the cost and acceptance lines too
-    page.set_viewport_size({"width": 1280, "height": 2000})   # the whole dashboard in view
-    page.locator(".memflow-searchdashboard").scroll_into_view_if_needed()
-    screenshot(page, "dashboard")
+        ink = wait_for_ink(page, ".memflow-memorytimeline", 5000)      # the stacked areas
+        progress = canvas_ink(page, ".memflow-searchdashboard")
+        assert progress["ink"] > ink["ink"] + 500, progress  # the cost and acceptance lines too
+        page.set_viewport_size({"width": 1280, "height": 2000})   # the whole dashboard in view
+        page.locator(".memflow-searchdashboard").scroll_into_view_if_needed()
+        screenshot(page, "dashboard")
 
 
 def test_dashboard_runs_in_voila(jupyter_server, lab_page):
     page = lab_page
-    write_notebook(jupyter_server.root / "voila.ipynb", [SETUP, PROBE])
-    page.goto(jupyter_server.voila_url("voila.ipynb"))
-    start = button(page, "Start")
-    start.wait_for(timeout=120_000)       # Voila runs the notebook before it shows the page
-    start.click()
-    wait_iteration_above(page, 20)
-    button(page, "Pause").click()
-    wait_state(page, "paused")
-    wait_for_ink(page, ".memflow-memorytimeline", 5000)
-    screenshot(page, "dashboard-voila")
+    with explained(page, jupyter_server, "dashboard-voila"):
+        write_notebook(jupyter_server.root / "voila.ipynb", [SETUP, PROBE])
+        page.goto(jupyter_server.voila_url("voila.ipynb"))
+        start = button(page, "Start")
+        start.wait_for(timeout=120_000)       # Voila runs the notebook before it shows the page
+        start.click()
+        wait_iteration_above(page, 20)
+        button(page, "Pause").click()
+        wait_state(page, "paused")
+        wait_for_ink(page, ".memflow-memorytimeline", 5000)
+        screenshot(page, "dashboard-voila")

@@ -1,4 +1,7 @@
 """SearchDashboard driven headlessly: buttons, counters, charts, pins, step, export."""
+import asyncio
+import threading
+
 import numpy as np
 import pytest
 
@@ -161,3 +164,41 @@ def test_memory_chart_follows_the_gpus_the_best_uses(search):
     assert dash.memory in dash.children
     assert dash.memory.result is search.best_result
     assert first.comm is None and first.chart.comm is None      # the old chart was closed
+
+
+def clicked_elsewhere(*actions) -> None:
+    """Do ``actions`` on another thread with its own running loop, as ipykernel 7 runs widget
+    callbacks from JupyterLab's comm subshells."""
+    async def act():
+        for action in actions:
+            action()
+    worker = threading.Thread(target=lambda: asyncio.run(act()))
+    worker.start()
+    worker.join()
+
+
+def test_clicks_from_another_thread_reach_the_search_on_its_own(recording):
+    search = recording
+    threads: set[int] = set()
+
+    async def scenario():
+        dash = SearchDashboard(search, flush_seconds=0.02)   # made on the loop, as in a cell
+        dash.runner.add_listener(lambda r: threads.add(threading.get_ident()))
+        clicked_elsewhere(dash.start_button.click)
+        await until(lambda: search.iteration >= 30)
+        clicked_elsewhere(dash.pause_button.click)
+        await dash.runner.wait()
+        paused_at = search.iteration
+        clicked_elsewhere(lambda: setattr(dash.pins.rows[2].pin, "value", True),
+                          dash.resume_button.click)
+        await until(lambda: search.iteration >= paused_at + 30)
+        clicked_elsewhere(dash.pause_button.click)
+        await dash.runner.wait()
+        return dash, paused_at
+
+    dash, paused_at = run(scenario())
+    assert threads == {threading.get_ident()}            # listeners ran on the loop's thread
+    assert dash.runner.state == "paused" and dash.runner.error is None
+    assert search.pins == {"layer2": "recompute"}
+    assert {dict(zip(s.units, s.policies))["layer2"]
+            for s in search.strategies[paused_at:]} == {"recompute"}

@@ -104,15 +104,17 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         self.start_button.on_click(lambda _: self.runner.start())
         self.pause_button.on_click(lambda _: self.runner.pause())
         self.resume_button.on_click(lambda _: self.runner.resume())
-        self.step_button.on_click(lambda _: self._step())
+        # Clicks may arrive on another thread (JupyterLab's comm subshells): everything that
+        # touches the search runs on the runner's thread (see SearchRunner.call).
+        self.step_button.on_click(lambda _: self.runner.call(self._step))
         self.counters = ipywidgets.HTML()
         self.iteration = ipywidgets.HTML(layout=ipywidgets.Layout(min_width="130px"))
 
         self.progress_root, self.progress_source = _progress_charts(window)
         self.progress = Chart(self.progress_root)
         self.memory = MemoryTimeline(search.best_result)
-        self.pins = PinTable(search)
-        self.export = ExportPanel(search, path=export_path)
+        self.pins = PinTable(search, call=self.runner.call)
+        self.export = ExportPanel(search, path=export_path, call=self.runner.call)
         buttons = ipywidgets.HBox([self.start_button, self.pause_button, self.resume_button,
                                    self.step_button, self.steps, self.iteration])
         super().__init__([

@@ -7,6 +7,9 @@
   strategy JSON beside it). It needs the model: a :mod:`memflow.zoo` name or
   ``path/to/file.py:factory``; the field starts with the graph's model name, which is the zoo
   name for zoo graphs (``memflow.export`` names the valid ones when it is not).
+
+A dashboard passes ``call`` (its runner's :meth:`~memflow_widgets.runner.SearchRunner.call`) so
+that a click reads the best strategy between two chunks of steps, not during one.
 """
 from __future__ import annotations
 
@@ -24,8 +27,10 @@ __all__ = ["ExportPanel"]
 class ExportPanel(ipywidgets.VBox):
     """Paths, the two export buttons and a line saying what was written (or why not)."""
 
-    def __init__(self, search: Any, *, path: str = "best_strategy.json") -> None:
+    def __init__(self, search: Any, *, path: str = "best_strategy.json",
+                 call: Callable[..., None] | None = None) -> None:
         self.search = search
+        self._call = call or (lambda fn, *args: fn(*args))
         self.path = ipywidgets.Text(value=path, description="export to",
                                     layout=ipywidgets.Layout(width="360px"))
         self.button = ipywidgets.Button(description="Export best", icon="download",
@@ -37,8 +42,8 @@ class ExportPanel(ipywidgets.VBox):
         self.script_button = ipywidgets.Button(description="Export script", icon="file-code-o",
                                                button_style="info")
         self.status = ipywidgets.HTML()
-        self.button.on_click(lambda _: self.export())
-        self.script_button.on_click(lambda _: self.export_script())
+        self.button.on_click(lambda _: self._call(self.export))
+        self.script_button.on_click(lambda _: self._call(self.export_script))
         super().__init__([ipywidgets.HBox([self.path, self.button]),
                           ipywidgets.HBox([self.model, self.script_button]), self.status])
 

@@ -5,12 +5,14 @@ policy to pin it to (``recompute`` by default; ``keep``, ``offload``, ``compress
 unit's saved bytes and its policy in the best strategy so far. A tick calls
 ``search.pin([unit], policy=...)`` at once, an untick ``search.unpin([unit])``: the pins live in
 the search, never here. The rows are a page of ``page_size`` units, filtered by name, so a
-model of hundreds of units costs a few dozen widgets.
+model of hundreds of units costs a few dozen widgets. A dashboard passes ``call`` (its
+runner's :meth:`~memflow_widgets.runner.SearchRunner.call`) so that ticks reach the search on
+the thread that steps it.
 """
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import Any, Callable
 
 import ipywidgets
 
@@ -42,8 +44,10 @@ class _Row:
 class PinTable(ipywidgets.VBox):
     """Checkboxes that pin units of ``search`` to a memory policy; see the module docstring."""
 
-    def __init__(self, search: Any, *, page_size: int = 12) -> None:
+    def __init__(self, search: Any, *, page_size: int = 12,
+                 call: Callable[..., None] | None = None) -> None:
         self.search = search
+        self._call = call or (lambda fn, *args: fn(*args))
         self.units = search.graph.units
         self.filter = ipywidgets.Text(placeholder="filter units by name", description="units",
                                       continuous_update=False)
@@ -56,8 +60,8 @@ class PinTable(ipywidgets.VBox):
         self.rows = [_Row() for _ in range(page_size)]
         self._binding = False     # True while rows are being refilled: their changes are not clicks
         for row in self.rows:
-            row.pin.observe(lambda ch, r=row: self._on_pin(r), names="value")
-            row.policy.observe(lambda ch, r=row: self._on_policy(r), names="value")
+            row.pin.observe(lambda ch, r=row: self._call(self._on_pin, r), names="value")
+            row.policy.observe(lambda ch, r=row: self._call(self._on_policy, r), names="value")
         self.filter.observe(lambda ch: self.refresh(), names="value")
         self.page.observe(lambda ch: self.refresh(), names="value")
         self.prev_page.on_click(lambda b: self._turn(-1))

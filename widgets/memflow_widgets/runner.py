@@ -7,6 +7,14 @@ chunks, so a click on Pause is handled within a fraction of a second and the sea
 next step boundary. Listeners are told every ``flush_seconds`` (to batch chart updates) and on
 every change of state. This module knows nothing of widgets, so it is tested without a browser.
 
+One thread does everything: the search's steps, the changes of state and the listeners all run
+on the thread of the runner's loop (the kernel's main loop when the runner is made in a cell).
+JupyterLab 4.6 sends widget messages over kernel subshells, so ipykernel 7 runs button and
+checkbox callbacks on another thread, each with its own loop; :meth:`SearchRunner.start`,
+:meth:`~SearchRunner.pause` and :meth:`~SearchRunner.call` called there hand the work to the
+runner's loop instead of touching the search (or the charts a listener redraws) while a chunk
+of steps runs.
+
 States: ``idle`` → ``running`` ⇄ (``pausing`` →) ``paused``; ``done`` when the iteration budget
 is spent; ``failed`` when a step raised (the exception is in :attr:`SearchRunner.error`).
 
@@ -25,6 +33,7 @@ is spent; ``failed`` when a step raised (the exception is in :attr:`SearchRunner
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any, Callable, Literal
 
@@ -72,6 +81,8 @@ class SearchRunner:
         self._pause_requested = False
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: int | None = None        # the ident of the thread running _loop
+        self._adopt_running_loop()              # made in a notebook cell: the kernel's loop
         self._mark = (time.perf_counter(), 0)   # (time, steps) at the last rate measurement
 
     # ------------------------------------------------------------------ control
@@ -85,12 +96,27 @@ class SearchRunner:
         """Seconds between the listeners' periodic calls now (``flush_seconds`` or more)."""
         return self._flush_gap
 
-    def start(self) -> None:
-        """Start (or resume) the search on the running event loop; returns at once.
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the runner's thread: now when called there (or while the
+        runner's loop is not running), else as soon as its loop is free, between two chunks.
 
-        Called on the loop's thread (a notebook cell, a widget callback, a coroutine) it uses that
-        loop; from elsewhere it uses the loop of the previous call.
+        Widget callbacks that touch the search (pins, exports, Step) go through here.
         """
+        if self._elsewhere():
+            self._loop.call_soon_threadsafe(fn, *args)
+        else:
+            fn(*args)
+
+    def start(self) -> None:
+        """Start (or resume) the search on the runner's event loop; returns at once.
+
+        The runner's loop is the one running where the runner was made, else where ``start``
+        is first called; from another thread the call is handed to that loop (see
+        :meth:`call`).
+        """
+        if self._elsewhere():
+            self._loop.call_soon_threadsafe(self.start)
+            return
         if self.state == "pausing":          # the task is still alive: just keep it going
             self._pause_requested = False
             self._set_state("running")
@@ -100,24 +126,23 @@ class SearchRunner:
         if self._budget_left() == 0:
             self._set_state("done")
             return
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            if self._loop is None or self._loop.is_closed():
-                raise RuntimeError("SearchRunner.start: no asyncio event loop is running here; "
-                                   "call it from a notebook cell or a coroutine") from None
+        if not self._adopt_running_loop():
+            raise RuntimeError("SearchRunner.start: no asyncio event loop is running here; "
+                               "call it from a notebook cell or a coroutine")
         self._pause_requested = False
         self.error = None
         self._set_state("running")
-        # call_soon_threadsafe wakes the loop even when this runs from a comm callback that the
-        # loop would not otherwise notice until the next message (seen with ipykernel 7).
-        self._loop.call_soon_threadsafe(self._spawn)
+        self._loop.call_soon(self._spawn)
 
     resume = start
 
     def pause(self) -> None:
-        """Ask the search to stop at the next step boundary (state ``pausing``, then ``paused``)."""
-        if self.state == "running":
+        """Ask the search to stop at the next step boundary (state ``pausing``, then ``paused``).
+
+        From another thread the request is handed to the runner's loop (see :meth:`call`)."""
+        if self._elsewhere():
+            self._loop.call_soon_threadsafe(self.pause)
+        elif self.state == "running":
             self._pause_requested = True
             self._set_state("pausing")
 
@@ -147,6 +172,26 @@ class SearchRunner:
             else:                              # scheduled by start() but not yet created
                 await asyncio.sleep(0.001)
         return self.state
+
+    # ------------------------------------------------------------------ threads
+    def _loop_is_running(self) -> bool:
+        return self._loop is not None and self._loop.is_running()
+
+    def _adopt_running_loop(self) -> bool:
+        """Make the loop running in this thread the runner's, unless the runner's own loop
+        still runs (in another thread: then calls from here are handed over, never adopted)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        if loop is not self._loop and self._loop_is_running():
+            return False
+        self._loop, self._thread = loop, threading.get_ident()
+        return True
+
+    def _elsewhere(self) -> bool:
+        """True when called off the thread of the runner's loop while that loop runs."""
+        return self._loop_is_running() and threading.get_ident() != self._thread
 
     # ------------------------------------------------------------------ listeners
     def add_listener(self, listener: Listener) -> None:
