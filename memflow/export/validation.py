@@ -31,8 +31,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
 from ..memory.arrays import graph_arrays
-from ..memory.plan import (A_BWD, A_COMPRESS, A_FWD, A_OFFLOAD, A_XFER, ACTIVATIONS, END,
-                           EVERY_MB, memory_plan)
+from ..memory.plan import memory_plan
 from ..strategy.strategy import Strategy
 from .exported import apply
 from .measure import HOST, held_bytes
@@ -70,11 +69,9 @@ def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
     """Bytes the memory model holds for backward at the end of the forward, by device name,
     offloaded bytes under ``"host"`` (summed over the parts of each placement).
 
-    A block counts when it is an activation alive from the forward into the backward: held
-    until the end of a unit's backward (``keep``, segment inputs), or the compressed copy; the
-    host copy for offloading. Micro-batches add up (GPipe holds them all).
+    What :meth:`~memflow.memory.plan.MemoryPlan.held_for_backward` counts, per part of each
+    placement. Micro-batches add up (GPipe holds them all).
     """
-    # Adapter over memflow.memory.plan; see the export report's request for a memory-plan query.
     from ..sim.costs import compression_ratios
 
     strategy.validate(graph)
@@ -82,18 +79,13 @@ def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
     ga = graph_arrays(graph)
     plan = memory_plan(ga, strategy.policy, strategy.segment, strategy.layout_ids, degrees,
                        strategy.microbatches, compression_ratios(strategy, ga.half))
-    in_forward = np.isin(plan.alloc[:, 0], (A_FWD, A_XFER, A_COMPRESS, A_OFFLOAD))
-    held_to_bwd = ((plan.free[:, :, 0] == A_BWD) & (plan.free[:, :, 2] == END)).any(1)
-    on_device = (plan.category == ACTIVATIONS) & ~plan.on_host & in_forward & (
-        held_to_bwd | (plan.alloc[:, 0] == A_COMPRESS))
-    on_host = (plan.category == ACTIVATIONS) & plan.on_host & (plan.alloc[:, 0] == A_OFFLOAD)
-    copies = np.where(plan.per_mb == EVERY_MB, strategy.microbatches, 1)
+    device, host = plan.held_for_backward()
     out: dict[str, float] = {}
-    for mask, where in ((on_device, None), (on_host, HOST)):
-        for k in np.flatnonzero(mask):
-            layout = strategy.layouts[int(plan.layout[k])]
-            for device in ([where] * len(layout[3]) if where else layout[3]):
-                out[device] = out.get(device, 0.0) + float(plan.bytes[k] * copies[k])
+    for layout, on_device, on_host in zip(strategy.layouts, device, host):
+        for name in layout[3]:
+            out[name] = out.get(name, 0.0) + float(on_device)
+            if on_host:
+                out[HOST] = out.get(HOST, 0.0) + float(on_host)
     return out
 
 

@@ -88,7 +88,7 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
                        compression_ratios(strategy, ga.half), optimizer=optimizer,
                        foreach=foreach, cache={(layout.tobytes(), degrees.tobytes(), M): placed})
     S = structure(ga, placed, layout, degrees, strategy.stage, M, strategy.schedule)
-    T = expand(S, Timing.untimed(S, ga.n), plan, strategy.segment)
+    T = expand(S, Timing.untimed(S, ga.n), plan)
     step = np.arange(len(T.kind), dtype=np.float64)      # program order, one task at a time
     one = [np.zeros(1, np.int64) for _ in strategy.layouts]
     L, _ = ledgers(ledger_plan(plan, one, 1, one, 1), T, step, step + 1)

@@ -12,7 +12,8 @@ are those of ``docs/data-model.md`` ("Memory model"), which follow PyTorch:
 * an activation storage lives from its producer's forward to the later of its last forward
   read, the start of backward (model outputs) and, when held for backward, the end of the
   backward of its first saver. Policies decide what *holds* it (keep > segment input >
-  compress > offload > recompute);
+  compress > offload > recompute); a recompute segment holds its inputs only if one of its
+  units saves something (else it is no segment: :func:`holding_segments`);
 * a storage read by a unit on another placement is copied there by a transfer, and that copy
   follows the same rules among the readers on that placement;
 * activation gradients live from the backward of the last reader to the end of the
@@ -42,6 +43,7 @@ from .records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_
 from .jit import njit
 
 __all__ = ["MemoryPlan", "Copy", "Copies", "BlockTable", "memory_plan", "segment_starts",
+           "holding_segments",
            "CATEGORIES", "OPTIMIZER_STATES", "A_FWD", "A_BWD", "A_RECOMP", "A_OFFLOAD",
            "A_PREFETCH", "A_COMPRESS", "A_DECOMP", "A_XFER", "A_GXFER", "A_OPT"]
 
@@ -62,8 +64,11 @@ class MemoryPlan:
     """
 
     def __init__(self, rows: dict[str, np.ndarray], copies: Copies, offloaded: np.ndarray,
-                 compressed: np.ndarray, persistent: np.ndarray):
+                 compressed: np.ndarray, persistent: np.ndarray, segment: np.ndarray,
+                 microbatches: int):
         self.rows = rows
+        self.segment = segment            # the recompute segments that run (holding_segments)
+        self.microbatches = microbatches
         self.copies = copies
         self.offloaded = offloaded        # per unit: bytes per part its offload task moves
         self.compressed = compressed      # per unit: bytes per part its compress task reads
@@ -107,6 +112,38 @@ class MemoryPlan:
         """(k, 3, 3) anchors: freed at the latest of the three."""
         return self._column("free")
 
+    def held_for_backward(self) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes per part held for backward at the end of the forward, per placement:
+        ``(on the device, on the host)``, every micro-batch's (GPipe holds them all).
+
+        On the device: activations allocated in the forward (by a forward, a transfer, an
+        offload or compress task) and held until a backward ends (``keep``, segment inputs),
+        and compressed copies; on the host: offloaded copies.
+
+        >>> import pandas as pd
+        >>> from memflow.graph import OpGraph
+        >>> from memflow.memory.arrays import graph_arrays
+        >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0, 1.0], "bwd_flops": [2.0, 2.0]},
+        ...                          index=["a", "b"]),
+        ...             pd.DataFrame({"bytes": [100, 200, 300], "producer": ["<input>", "a", "b"],
+        ...                           "consumers": [["a"], ["b"], []],
+        ...                           "savers": [["a"], ["b"], []], "is_output": [0, 0, 1]}))
+        >>> plan = memory_plan(graph_arrays(g), np.array([KEEP, OFFLOAD]), np.array([-1, -1]),
+        ...                    np.zeros(2, np.int64), np.ones((1, 3), np.int64), 1, np.ones(2))
+        >>> [a.tolist() for a in plan.held_for_backward()]     # t0 kept; t1 on the host
+        [[100.0], [200.0]]
+        """
+        alloc = self.alloc[:, 0]
+        in_forward = np.isin(alloc, (A_FWD, A_XFER, A_COMPRESS, A_OFFLOAD))
+        to_backward = ((self.free[:, :, 0] == A_BWD) & (self.free[:, :, 2] == END)).any(1)
+        act = self.category == ACTIVATIONS
+        device = act & ~self.on_host & in_forward & (to_backward | (alloc == A_COMPRESS))
+        host = act & self.on_host & (alloc == A_OFFLOAD)
+        b = self.bytes * np.where(self.per_mb == EVERY_MB, self.microbatches, 1)
+        n = len(self.persistent)
+        return (np.bincount(self.layout[device], b[device], n),
+                np.bincount(self.layout[host], b[host], n))
+
 
 def segment_starts(segment: np.ndarray) -> np.ndarray:
     """First unit of each unit's recompute segment (-1 outside segments). Segments are runs,
@@ -120,6 +157,25 @@ def segment_starts(segment: np.ndarray) -> np.ndarray:
     first[1:] = seg[1:] != seg[:-1]
     start = np.maximum.accumulate(np.where(first, np.arange(len(seg)), 0))
     return np.where(seg >= 0, start, -1)
+
+
+def holding_segments(segment: np.ndarray, saves: np.ndarray) -> np.ndarray:
+    """``segment`` without the segments none of whose units saves anything (-1 there).
+
+    Such a segment is not a checkpoint at all: ``torch.utils.checkpoint`` (non-reentrant)
+    holds its inputs only through what its ops save, and recomputes only when a saved tensor
+    is unpacked, so it holds nothing and never re-runs — as if its units were kept.
+    ``saves``: per unit, whether it saves a storage for backward.
+
+    >>> holding_segments(np.array([0, 0, -1, 1, 1]), np.array([0, 1, 0, 0, 0], bool)).tolist()
+    [0, 0, -1, -1, -1]
+    """
+    seg = np.asarray(segment)
+    start = segment_starts(seg)
+    inside = seg >= 0
+    holds = np.zeros(len(seg), bool)
+    holds[start[inside & saves]] = True
+    return np.where(inside & holds[np.maximum(start, 0)], seg, -1)
 
 
 def _anchor(kind, key, edge, k: int) -> np.ndarray:
@@ -300,7 +356,9 @@ class BlockTable:
                         else 2 * p_train[p_lay == lay].max(initial=0.0) for lay in o_lay])
         self.unit_row = 4 * R + G
         k = self.unit_row + 4 * n + len(o_lay)
-        self.placed, self.n = P, n
+        self.placed, self.n, self.microbatches = P, n, M
+        self.saves = np.zeros(n, bool)
+        self.saves[ga.savers_idx] = True
         self.static = {
             "layout": np.concatenate([np.repeat(P.layout, 4), P.grad_layout, np.repeat(layout, 4),
                                       o_lay]).astype(np.int64),
@@ -346,6 +404,7 @@ class BlockTable:
         ``ratio`` (compression ratio per unit, used where the policy is compress)."""
         P = self.placed
         pol = np.asarray(policy, np.int64)
+        segment = holding_segments(segment, self.saves)
         start = segment_starts(segment)
         ratio = np.asarray(ratio, np.float64)
         old = self._key or (pol, start, ratio)
@@ -358,7 +417,8 @@ class BlockTable:
         self._key = (pol, start, ratio)
         rows = {**self.static, "bytes": self.bytes.copy(), "host": self.host.copy(),
                 "alloc": self.alloc.copy(), "free": self.free.copy()}
-        return MemoryPlan(rows, P.copies, offloaded, compressed, self.persistent)
+        return MemoryPlan(rows, P.copies, offloaded, compressed, self.persistent, segment,
+                          self.microbatches)
 
 
 def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout: np.ndarray,

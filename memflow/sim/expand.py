@@ -461,10 +461,11 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
             dep_ptr[:t + 1], dep_idx[:d], table, first)
 
 
-def expand(S: Structure, timing: Timing, plan: MemoryPlan, segment: np.ndarray) -> Tasks:
-    """The tasks of one step: ``S`` with ``plan``'s side tasks and ``segment``'s
-    recomputations, timed by ``timing``."""
+def expand(S: Structure, timing: Timing, plan: MemoryPlan) -> Tasks:
+    """The tasks of one step: ``S`` with ``plan``'s side tasks and the recomputations of its
+    segments, timed by ``timing``."""
     n = len(S.layout)
+    segment = plan.segment
     seg_start = np.zeros(n, np.int64)
     seg_last = np.zeros(n, bool)
     if (segment >= 0).any():

@@ -337,7 +337,7 @@ class Simulator:
             return hit
         P = self.placement(strategy, fold)
         plan = P.blocks.plan(strategy.policy, strategy.segment, self._ratios(strategy))
-        T = expand(P.structure, self._compress_rates(strategy, P, plan), plan, strategy.segment)
+        T = expand(P.structure, self._compress_rates(strategy, P, plan), plan)
         prep = _Prepared(plan=plan, tasks=T, placement=P,
                          ledger=ledger_plan(plan, P.layout_classes, P.n_device_classes,
                                             P.layout_hosts, len(self.ca.host_memory)))
