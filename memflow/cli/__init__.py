@@ -72,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
     budget.add_argument("--iterations", type=int, help="or make this many proposals")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
+    p.add_argument("--moves", choices=("all", "memory"), default="all",
+                   help="memory: change memory policies only, keeping data parallelism (the "
+                   "plan then exports as DistributedDataParallel)")
     p.add_argument("--out", default="plan", help="the plan folder (default plan/)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=commands.search)
@@ -102,7 +105,9 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the whole job on a built-in model that needs planning")
     p.add_argument("--out", default="plan", help="the plan folder (default plan/)")
-    p.add_argument("--seconds", type=float, default=45.0, help="search time (default 45)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--seconds", type=float, default=30.0, help="search time (default 30)")
+    budget.add_argument("--iterations", type=int, help="or make this many proposals")
     p.add_argument("--model", default="resnet50", help="a zoo model (default resnet50)")
     p.add_argument("--batch", type=int, help="global batch (default: one that does not fit "
                    "data parallel)")

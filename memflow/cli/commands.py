@@ -54,27 +54,36 @@ def _describe(result) -> str:
             f"peak {peak} of {capacity} on {worst}: {fit}")
 
 
+MOVES = {"all": None, "memory": {"policy": 0.6, "segment": 0.4}}
+"""``--moves``: the search's move weights (None: its defaults)."""
+
+
 def _search(inputs: dict[str, Any], out: str, *, iterations=None, seconds=None, seed=0,
-            optimizer="sgd", quiet=False, graph=None, cluster=None):
+            optimizer="sgd", moves="all", quiet=False, graph=None, cluster=None):
     # the cluster first: a wrong preset is reported before a capture that may take a while
     cluster = cluster if cluster is not None else load_cluster(inputs["cluster"],
                                                                inputs["memory_limit"])
     graph = graph if graph is not None else _graph(inputs)
     search = run_search(graph, cluster, iterations=iterations, seconds=seconds, seed=seed,
-                        optimizer=optimizer, progress=not quiet)
-    plan = write_plan(out, search, {**inputs, "optimizer": optimizer, "seed": seed})
+                        optimizer=optimizer, moves=MOVES[moves], progress=not quiet)
+    plan = write_plan(out, search, {**inputs, "optimizer": optimizer, "seed": seed,
+                                    "moves": moves})
     return search, plan
+
+
+def _check_budget(iterations: int | None, seconds: float | None) -> None:
+    if iterations is not None and iterations < 1:
+        raise MemflowError(f"--iterations {iterations} must be at least 1")
+    if seconds is not None and not seconds > 0:
+        raise MemflowError(f"--seconds {seconds} must be positive")
 
 
 def search(args: argparse.Namespace) -> None:
     """``memflow search``: run the search, write the plan folder, print the best."""
-    if args.iterations is not None and args.iterations < 1:
-        raise MemflowError(f"--iterations {args.iterations} must be at least 1")
-    if args.seconds is not None and not args.seconds > 0:
-        raise MemflowError(f"--seconds {args.seconds} must be positive")
+    _check_budget(args.iterations, args.seconds)
     found, plan = _search(_inputs(args), args.out, iterations=args.iterations,
                           seconds=args.seconds, seed=args.seed, optimizer=args.optimizer,
-                          quiet=args.quiet)
+                          moves=args.moves, quiet=args.quiet)
     print(f"best after {found.iteration} proposals: {_describe(found.best_result)}")
     print(f"plan written to {plan}/ ({', '.join(FILES.values())})")
 
@@ -154,13 +163,14 @@ def presets(args: argparse.Namespace) -> None:
 def demo(args: argparse.Namespace) -> None:
     """``memflow demo``: capture, show that data parallel does not fit, search, report,
     export — on resnet50 at a batch of 1024 over 4xV100-16GB unless told otherwise."""
+    from .. import zoo as models
+    from ..export import replicas
     from ..report import write_plan_report
     from ..sim import simulate as run
     from ..strategy import Strategy
-    from .. import zoo as models
 
-    if not args.seconds > 0:
-        raise MemflowError(f"--seconds {args.seconds} must be positive")
+    seconds = None if args.iterations is not None else args.seconds
+    _check_budget(args.iterations, seconds)
     batch = args.batch or (DEMO["batch"] if args.model == DEMO["model"]
                            else models.spec_of(args.model).batch_size)
     inputs = {"model": args.model, "batch": batch, "options": parse_options(args.option),
@@ -172,12 +182,15 @@ def demo(args: argparse.Namespace) -> None:
     graph = _graph(inputs)
     dp = run(graph, Strategy.data_parallel(graph, cluster), cluster)
     print(f"   {len(graph)} units; data parallel: {_describe(dp)}")
-    print(f"2. searching for {args.seconds:g} s ...", flush=True)
-    found, plan = _search(inputs, args.out, seconds=args.seconds, quiet=args.quiet,
-                          graph=graph, cluster=cluster)
+    budget = f"{seconds:g} s" if seconds is not None else f"{args.iterations} proposals"
+    print(f"2. searching memory policies for {budget} ...", flush=True)
+    # Memory policies over data parallelism: a plan DistributedDataParallel can run as exported.
+    found, plan = _search(inputs, args.out, iterations=args.iterations, seconds=seconds,
+                          moves="memory", quiet=args.quiet, graph=graph, cluster=cluster)
     print(f"   best: {_describe(found.best_result)}")
     print("3. writing the report and the training script ...", flush=True)
     html = write_plan_report(plan, search=found)
     train = _export(found.best, args.model, batch, inputs["options"], plan / "train.py")
+    n = replicas(found.best)
     print(f"done:\n  strategy  {plan / FILES['strategy']}\n  report    {html}\n"
-          f"  training  {train}  (run: torchrun --nproc_per_node N {train} --steps 10)")
+          f"  training  {train}  (run: torchrun --nproc_per_node {n} {train} --steps 10)")

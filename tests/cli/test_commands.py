@@ -89,6 +89,7 @@ def test_listings(capsys):
      "depth"),
     (["simulate", *SMALL, *CLUSTER, "--strategy", "missing.json"], "missing.json: no such file"),
     (["export", *SMALL, "--strategy", "missing.json"], "missing.json: no such file"),
+    (["report", "no/such/plan"], "no/such/plan"),
     (["search", "--model", "nofile.py:make", "--batch", "8", *CLUSTER], "no file 'nofile.py'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])

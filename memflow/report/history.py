@@ -1,0 +1,86 @@
+"""HistoryChart: how a search went — the cost of every proposal, the best so far, acceptance.
+
+Input is :attr:`memflow.MCMCSearch.history` (or ``plan/history.csv`` read back): one row per
+proposal with ``iteration``, ``cost``, ``best_cost``, ``feasible`` and ``accepted``. Costs are
+seconds per step plus the memory penalty, drawn in ms; infinite best costs (before the first
+feasible strategy) are left out.
+
+>>> import pandas as pd
+>>> h = pd.DataFrame({"iteration": [0, 1, 2], "cost": [0.2, 0.3, 0.1],
+...                   "best_cost": [float("inf"), 0.3, 0.1], "feasible": [False, True, True],
+...                   "accepted": [True, False, True]})
+>>> chart = HistoryChart(h)
+>>> chart.best_source.data["best"].tolist(), chart.acceptance_source.data["rate"].tolist()
+([300.0, 100.0], [1.0, 0.5, 0.6666666666666666])
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from bokeh.layouts import row
+from bokeh.models import ColumnDataSource, HoverTool, Range1d
+from bokeh.plotting import figure
+
+from ..errors import MemflowError
+
+__all__ = ["HistoryChart", "COLUMNS"]
+
+COLUMNS = ("iteration", "cost", "best_cost", "feasible", "accepted")
+_FITS, _OOM, _BEST = "#4c72b0", "#d62728", "#222222"
+
+
+class HistoryChart:
+    """Cost per proposal (blue: fits, red: out of memory; filled: accepted) with the best
+    cost so far, and the acceptance rate over a sliding ``window``; ``root`` is the bokeh row.
+    """
+
+    def __init__(self, history: pd.DataFrame, *, window: int = 100, width: int = 940,
+                 height: int = 260) -> None:
+        missing = [c for c in COLUMNS if c not in history.columns]
+        if missing:
+            raise MemflowError(f"search history lacks the columns {missing}; it has "
+                               f"{list(history.columns)}")
+        if history.empty:
+            raise MemflowError("search history is empty: the search made no proposal")
+        h = history.reset_index(drop=True)
+        self.history = h
+        feasible = h["feasible"].astype(bool).to_numpy()
+        accepted = h["accepted"].astype(bool).to_numpy()
+        color = np.where(feasible, _FITS, _OOM)
+        self.cost_source = ColumnDataSource({
+            "iteration": h["iteration"].to_numpy(), "cost": h["cost"].to_numpy(float) * 1e3,
+            "line": color.tolist(), "fill": np.where(accepted, color, "white").tolist(),
+            "state": [("accepted" if a else "rejected") + (", fits" if f else ", OOM")
+                      for a, f in zip(accepted, feasible)]})
+        best = h.loc[np.isfinite(h["best_cost"].to_numpy(float))]
+        self.best_source = ColumnDataSource({"iteration": best["iteration"].to_numpy(),
+                                             "best": best["best_cost"].to_numpy(float) * 1e3})
+        rate = h["accepted"].astype(float).rolling(window, min_periods=1).mean()
+        self.acceptance_source = ColumnDataSource({"iteration": h["iteration"].to_numpy(),
+                                                   "rate": rate.to_numpy()})
+
+        cost = figure(width=width * 2 // 3, height=height, title="cost of each proposal (ms); "
+                      "line: best so far", x_axis_label="proposal", y_axis_label="ms",
+                      tools="xpan,xwheel_zoom,box_zoom,reset,save")
+        dots = cost.scatter("iteration", "cost", source=self.cost_source, size=4,
+                            line_color="line", fill_color="fill", alpha=0.7)
+        cost.step("iteration", "best", source=self.best_source, mode="after", color=_BEST,
+                  line_width=2)
+        cost.add_tools(HoverTool(renderers=[dots], tooltips=[
+            ("proposal", "@iteration"), ("cost", "@cost{0,0.000} ms"), ("", "@state")]))
+        acc = figure(width=width - cost.width, height=height, x_range=cost.x_range,
+                     y_range=Range1d(0, 1.02), title=f"acceptance (last {window} proposals)",
+                     x_axis_label="proposal", tools="save")
+        acc.line("iteration", "rate", source=self.acceptance_source, color=_FITS, line_width=2)
+        for fig in (cost, acc):
+            fig.toolbar.logo = None
+        self.cost_figure, self.acceptance_figure = cost, acc
+        self.root = row(cost, acc)
+
+    def summary_html(self) -> str:
+        """Proposals, accepted share, feasible share and the best cost."""
+        h = self.history
+        best = h["best_cost"].replace(np.inf, np.nan).min()
+        best_text = "none fits" if not np.isfinite(best) else f"{best * 1e3:,.2f} ms"
+        return (f"<p>{len(h):,} proposals, {h['accepted'].mean():.0%} accepted, "
+                f"{h['feasible'].mean():.0%} fit; best {best_text}.</p>")
