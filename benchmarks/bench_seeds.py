@@ -153,9 +153,10 @@ def policy_mix(s: Strategy, g: OpGraph) -> str:
                 groupby(((u, pol[u]) for u in g.names), lambda up: up[1] == "recompute") if rec]
     shown = ", ".join(f"{seg[0]}..{seg[-1]}" if len(seg) > 1 else seg[0]
                       for seg in segments[:3]) + (", ..." if len(segments) > 3 else "")
-    return (f"offload {len(off)} units ({saved[off].sum() / GB:.1f} GB); recompute "
-            f"{sum(map(len, segments))} units in {len(segments)} segments" +
-            (f": {shown}" if segments else ""))
+    n = len(segments)
+    return (f"offload {len(off)} units ({saved[off].sum() / GB:.1f} GB); " +
+            (f"recompute {sum(map(len, segments))} units in {n} segment{'s' * (n > 1)}: "
+             f"{shown}" if segments else "no recompute"))
 
 
 def vdnn_strategies(g: OpGraph, titan) -> dict[str, tuple[Strategy, str]]:
