@@ -113,7 +113,7 @@ class CostModel:
         self.memory_aware = bool(memory_aware)
         self.jump, self.weight = float(jump), float(weight)
         self.cache_size = int(cache_size)
-        self._memo: dict[Strategy, Score] = {}
+        self._memo: dict[tuple, Score] = {}
         self.simulations = 0
 
     def score(self, time: float, peak: np.ndarray) -> Score:
@@ -126,7 +126,10 @@ class CostModel:
         return Score(float(cost), float(time), peak, feasible)
 
     def __call__(self, strategy: Strategy) -> Score:
-        hit = self._memo.get(strategy)
+        # keyed by the strategy's identity tuple, built once: a Strategy rebuilds it for every
+        # hash and for both sides of every comparison, three times per lookup that hits
+        key = strategy._key()
+        hit = self._memo.get(key)
         if hit is not None:
             return hit
         ev = self.simulator.evaluate(strategy)
@@ -135,7 +138,7 @@ class CostModel:
         if len(self._memo) >= self.cache_size:
             # drop the oldest half: dicts keep insertion order, and old entries are the
             # least likely to be revisited by a chain that has moved on
-            for key in list(self._memo)[: self.cache_size // 2]:
-                del self._memo[key]
-        self._memo[strategy] = out
+            for old in list(self._memo)[: self.cache_size // 2]:
+                del self._memo[old]
+        self._memo[key] = out
         return out
