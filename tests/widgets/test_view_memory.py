@@ -74,7 +74,7 @@ def test_update_with_other_devices_names_them(graph, cluster, result):
 def test_missing_categories_are_named(result):
     bare = types.SimpleNamespace(memory=result.memory[["device", "time", "bytes"]],
                                  capacity=result.capacity)
-    with pytest.raises(ValueError, match="MemoryTimeline: SimResult.memory has none"):
+    with pytest.raises(ValueError, match="SimResult.memory has none"):
         MemoryTimeline(bare)
 
 

@@ -1,121 +1,33 @@
 """compare(results): side-by-side bars of step time and per-GPU peak memory for several strategies.
 
->>> import types
->>> cap = pd.Series([16 * 2**30] * 2, index=["gpu0", "gpu1"])
->>> a = types.SimpleNamespace(iteration_time=0.2, throughput=160.0, capacity=cap, feasible=True,
-...                           peak_memory=pd.Series([9 * 2**30, 8 * 2**30], index=cap.index))
->>> b = types.SimpleNamespace(iteration_time=0.3, throughput=107.0, capacity=cap, feasible=False,
-...                           peak_memory=pd.Series([17 * 2**30, 3 * 2**30], index=cap.index))
->>> compare_table({"data parallel": a, "recompute": b})["feasible"].tolist()
-[True, False]
+The chart is :class:`memflow.report.ComparisonChart` (the HTML report compares its plan with
+data parallel the same way), shown here as a widget.
+
+>>> import memflow
+>>> g = memflow.zoo.graph("chain", batch_size=8, n=3, width=16)
+>>> cluster = memflow.Cluster.preset("2xV100-16GB")
+>>> dp = memflow.simulate(g, memflow.Strategy.data_parallel(g, cluster), cluster)
+>>> compare({"data parallel": dp}).summary_html().count("<tr>")
+2
 """
 from __future__ import annotations
 
-import html
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-import pandas as pd
-from bokeh.layouts import row
-from bokeh.models import ColumnDataSource, FactorRange, HoverTool
-from bokeh.plotting import figure
+from memflow.report.compare import ComparisonChart, compare_table
 
 from .render import BokehView
-from .style import DEVICE_PALETTE, fmt_bytes, fmt_seconds, memory_scale
 
 __all__ = ["compare", "Comparison", "compare_table"]
 
-_FEASIBLE, _OOM = "#4c72b0", "#d62728"
 
-
-def _named(results: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any]:
-    if isinstance(results, Mapping):
-        named = {str(k): v for k, v in results.items()}
-    else:
-        named = {}
-        for i, r in enumerate(results):
-            name = str(getattr(r, "name", None) or f"#{i}")
-            named[name if name not in named else f"{name} #{i}"] = r
-    if not named:
-        raise ValueError("compare: no results given; pass a dict {name: SimResult} or a list")
-    return named
-
-
-def compare_table(results: Mapping[str, Any] | Sequence[Any]) -> pd.DataFrame:
-    """One row per result: ``time``, ``throughput``, ``max_peak``, ``feasible`` and each
-    device's ``peak_<device>``."""
-    rows = {}
-    for name, r in _named(results).items():
-        peak = r.peak_memory.reindex(r.capacity.index).fillna(0.0)
-        rows[name] = {"time": float(r.iteration_time), "throughput": float(r.throughput),
-                      "max_peak": float(peak.max()), "feasible": bool(r.feasible),
-                      **{f"peak_{d}": float(v) for d, v in peak.items()}}
-    out = pd.DataFrame.from_dict(rows, orient="index")
-    out.index.name = "strategy"
-    return out
-
-
-class Comparison(BokehView):
+class Comparison(ComparisonChart, BokehView):
     """Two charts: step time per strategy, and peak memory per GPU per strategy against each
     GPU's capacity (red: the strategy does not fit)."""
 
-    def __init__(self, results: Mapping[str, Any] | Sequence[Any], *, width: int = 940,
-                 height: int = 300) -> None:
-        self.results = _named(results)
-        table = compare_table(self.results)
-        names = list(table.index)
-        colors = [_FEASIBLE if f else _OOM for f in table["feasible"]]
-        self.time_source = ColumnDataSource({
-            "strategy": names, "time": table["time"].to_numpy() * 1e3, "color": colors,
-            "throughput": table["throughput"].to_numpy(),
-            "feasible": ["fits" if f else "OUT OF MEMORY" for f in table["feasible"]]})
-        t_fig = figure(x_range=FactorRange(*names), width=max(260, width // 3), height=height,
-                       title="step time (ms)", tools="save", toolbar_location=None)
-        t_fig.vbar(x="strategy", top="time", width=0.7, color="color", source=self.time_source)
-        t_fig.add_tools(HoverTool(tooltips=[("strategy", "@strategy"),
-                                            ("time", "@time{0,0.00} ms"),
-                                            ("samples/s", "@throughput{0,0.0}"),
-                                            ("", "@feasible")]))
-        t_fig.xaxis.major_label_orientation = 0.6
-
-        devices = list(dict.fromkeys(str(d) for r in self.results.values()
-                                     for d in r.capacity.index))
-        factors = [(d, s) for d in devices for s in names]
-        peak = [float(self.results[s].peak_memory.get(d, 0.0)) for d, s in factors]
-        cap = [float(self.results[s].capacity.get(d, float("nan"))) for d, s in factors]
-        unit_name, unit, top = memory_scale(max(peak), float(np.nanmax(cap)))
-        shown = [c if c <= top else float("nan") for c in cap]   # capacity off scale: no tick
-        fill = [_OOM if p > c else DEVICE_PALETTE[names.index(s) % len(DEVICE_PALETTE)]
-                for p, c, (_, s) in zip(peak, cap, factors)]
-        self.peak_source = ColumnDataSource({"x": factors, "peak": np.array(peak) / unit,
-                                             "capacity": np.array(shown) / unit,
-                                             "color": fill,
-                                             "strategy": [s for _, s in factors],
-                                             "device": [d for d, _ in factors]})
-        p_fig = figure(x_range=FactorRange(*factors), width=width - t_fig.width, height=height,
-                       title=f"peak memory per GPU ({unit_name}); black ticks: capacity"
-                       + ("" if len(shown) and np.isfinite(shown).all() else
-                          f" (off scale: {fmt_bytes(np.nanmax(cap))})"),
-                       tools="save", toolbar_location=None)
-        p_fig.vbar(x="x", top="peak", width=0.8, color="color", source=self.peak_source)
-        p_fig.scatter(x="x", y="capacity", marker="dash", size=18, line_width=3,
-                      color="#000000", source=self.peak_source)
-        p_fig.add_tools(HoverTool(tooltips=[("strategy", "@strategy"), ("device", "@device"),
-                                            ("peak", f"@peak{{0,0.00}} {unit_name}")]))
-        p_fig.xaxis.major_label_orientation = 0.9
-        p_fig.y_range.start = 0
-        t_fig.y_range.start = 0
-        self.time_figure, self.peak_figure = t_fig, p_fig
-        super().__init__(row(t_fig, p_fig))
-
-    def summary_html(self) -> str:
-        table = compare_table(self.results)
-        rows = "".join(
-            f"<tr><td>{html.escape(n)}</td><td>{fmt_seconds(r.time)}</td>"
-            f"<td>{r.throughput:,.1f}</td><td>{fmt_bytes(r.max_peak)}</td>"
-            f"<td>{'yes' if r.feasible else 'no'}</td></tr>" for n, r in table.iterrows())
-        return ("<table><tr><th>strategy</th><th>step time</th><th>samples/s</th>"
-                f"<th>max peak</th><th>fits</th></tr>{rows}</table>")
+    def __init__(self, results: Mapping[str, Any] | Sequence[Any], **options: Any) -> None:
+        ComparisonChart.__init__(self, results, **options)
+        BokehView.__init__(self, self.root)
 
 
 def compare(results: Mapping[str, Any] | Sequence[Any], **kwargs: Any) -> Comparison:

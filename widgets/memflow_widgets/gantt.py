@@ -1,94 +1,30 @@
 """Timeline: a Gantt chart of one simulated step — every compute stream and link, every task.
 
-One row per device (its compute stream), per device communication stream and per link or host
-used, one bar per task on each resource it occupies, coloured by its kind. Each kind is its own
-renderer so clicking its legend entry hides it.
+The chart is :class:`memflow.report.GanttChart` (the HTML report draws the same one), shown
+here as a widget: hover a bar for its task, click a legend entry to hide a kind.
+
+>>> import memflow
+>>> g = memflow.zoo.graph("chain", batch_size=8, n=3, width=16)
+>>> cluster = memflow.Cluster.preset("2xV100-16GB")
+>>> view = Timeline(memflow.simulate(g, memflow.Strategy.data_parallel(g, cluster), cluster))
+>>> sorted(view.sources)
+['allreduce', 'backward', 'forward', 'optimizer']
 """
 from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
-from bokeh.models import ColumnDataSource, FactorRange, HoverTool
-from bokeh.plotting import figure
+from memflow.report.gantt import GanttChart, busy_table, resource_order
 
 from .render import BokehView
-from .style import KIND_COLORS, OTHER_COLOR, fmt_seconds
-from .tasks import COMM_PREFIX, per_resource
 
 __all__ = ["Timeline", "resource_order", "busy_table"]
 
 
-def resource_order(tasks: pd.DataFrame, devices: list[str]) -> list[str]:
-    """Rows top to bottom: each device's compute stream, then the communication streams, then
-    links and hosts by first use. ``tasks`` is :func:`~memflow_widgets.tasks.per_resource`'s.
+class Timeline(GanttChart, BokehView):
+    """Gantt chart of the compute streams and links of a :class:`memflow.SimResult`; keyword
+    options (``width``, ``row_height``) are :class:`~memflow.report.GanttChart`'s."""
 
-    >>> tasks = pd.DataFrame({"resource": ["gpu1->gpu0", "comm:gpu1", "gpu1", "gpu0"],
-    ...                       "start": [3, 2, 1, 0]})
-    >>> resource_order(tasks, ["gpu0", "gpu1"])
-    ['gpu0', 'gpu1', 'comm:gpu1', 'gpu1->gpu0']
-    """
-    used = list(dict.fromkeys(tasks.sort_values("start", kind="stable")["resource"]))
-    compute = [d for d in devices if d in used]
-    comm = [COMM_PREFIX + d for d in devices if COMM_PREFIX + d in used]
-    return compute + comm + [r for r in used if r not in compute and r not in comm]
-
-
-def busy_table(result: Any) -> pd.DataFrame:
-    """Busy time, utilisation (busy / step time) and tasks of each row of the chart."""
-    tasks = per_resource(result.timeline)
-    busy = (tasks["end"] - tasks["start"]).groupby(tasks["resource"]).sum()
-    order = resource_order(tasks, [str(d) for d in result.capacity.index])
-    step = float(result.iteration_time) or 1.0
-    return pd.DataFrame({"busy": busy, "utilisation": busy / step,
-                         "tasks": tasks.groupby("resource").size()}).reindex(order)
-
-
-class Timeline(BokehView):
-    """Gantt chart of the compute streams and links of a :class:`memflow.SimResult`.
-
-    Hover a bar for its task, kind, unit, times and bytes; click a legend entry to hide a kind.
-    """
-
-    def __init__(self, result: Any, *, width: int = 940, row_height: int = 22) -> None:
-        self.result = result
-        if result.timeline.empty:
-            raise ValueError("Timeline: SimResult.timeline is empty; nothing was scheduled")
-        tl = per_resource(result.timeline)
-        resources = resource_order(tl, [str(d) for d in result.capacity.index])
-        fig = figure(width=width, height=80 + row_height * len(resources),
-                     y_range=FactorRange(*reversed(resources)), x_axis_label="time (ms)",
-                     tools="xpan,xwheel_zoom,box_zoom,reset,save",
-                     title=f"one step: {fmt_seconds(result.iteration_time)}")
-        self.sources: dict[str, ColumnDataSource] = {}
-        renderers = []
-        for kind, rows in tl.groupby("kind", sort=False):
-            src = ColumnDataSource({
-                "resource": rows["resource"].to_numpy(str),
-                "start": rows["start"].to_numpy(float) * 1e3,
-                "end": rows["end"].to_numpy(float) * 1e3,
-                "task": rows["label"].to_numpy(str),
-                "unit": rows["unit"].to_numpy(str),
-                "bytes": rows["bytes"].fillna(0).to_numpy(float),
-            })
-            renderers.append(fig.hbar(y="resource", left="start", right="end", height=0.8,
-                                      source=src, color=KIND_COLORS.get(kind, OTHER_COLOR),
-                                      legend_label=str(kind)))
-            self.sources[str(kind)] = src
-        fig.add_tools(HoverTool(renderers=renderers, tooltips=[
-            ("task", "@task"), ("unit", "@unit"), ("on", "@resource"),
-            ("start", "@start{0,0.000} ms"), ("end", "@end{0,0.000} ms"),
-            ("bytes", "@bytes{0,0}")]))
-        fig.legend.click_policy = "hide"
-        fig.legend.location = "top_right"
-        fig.legend.label_text_font_size = "8pt"
-        fig.add_layout(fig.legend[0], "right")
-        fig.toolbar.logo = None
-        self.figure = fig
-        super().__init__(fig)
-
-    def summary_html(self) -> str:
-        table = busy_table(self.result)
-        return (f"<p>One step: {fmt_seconds(self.result.iteration_time)}.</p>"
-                + table.to_html(formatters={"busy": fmt_seconds,
-                                            "utilisation": "{:.0%}".format}))
+    def __init__(self, result: Any, **options: Any) -> None:
+        GanttChart.__init__(self, result, **options)
+        BokehView.__init__(self, self.root)

@@ -1,157 +1,50 @@
 """StrategyView: the graph of units, coloured by device or by memory policy, sized by memory.
 
-Positions come from networkx: ``layered`` puts the units of each topological generation in one
-column and folds long models into rows (a snake), so a 200-unit chain stays readable;
-``spring`` is networkx's force layout. A unit's size grows with the memory it holds (parameters
-plus what it saves for backward). Clicking a unit shows its numbers from ``graph.units`` and
-``strategy.table``.
+The picture is :class:`memflow.report.StrategyGraph` (the HTML report shows the same one); the
+view adds a toggle between colourings and shows a unit's numbers when it is clicked.
+
+>>> import memflow
+>>> g = memflow.zoo.graph("chain", batch_size=8, n=3, width=16, units="blocks")
+>>> view = StrategyView(g, memflow.Strategy.single_device(g))
+>>> view.select("layers.1")
+>>> "<b>layers.1</b>" in view.details.value
+True
 """
 from __future__ import annotations
 
-import html
-from typing import Any, Literal
+from typing import Any
 
-import networkx as nx
-import numpy as np
-import pandas as pd
 import ipywidgets
-from bokeh.models import ColumnDataSource, HoverTool, LabelSet, TapTool
-from bokeh.plotting import figure
+
+from memflow.report.strategy import ColourBy, StrategyGraph, layout_positions, unit_frame
 
 from .render import BokehView
-from .style import MULTI_DEVICE_COLOR, POLICY_COLORS, OTHER_COLOR, color_for, fmt_bytes
 
 __all__ = ["StrategyView", "layout_positions", "unit_frame"]
 
-ColourBy = Literal["device", "policy"]
-_DETAIL_COLUMNS = ("kind", "module", "params", "param_bytes", "saved_bytes", "output_bytes",
-                   "fwd_tmp_bytes", "bwd_tmp_bytes", "fwd_flops", "bwd_flops")
-_PLAN_COLUMNS = ("policy", "error_bound", "devices", "sample", "parameter", "attribute",
-                 "stage", "segment")
+_PROMPT = "<i>click a unit for its numbers</i>"
 
 
-def layout_positions(dg: nx.DiGraph, *, layout: str = "layered",
-                     wrap: int = 24) -> dict[str, tuple[float, float]]:
-    """``(x, y)`` of every node of ``dg``.
-
-    >>> pos = layout_positions(nx.path_graph(5, create_using=nx.DiGraph), wrap=3)
-    >>> [pos[n] for n in range(5)]
-    [(0.0, 0.0), (1.0, 0.0), (2.0, 0.0), (2.0, -1.5), (1.0, -1.5)]
-    """
-    if layout == "spring":
-        return {n: (float(x), float(y)) for n, (x, y) in nx.spring_layout(dg, seed=0).items()}
-    if layout != "layered":
-        raise ValueError(f"StrategyView: layout must be 'layered' or 'spring', got {layout!r}")
-    pos: dict[Any, tuple[float, float]] = {}
-    for g, nodes in enumerate(nx.topological_generations(dg)):
-        row, col = divmod(g, wrap)
-        x = float(col if row % 2 == 0 else wrap - 1 - col)  # snake: odd rows run backwards
-        for k, n in enumerate(nodes):
-            pos[n] = (x, -1.5 * row - 0.5 * (k - (len(nodes) - 1) / 2))
-    return pos
-
-
-def _device_label(devices: Any) -> str:
-    parts = list(devices) if isinstance(devices, (list, tuple, np.ndarray)) else [devices]
-    names = list(dict.fromkeys(str(d) for d in parts))
-    return names[0] if len(names) == 1 else f"{len(names)} devices"
-
-
-def unit_frame(graph: Any, strategy: Any) -> pd.DataFrame:
-    """One row per unit: the graph's numbers and the strategy's choices, with colours.
-
-    Columns added: ``memory`` (parameter + saved bytes), ``device`` (the unit's device, or
-    ``"k devices"`` when split), ``device_color`` and ``policy_color``.
-    """
-    units = graph.units
-    plan = strategy.table.set_index("unit")
-    missing = [u for u in units.index if u not in plan.index]
-    if missing:
-        raise ValueError(f"StrategyView: the strategy has no row for units {missing[:5]} of the "
-                         "graph; was it made for another graph?")
-    df = units.join(plan[[c for c in _PLAN_COLUMNS if c in plan.columns]])
-    df["memory"] = (df["param_bytes"] + df["saved_bytes"]).astype(float)
-    df["device"] = df["devices"].map(_device_label)
-    devices = sorted({d for d in df["device"] if not d.endswith(" devices")},
-                     key=lambda d: (len(d), d))
-    df["device_color"] = [color_for(d, devices) if d in devices else MULTI_DEVICE_COLOR
-                          for d in df["device"]]
-    df["policy_color"] = df["policy"].map(POLICY_COLORS).fillna(OTHER_COLOR)
-    return df
-
-
-class StrategyView(BokehView):
+class StrategyView(StrategyGraph, BokehView):
     """The units of ``graph`` placed and coloured by ``strategy``; click one for its numbers.
 
     ``colour_by`` (a ToggleButtons, ``"device"`` or ``"policy"``) recolours the nodes;
-    :meth:`select` does what a click does.
+    :meth:`select` does what a click does. Keyword options (``layout``, ``wrap``, ``width``,
+    ``height``) are :class:`~memflow.report.StrategyGraph`'s.
     """
 
     def __init__(self, graph: Any, strategy: Any, *, colour_by: ColourBy = "device",
-                 layout: str = "layered", wrap: int = 24, width: int = 940,
-                 height: int | None = None) -> None:
-        self.graph = graph
-        self.strategy = strategy
-        df = unit_frame(graph, strategy)
-        # The topology only (OpGraph.to_networkx would also copy every column and the meta).
-        dg = nx.DiGraph()
-        dg.add_nodes_from(graph.names)
-        dg.add_edges_from(zip(graph.edges["src"], graph.edges["dst"]))
-        pos = layout_positions(dg, layout=layout, wrap=wrap)
-        xy = np.array([pos[u] for u in df.index], dtype=float).reshape(-1, 2)
-        biggest = float(df["memory"].max()) or 1.0
-        self.source = ColumnDataSource({
-            "unit": df.index.to_numpy(str), "x": xy[:, 0], "y": xy[:, 1],
-            "size": 8 + 28 * np.sqrt(df["memory"].to_numpy(float) / biggest),
-            "kind": df["kind"].astype(str).to_numpy(),
-            "policy": df["policy"].astype(str).to_numpy(),
-            "device": df["device"].to_numpy(str),
-            "device_color": df["device_color"].to_numpy(str),
-            "policy_color": df["policy_color"].to_numpy(str),
-            "memory": df["memory"].map(fmt_bytes).to_numpy(str),
-        })
-        rows = int(np.ptp(xy[:, 1]) / 1.5) + 1 if len(xy) else 1
-        fig = figure(width=width, height=height or min(900, 160 + 110 * rows),
-                     tools="pan,wheel_zoom,box_zoom,reset,save,tap", title=self._title(),
-                     match_aspect=False)
-        fig.axis.visible = False
-        fig.grid.visible = False
-        where = {u: i for i, u in enumerate(df.index)}
-        edges = graph.edges
-        fig.multi_line(
-            xs=[[xy[where[s], 0], xy[where[d], 0]] for s, d in zip(edges["src"], edges["dst"])],
-            ys=[[xy[where[s], 1], xy[where[d], 1]] for s, d in zip(edges["src"], edges["dst"])],
-            line_color="#999999", line_alpha=0.6, line_width=1)
-        self.nodes = fig.scatter("x", "y", size="size", source=self.source,
-                                 fill_color={"field": f"{colour_by}_color"}, line_color="#222222",
-                                 legend_field=colour_by, fill_alpha=0.9)
-        if len(df) <= 40:  # names stay legible only on small graphs; hover names the rest
-            fig.add_layout(LabelSet(x="x", y="y", text="unit", source=self.source, y_offset=8,
-                                    text_font_size="7pt", text_align="center"))
-        fig.add_tools(HoverTool(renderers=[self.nodes], tooltips=[
-            ("unit", "@unit"), ("kind", "@kind"), ("policy", "@policy"),
-            ("device", "@device"), ("memory", "@memory")]))
-        fig.select_one(TapTool).renderers = [self.nodes]
-        fig.legend.label_text_font_size = "8pt"
-        fig.add_layout(fig.legend[0], "right")
-        fig.toolbar.logo = None
-        self.figure = fig
+                 **options: Any) -> None:
+        StrategyGraph.__init__(self, graph, strategy, colour_by=colour_by, **options)
         self.colour_by = ipywidgets.ToggleButtons(options=["device", "policy"], value=colour_by,
                                                   description="colour by")
         self.colour_by.observe(self._recolour, names="value")
-        self.details = ipywidgets.HTML("<i>click a unit for its numbers</i>")
+        self.details = ipywidgets.HTML(_PROMPT)
         self.source.selected.on_change("indices", self._on_select)
-        super().__init__(fig, (self.colour_by, self.details))
-
-    def _title(self) -> str:
-        name = getattr(self.strategy, "name", None) or "strategy"
-        model = self.graph.meta.get("model", "model")
-        return f"{model}: {len(self.graph)} units — {name}"
+        BokehView.__init__(self, self.root, (self.colour_by, self.details))
 
     def _recolour(self, change: dict[str, Any]) -> None:
-        by = change["new"]
-        self.nodes.glyph.fill_color = {"field": f"{by}_color"}
-        self.figure.legend[0].items[0].label = {"field": by}
+        self.recolour(change["new"])
 
     def select(self, unit: str) -> None:
         """Select ``unit`` as a click on it would, and show its numbers."""
@@ -161,22 +54,5 @@ class StrategyView(BokehView):
         self.source.selected.indices = [names.index(unit)]
 
     def _on_select(self, attr: str, old: list[int], new: list[int]) -> None:
-        if not new:
-            self.details.value = "<i>click a unit for its numbers</i>"
-            return
-        unit = str(self.source.data["unit"][new[0]])
-        u = self.graph.units.loc[unit]
-        plan = self.strategy.table.set_index("unit").loc[unit]
-        cells = [(c, fmt_bytes(u[c]) if c.endswith("bytes") else
-                  f"{u[c] / 1e9:,.3f} GFLOP" if c.endswith("flops") else u[c])
-                 for c in _DETAIL_COLUMNS if c in u.index]
-        cells += [(c, plan[c]) for c in _PLAN_COLUMNS if c in plan.index]
-        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th>"
-                       f"<td>{html.escape(str(v))}</td></tr>" for k, v in cells)
-        self.details.value = f"<b>{html.escape(unit)}</b><table>{rows}</table>"
-
-    def summary_html(self) -> str:
-        table = self.strategy.table
-        counts = table["policy"].value_counts().to_dict()
-        policies = ", ".join(f"{n} {p}" for p, n in counts.items())
-        return f"<p>{html.escape(self._title())}: {html.escape(policies)}.</p>"
+        self.details.value = (self.details_html(str(self.source.data["unit"][new[0]]))
+                              if new else _PROMPT)
