@@ -1,0 +1,115 @@
+"""The student copies of the lessons (``tutorials/_lesson.py --student``): every exercise is
+blanked, and its check fails until it is answered.
+
+The structural tests read every lesson (fast). The executed test (``slow``) runs each lesson
+in one kernel; at each exercise it runs the blanked *your turn* cell and its check (which must
+fail, and not merely because a name is missing), then the reference answer and the rest of the
+lesson as usual (which must pass) — so one run of a lesson tries every exercise both ways.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
+sys.path.insert(0, str(TUTORIALS))
+from _lesson import LESSONS, blank_answers, student_copy  # noqa: E402
+
+# A blanked check should fail on the student's `...`, not on a name the copy lost.
+BROKEN_COPY = {"NameError", "SyntaxError", "ImportError", "ModuleNotFoundError"}
+
+
+def exercises(nb) -> list[tuple[int, int]]:
+    """``(your turn cell, check cell)`` indices: a code cell with reference answers and the
+    next code cell."""
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    return [(i, j) for i, j in zip(code, code[1:])
+            if blank_answers(nb.cells[i].source) != nb.cells[i].source]
+
+
+def test_lesson_list():
+    assert LESSONS == sorted(p.name for p in TUTORIALS.glob("[0-9][0-9]_*.ipynb"))
+    assert len(LESSONS) >= 8
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_every_exercise_has_a_check(lesson):
+    nb = nbformat.read(TUTORIALS / lesson, as_version=4)
+    pairs = exercises(nb)
+    assert len(pairs) >= 3, f"{lesson}: {len(pairs)} exercises"
+    for turn, check in pairs:
+        assert nb.cells[turn].source.startswith("# your turn"), (lesson, turn)
+        source = nb.cells[check].source
+        assert source.startswith("# check") and "assert " in source, (lesson, check)
+        assert "reference answer" not in blank_answers(nb.cells[turn].source)
+
+
+def test_student_copy_blanks_and_clears(tmp_path):
+    lesson = LESSONS[0]
+    [path] = student_copy(tmp_path, [lesson])
+    assert (tmp_path / "_lesson.py").exists()
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert "widgets" not in nb.metadata
+    text = "\n".join(c.source for c in code)
+    assert "# reference answer" not in text
+    reference = nbformat.read(TUTORIALS / lesson, as_version=4)
+    assert text.count("...  # your answer") >= len(exercises(reference)) >= 3
+
+
+def trial_run(nb, path: Path) -> tuple[dict, dict]:
+    """Run ``nb`` once, trying every exercise both ways: before each *your turn* cell, its
+    blanked copy and its check (the student's copy), then the lesson as it is.
+
+    Returns ``(unexpected, blank_checks)``: the errors of cells that should have run clean
+    (trial index -> error names), and for each check tried on a blank answer, its cell index
+    in ``nb`` -> the error names it raised (empty: it passed on a blank).
+    """
+    from nbclient import NotebookClient
+
+    pairs = dict(exercises(nb))
+    trial, tried = nbformat.v4.new_notebook(metadata=nb.metadata), {}
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if i in pairs:
+            trial.cells.append(nbformat.v4.new_code_cell(blank_answers(cell.source)))
+            trial.cells.append(nbformat.v4.new_code_cell(nb.cells[pairs[i]].source))
+            tried[len(trial.cells) - 1] = pairs[i]
+        trial.cells.append(nbformat.v4.new_code_cell(cell.source))
+    NotebookClient(trial, timeout=300, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(path)}}).execute()
+    errors = {k: [o["ename"] for o in c.outputs if o["output_type"] == "error"]
+              for k, c in enumerate(trial.cells)}
+    unexpected = {k: e for k, e in errors.items() if e and k not in tried}
+    return unexpected, {check: errors[k] for k, check in tried.items()}
+
+
+def test_trial_run_finds_a_check_that_cannot_fail(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
+        "# your turn\nx = 2 + 2  # reference answer",
+        "# check\nassert x == 4",
+        "# your turn\ny = 3  # reference answer",
+        "# check\nassert True    # a check that cannot fail",
+    )])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    unexpected, checks = trial_run(nb, tmp_path)
+    assert unexpected == {}
+    assert checks == {1: ["AssertionError"], 3: []}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_checks_fail_until_answered(lesson):
+    nb = nbformat.read(TUTORIALS / lesson, as_version=4)
+    unexpected, checks = trial_run(nb, TUTORIALS)
+    assert not unexpected, f"{lesson}: cells that raised (index in the trial run): {unexpected}"
+    passed_blank = [check for check, errors in checks.items() if not errors]
+    assert not passed_blank, f"{lesson}: these checks pass on a blank answer: {passed_blank}"
+    broken = {check: e for check, e in checks.items() if set(e) & BROKEN_COPY}
+    assert not broken, f"{lesson}: blanked checks fail for the wrong reason: {broken}"
