@@ -142,7 +142,8 @@ def report_html(result, *, graph=None, history: pd.DataFrame | None = None, base
     gantt = GanttChart(result)
     sections.append(("Compute streams and links", gantt.summary_html(), gantt))
     units = strategy_table(result.strategy).to_html(index=False, classes="units", border=0)
-    picture = StrategyGraph(graph, result.strategy) if graph is not None else None
+    picture = (StrategyGraph(graph, result.strategy, colour_by="policy") if graph is not None
+               else None)
     sections.append(("Strategy", f"<p class='note'>microbatches {result.strategy.microbatches} "
                      f"({html.escape(result.strategy.schedule)})</p>{units}", picture))
     if history is not None and len(history):
