@@ -160,11 +160,11 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
     return links, float(per_byte), lat
 
 
-def compress_model() -> tuple[Callable[..., float], Callable[..., float]]:
-    """``(expected_ratio, throughput)`` of activation compression, from
+def compress_model() -> tuple[Callable[..., float], Callable[..., float], Callable[..., float]]:
+    """``(expected_ratio, throughput, launches)`` of activation compression, from
     :mod:`memflow.compress` (imported on first use: it loads torch)."""
-    from ..compress.model import expected_ratio, throughput
-    return expected_ratio, throughput
+    from ..compress.model import expected_ratio, launches, throughput
+    return expected_ratio, throughput, launches
 
 
 def compression_ratios(strategy, half: np.ndarray | None = None,

@@ -108,7 +108,7 @@ class Timing:
     d2h: np.ndarray            # per layout: (seconds per byte, latency)
     h2d: np.ndarray
     optimizer: np.ndarray      # per layout
-    compress: np.ndarray       # per unit: bytes per second (1 where it does not compress)
+    compress: np.ndarray       # per unit: bytes per second, launches included (1: none)
     decompress: np.ndarray
 
     @classmethod

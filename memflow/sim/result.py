@@ -26,8 +26,9 @@ class SimResult:
 
     Attributes follow ``docs/data-model.md`` ("SimResult"): ``iteration_time`` (s),
     ``throughput`` (samples/s), ``peak_memory`` and ``capacity`` (Series by device, devices the
-    strategy uses), ``feasible``, ``over_capacity``, ``timeline`` and ``memory`` (DataFrames),
-    ``host_peak`` (Series by host) and :meth:`summary`.
+    strategy uses), ``feasible``, ``over_capacity`` (the devices, then the hosts, whose peak
+    exceeds their memory), ``timeline`` and ``memory`` (DataFrames), ``host_peak`` and
+    ``host_capacity`` (Series by host) and :meth:`summary`.
     """
 
     def __init__(self, simulator, run):
@@ -42,12 +43,17 @@ class SimResult:
         self.peak_memory = pd.Series(run.device.peak[run.device_class[used]], index=names,
                                      name="peak_memory")
         self.capacity = pd.Series(ca.memory[used], index=names, name="capacity")
-        self.over_capacity = [str(d) for d in names[self.peak_memory.to_numpy()
-                                                    > self.capacity.to_numpy()]]
-        self.feasible = not self.over_capacity
         hosts = np.unique(ca.host[used])
         host_names = simulator.cluster.hosts.index[hosts]
         self.host_peak = pd.Series(run.host.peak[hosts], index=host_names, name="host_peak")
+        # offloaded bytes need room on the host: none where an edge board's memory is unified
+        self.host_capacity = pd.Series(ca.host_memory[hosts], index=host_names,
+                                       name="host_capacity")
+        self.over_capacity = [str(d) for d in names[self.peak_memory.to_numpy()
+                                                    > self.capacity.to_numpy()]] + \
+            [str(h) for h in host_names[self.host_peak.to_numpy()
+                                        > self.host_capacity.to_numpy()]]
+        self.feasible = not self.over_capacity
 
     @property
     def run(self):

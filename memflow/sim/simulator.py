@@ -50,11 +50,13 @@ class Evaluation:
     peak: np.ndarray          # bytes per device, in cluster order
     capacity: np.ndarray
     feasible: bool
+    host_over: float = 0.0    # offloaded bytes over memory on the worst host the strategy uses
 
     @property
     def over(self) -> float:
-        """Bytes over capacity on the worst device (0 when feasible)."""
-        return float(np.max(np.maximum(self.peak - self.capacity, 0.0), initial=0.0))
+        """Bytes over capacity on the worst device or host (0 when feasible)."""
+        return max(float(np.max(np.maximum(self.peak - self.capacity, 0.0), initial=0.0)),
+                   self.host_over)
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Placement:
     n_device_classes: int
     devices_used: np.ndarray
     mem_rate: np.ndarray                    # per layout, for compression speed
+    launch: np.ndarray                      # per layout: seconds per kernel launch
 
 
 @dataclass
@@ -171,8 +174,8 @@ class Simulator:
 
     @property
     def compression(self) -> tuple:
-        """``(expected_ratio, throughput)`` of :mod:`memflow.compress`, loaded when a strategy
-        first compresses."""
+        """``(expected_ratio, throughput, launches)`` of :mod:`memflow.compress`, loaded when
+        a strategy first compresses."""
         if self._compress is None:
             self._compress = compress_model()
         return self._compress
@@ -301,27 +304,33 @@ class Simulator:
             layout_hosts=[self.ca.host[lc.devices] for lc in lcs],
             n_device_classes=int(dev_cls.max()) + 1,
             devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])),
-            mem_rate=np.array([lc.mem_rate for lc in lcs]))
+            mem_rate=np.array([lc.mem_rate for lc in lcs]),
+            launch=np.array([lc.launch for lc in lcs]))
         self._placements[key] = out
         if len(self._placements) > self.cache_size:
             self._placements.popitem(last=False)
         return out
 
     def _compress_rates(self, strategy: Strategy, P: Placement, plan: MemoryPlan) -> Timing:
-        """``P.timing`` with the compression speed of the units that compress."""
+        """``P.timing`` with the compression speed of the units that compress: the
+        quantizer's memory-bound throughput on the unit's devices plus its kernel launches
+        (at the code width of the unit's ratio), as one rate over the bytes it compresses."""
         units = np.flatnonzero(plan.compressed > 0)
         if not len(units):
             return P.timing
         comp, decomp = np.ones(self.ga.n), np.ones(self.ga.n)
+        ratio = self._ratios(strategy)
+        _, throughput, launches = self.compression
         for u in units.tolist():
             lay, eb = int(strategy.layout_ids[u]), float(strategy.error_bound[u])
+            bits = (16 if self.ga.half[u] else 32) / ratio[u]
+            nbytes = float(plan.compressed[u])
             for out, back in ((comp, False), (decomp, True)):
                 k = (float(P.mem_rate[lay]), back, eb)
                 r = self._rates.get(k)
                 if r is None:
-                    r = self._rates[k] = self.compression[1](k[0], decompress=back,
-                                                             error_bound=eb)
-                out[u] = r
+                    r = self._rates[k] = throughput(k[0], decompress=back, error_bound=eb)
+                out[u] = nbytes / (nbytes / r + launches(bits, decompress=back) * P.launch[lay])
         return Timing(**{**P.timing.__dict__, "compress": comp, "decompress": decomp})
 
     # ------------------------------------------------------------------ runs
@@ -358,11 +367,15 @@ class Simulator:
         return Run(strategy, T, p.plan, start, end, P, device, host, float(end.max(initial=0.0)))
 
     def evaluate(self, strategy: Strategy, *, fold: bool = True) -> Evaluation:
-        """Time, peak per device and feasibility of ``strategy`` (no DataFrames)."""
+        """Time, peak per device and feasibility of ``strategy`` (no DataFrames); feasible
+        when every device and every host it uses holds its peak."""
         r = self.run(strategy, fold=fold)
         peak = r.device.peak[r.device_class]
         cap = self.ca.memory
-        return Evaluation(r.iteration_time, peak, cap, bool(np.all(peak <= cap)))
+        hosts = np.unique(self.ca.host[r.devices_used])
+        host_over = float(np.max(r.host.peak[hosts] - self.ca.host_memory[hosts], initial=0.0))
+        return Evaluation(r.iteration_time, peak, cap,
+                          bool(np.all(peak <= cap)) and host_over <= 0, max(host_over, 0.0))
 
     def result(self, strategy: Strategy, *, fold: bool = True):
         """The full :class:`~memflow.sim.result.SimResult` of ``strategy``."""

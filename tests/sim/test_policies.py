@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from memflow.hardware.presets import build
 from memflow.memory import estimate
 from memflow.memory.plan import ACTIVATIONS
 from memflow.sim import Simulator, simulate
@@ -38,7 +39,7 @@ def test_single_device_keep_all_matches_estimate(optimizer):
 def test_policies_remove_exactly_what_they_drop(policy, removed, monkeypatch):
     g = chain()
     sim = Simulator(g, V100)
-    sim._compress = (lambda eb, dtype: 5.0, lambda bw, **kw: 1e11)
+    sim._compress = (lambda eb, dtype: 5.0, lambda bw, **kw: 1e11, lambda b, **kw: 40.0)
     keep = activations_when_backward_starts(sim.result(Strategy.single_device(g)))
     s = Strategy.single_device(g).with_policy({"u1": policy})
     got = activations_when_backward_starts(sim.result(s))
@@ -54,6 +55,37 @@ def test_offload_uses_host_memory_and_the_host_link():
     assert set(tl["kind"]) >= {"offload", "prefetch"}
     off = tl[tl["kind"] == "offload"].iloc[0]
     assert "gpu0->host0" in off["resource"]
+
+
+def test_offloading_past_host_memory_is_infeasible_naming_the_host():
+    # an edge board's memory is unified: its host has no memory of its own to offload into
+    g = chain()
+    jetson = cluster("jetson-nano-4GB")
+    assert simulate(g, Strategy.single_device(g), jetson).feasible
+    r = simulate(g, Strategy.single_device(g).with_policy(offload=["u1"]), jetson)
+    assert r.host_peak["host0"] == 220 and r.host_capacity["host0"] == 0
+    assert not r.feasible and r.over_capacity == ["host0"]
+    ev = Simulator(g, jetson).evaluate(Strategy.single_device(g).with_policy(offload=["u1"]))
+    assert not ev.feasible and ev.over == 220
+    small = build("V100-16GB", 1, host_memory=219)
+    assert not simulate(g, Strategy.single_device(g).with_policy(offload=["u1"]), small).feasible
+    big = build("V100-16GB", 1, host_memory=220)
+    assert simulate(g, Strategy.single_device(g).with_policy(offload=["u1"]), big).feasible
+
+
+def test_compress_time_is_throughput_plus_kernel_launches():
+    g = chain()
+    sim = Simulator(g, V100)
+    sim._compress = (lambda eb, dtype: 5.0, lambda bw, decompress=False, **kw:
+                     2e11 if decompress else 1e11, lambda bits, decompress=False: 40.0 + bits)
+    tl = sim.result(Strategy.single_device(g).with_policy({"u1": "compress:0.01"})).timeline
+    launch = float(V100.devices["launch_overhead"].iloc[0])
+    bits = 32 / 5.0
+    comp = tl[tl["kind"] == "compress"].iloc[0]
+    decomp = tl[tl["kind"] == "decompress"].iloc[0]
+    assert comp["bytes"] == decomp["bytes"] == 220
+    assert comp["end"] - comp["start"] == pytest.approx(220 / 1e11 + (40 + bits) * launch)
+    assert decomp["end"] - decomp["start"] == pytest.approx(220 / 2e11 + (40 + bits) * launch)
 
 
 def test_recompute_reruns_the_segment_before_its_backward():
