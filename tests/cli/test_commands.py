@@ -115,3 +115,10 @@ def test_bad_factories(tmp_path, capsys):
     assert main(["search", "--model", f"{tmp_path / 'syntax.py'}:f", "--batch", "2",
                  *CLUSTER]) == 2
     assert "importing" in capsys.readouterr().err
+
+
+def test_search_shows_a_progress_bar(tmp_path, capsys):
+    assert main(["search", *SMALL, *CLUSTER, "--iterations", "8", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "search" in err and "8/8" in err
+    assert "best=" in err and "feasible=yes" in err and "accept=" in err
