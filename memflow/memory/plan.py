@@ -65,9 +65,10 @@ class MemoryPlan:
 
     def __init__(self, rows: dict[str, np.ndarray], copies: Copies, offloaded: np.ndarray,
                  compressed: np.ndarray, persistent: np.ndarray, segment: np.ndarray,
-                 microbatches: int):
+                 segment_start: np.ndarray, microbatches: int):
         self.rows = rows
         self.segment = segment            # the recompute segments that run (holding_segments)
+        self.segment_start = segment_start    # segment_starts(segment)
         self.microbatches = microbatches
         self.copies = copies
         self.offloaded = offloaded        # per unit: bytes per part its offload task moves
@@ -418,7 +419,7 @@ class BlockTable:
         rows = {**self.static, "bytes": self.bytes.copy(), "host": self.host.copy(),
                 "alloc": self.alloc.copy(), "free": self.free.copy()}
         return MemoryPlan(rows, P.copies, offloaded, compressed, self.persistent, segment,
-                          self.microbatches)
+                          start, self.microbatches)
 
 
 def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout: np.ndarray,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..memory.plan import MemoryPlan, segment_starts
+from ..memory.plan import MemoryPlan
 from ..memory.records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
                               A_PREFETCH, A_RECOMP, A_XFER, Placed)
 from ..memory.jit import njit
@@ -469,7 +469,7 @@ def expand(S: Structure, timing: Timing, plan: MemoryPlan) -> Tasks:
     seg_start = np.zeros(n, np.int64)
     seg_last = np.zeros(n, bool)
     if (segment >= 0).any():
-        seg_start = segment_starts(segment)
+        seg_start = plan.segment_start
         nxt = np.append(segment[1:], -1)
         seg_last = (segment >= 0) & (nxt != segment)
     off, comp = plan.offloaded, plan.compressed

@@ -19,7 +19,7 @@ Work is split by what it depends on, and each part is cached under what it depen
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -78,6 +78,7 @@ class Placement:
     devices_used: np.ndarray
     mem_rate: np.ndarray                    # per layout, for compression speed
     launch: np.ndarray                      # per layout: seconds per kernel launch
+    ledger: LedgerPlan | None = None        # the ledger's classes (rows: any plan's)
 
 
 @dataclass
@@ -347,9 +348,11 @@ class Simulator:
         P = self.placement(strategy, fold)
         plan = P.blocks.plan(strategy.policy, strategy.segment, self._ratios(strategy))
         T = expand(P.structure, self._compress_rates(strategy, P, plan), plan)
+        if P.ledger is None:      # what the placement fixes of the ledger, once
+            P.ledger = ledger_plan(plan, P.layout_classes, P.n_device_classes, P.layout_hosts,
+                                   len(self.ca.host_memory))
         prep = _Prepared(plan=plan, tasks=T, placement=P,
-                         ledger=ledger_plan(plan, P.layout_classes, P.n_device_classes,
-                                            P.layout_hosts, len(self.ca.host_memory)))
+                         ledger=replace(P.ledger, rows=plan.rows))
         self._prepared_cache[key] = prep
         if len(self._prepared_cache) > self.cache_size:
             self._prepared_cache.popitem(last=False)
