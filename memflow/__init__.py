@@ -33,7 +33,7 @@ _EXPORTS = {
     "MCMCSearch": "memflow.search",
 }
 _SUBMODULES = ("graph", "hardware", "memory", "strategy", "sim", "search", "plan", "export",
-               "zoo", "compress", "errors", "cli")
+               "report", "zoo", "compress", "errors", "cli")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

@@ -3,7 +3,7 @@ import pytest
 
 from memflow_widgets import Timeline
 from memflow_widgets.gantt import busy_table
-from memflow_widgets.tasks import per_resource
+from memflow.report.tasks import per_resource
 
 
 def test_rows_are_devices_then_the_rest(result):

@@ -68,3 +68,23 @@ def test_layouts():
 def test_static_picture(graph, strategy):
     html = StrategyView(graph, strategy)._repr_mimebundle_()["text/html"]
     assert "7 keep, 2 recompute, 1 offload" in html and "<script" in html
+
+
+def test_the_page_sends_clicks_but_its_echo_is_dropped(graph, strategy):
+    """What the page sends back: a selection (a click) reaches the view; the echo of a change
+    the kernel made (here a stream of rows) does not come back as a second copy."""
+    view = StrategyView(graph, strategy)
+    selected = view.source.selected
+    view.chart._sync_model(view.chart, {"event": "jsevent", "kind": "ModelChanged",
+                                        "model": {"id": selected.id}, "attr": "indices",
+                                        "new": [4]}, [])
+    assert "<b>layer4</b>" in view.details.value
+    rows = len(view.source.data["unit"])
+    view.chart._sync_model(view.chart, {"event": "jsevent", "kind": "ColumnsStreamed",
+                                        "model": {"id": view.source.id},
+                                        "data": {"type": "map", "entries": []},
+                                        "rollover": None}, [])
+    view.chart._sync_model(view.chart, {"event": "jsevent", "kind": "ModelChanged",
+                                        "model": {"id": view.figure.title.id}, "attr": "text",
+                                        "new": "echoed"}, [])
+    assert len(view.source.data["unit"]) == rows and view.figure.title.text != "echoed"

@@ -8,13 +8,12 @@ charts, which draws wherever BokehJS was loaded by :func:`setup` earlier in the 
 """
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import ipywidgets
-from bokeh.embed import components
 from bokeh.models import LayoutDOM
 from jupyter_bokeh import BokehModel
+from memflow.report.page import static_components
 
 __all__ = ["setup", "static_html", "Chart", "StaticFallback", "BokehView"]
 
@@ -40,15 +39,8 @@ def static_html(root: LayoutDOM, summary: str = "") -> str:
     >>> html.startswith("<div><p>numbers</p>") and "<script" in html
     True
     """
-    # The embed is a picture: the Python callbacks of the live view are rightly absent from it,
-    # so bokeh's warning about them would only be noise in the notebook.
-    log = logging.getLogger("bokeh.embed.util")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        script, div = components(root)
-    finally:
-        log.setLevel(level)
+    script, divs = static_components({"root": root})
+    div = divs["root"]
     return f"<div>{summary}{div}{script}</div>"
 
 
