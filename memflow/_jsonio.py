@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import FileFormatError
 
-__all__ = ["write_json", "read_json", "dumps"]
+__all__ = ["write_json", "write_text", "read_json", "dumps"]
 
 
 def _default(obj: Any) -> Any:
@@ -48,23 +48,33 @@ def dumps(obj: Any, *, indent: int | None = 1) -> str:
                       allow_nan=False)
 
 
-def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1) -> Path:
-    """Write ``obj`` as JSON to ``path`` atomically and return the path."""
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (temporary file, fsync, rename); the path.
+
+    The file gets the permissions a plain ``open(path, "w")`` would (``mkstemp`` makes 0600).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = dumps(obj, indent=indent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
+
+
+def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1) -> Path:
+    """Write ``obj`` as JSON to ``path`` atomically and return the path."""
+    return write_text(path, dumps(obj, indent=indent))
 
 
 def read_json(path: str | os.PathLike, *, kind: str | None = None) -> Any:

@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from .._jsonio import write_text
 from ..errors import ExportError
 from .placement import replicas
 
@@ -81,5 +82,5 @@ def script(strategy, path: str | Path, *, model: str, model_options: Mapping[str
     text = text.replace('"""\nfrom __future__', usage + '"""\nfrom __future__', 1)
     path.parent.mkdir(parents=True, exist_ok=True)
     strategy.to_json(path.with_suffix(".json"))
-    path.write_text(text)
+    write_text(path, text)
     return path

@@ -19,12 +19,12 @@ from __future__ import annotations
 import html
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import pandas as pd
 
+from .._jsonio import write_text
 from ..errors import MemflowError
 from .style import fmt_bytes, fmt_seconds
 
@@ -166,17 +166,7 @@ def write_report(path: str | os.PathLike, result, **options: Any) -> Path:
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         raise MemflowError(f"the report must be an .html file; got {path.name!r}")
-    text = report_html(result, **options)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text(path, report_html(result, **options))
 
 
 def write_plan_report(plan: str | os.PathLike, out: str | os.PathLike | None = None, *,
