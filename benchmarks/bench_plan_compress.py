@@ -32,7 +32,9 @@ MODELS = {"resnet50": 32, "vgg16": 64, "inception_v3": 32}
 # this CPU, and the ratio depends on the values' spread, not on the image size
 MEASURE = {"resnet50": {"batch_size": 1, "image_size": 112},
            "vgg16": {"batch_size": 1, "image_size": 112},
-           "inception_v3": {"batch_size": 2, "image_size": 139}}   # 2: its aux BN needs it
+           # without its auxiliary head, which needs a 17x17 map (299-pixel images); two
+           # images because a BatchNorm needs more than one value per channel
+           "inception_v3": {"batch_size": 2, "image_size": 139, "aux_logits": False}}
 BOUNDS = (1e-4, 1e-3, 1e-2, 1e-1)
 
 
@@ -98,14 +100,15 @@ def write(heads, parts, searches, left: list[str]) -> None:
     body = ("Absolute error bounds; every unit that saves something compresses it "
             "(memflow.plan.compress). 'measured ratio' is memflow's quantizer "
             "(memflow.compress) on the model's real saved feature maps (CPU, one image at 112 "
-            "pixels, two at 139 for inception_v3; random weights and inputs: trained nets on "
-            "real data compress differently); 'CPU GB/s' is its speed here; 'max "
+            "pixels, two at 139 for inception_v3 without its auxiliary head; random weights "
+            "and inputs: trained nets on real data compress differently); 'CPU GB/s' is its "
+            "speed here; 'max "
             "error' confirms the bound element-wise. The simulator charges "
             "'simulator ratio' (memflow.sim.costs.compress_model) — where it differs from the "
             "measured ratio, memory and batch figures follow the simulator's. 'largest batch' "
             "is the biggest batch that fits 16 GiB with compression (graph rescaled linearly, "
             "memflow.plan.at_batch)."
-            + (f" Partial: {', '.join(left)} still being measured when this was written."
+            + (f" Partial: {', '.join(left)} not measured yet when this was written."
                if left else "") + "\n\n" + table(pd.concat([comet, head]), ".3g") + "\n\n"
             + "\n\n".join(parts)
             + "\n\n**MCMC search started from the compressed plan (error bound 1e-2) under "
