@@ -145,7 +145,7 @@ class Exported(nn.Module):
         if policy == RECOMPUTE and units[-1] == i:
             seg = self._open.pop()
             seg.close()
-            for entry in seg.inputs:        # held on the device by the checkpoint
+            for entry in seg.inputs if seg.saves else ():   # held by the checkpoint
                 self.store.hold(entry.tensor)
         elif policy in (OFFLOAD, COMPRESS):
             self._open.pop().__exit__(None, None, None)

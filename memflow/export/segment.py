@@ -210,6 +210,19 @@ class _Recorder(TorchFunctionMode):
                 "Give this unit another policy (keep, offload, compress)")
 
 
+def _frame_saves(gen) -> bool:
+    """Whether the checkpoint running in ``gen`` packed a saved tensor.
+
+    Non-reentrant checkpoint holds the segment's inputs only through the graph's saved tensors
+    (each one's pack hook registers a holder on the checkpoint's frame): a segment that saved
+    nothing holds nothing after its forward and never recomputes. Where this torch keeps no
+    such frame, assume it saved something (counting its inputs as held).
+    """
+    frame = getattr(gen, "gi_frame", None)
+    holders = getattr(frame.f_locals.get("new_frame"), "weak_holders", None) if frame else None
+    return holders is None or len(holders) > 0
+
+
 class Segment:
     """One recompute segment (``units``, for messages) running on ``devices``.
 
@@ -226,6 +239,7 @@ class Segment:
         self.state = state
         self.calls: list[_Call] = []
         self.inputs: list[_Input] = []          # tensors from before the segment it holds
+        self.saves = False                      # whether autograd saved anything in it
         self._recorder: _Recorder | None = None
         self._gen = None
 
@@ -253,6 +267,7 @@ class Segment:
             entry.sealed = entry.tensor._version
         self._plan_frees()
         gen, self._gen = self._gen, None
+        self.saves = _frame_saves(gen)
         try:
             next(gen)
         except StopIteration:

@@ -92,31 +92,12 @@ def captured(name: str, units: Any = "leaves"):
     return model, inputs, memflow.from_torch(model, inputs, units=units)
 
 
-def holding_segments_only(graph, strategy: Strategy) -> Strategy:
-    """``strategy`` with every recompute segment that saves nothing set to keep.
-
-    Such a segment (a residual add alone) leaves PyTorch's checkpoint no saved-tensor holder,
-    so nothing holds its inputs, and the memory model holds nothing for it
-    (``memflow.memory.plan.holding_segments``); ``export.apply`` still holds its inputs on the
-    device, so a storage an offloaded unit also saves stays there instead of on the host.
-    """
-    savers = {u for row in graph.tensors["savers"] for u in row}
-    keep = {}
-    for k in set(strategy.segment[strategy.segment >= 0].tolist()):
-        units = [u for u, s in zip(strategy.units, strategy.segment) if s == k]
-        if not savers.intersection(units):
-            keep.update(dict.fromkeys(units, "keep"))
-    return strategy.with_policy(keep) if keep else strategy
-
-
-def mixed(graph, seed: int = 0, policies=("keep", "recompute", "offload"),
-          holding: bool = True) -> Strategy:
-    """A seeded random mix of ``policies`` over the units of ``graph`` (``holding``: with
-    :func:`holding_segments_only`)."""
+def mixed(graph, seed: int = 0, policies=("keep", "recompute", "offload")) -> Strategy:
+    """A seeded random mix of ``policies`` over the units of ``graph``."""
     rng = random.Random(seed)
     s = Strategy.single_device(graph, name=f"mix {seed}").with_policy(
         {u: rng.choice(policies) for u in graph.names})
-    return holding_segments_only(graph, s) if holding else s
+    return s
 
 
 def grads(model: nn.Module, inputs: Any, seed: int = 0) -> dict[str, torch.Tensor]:
