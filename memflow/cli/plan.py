@@ -99,7 +99,10 @@ def write_plan(out: str | os.PathLike, search, inputs: Mapping[str, Any]) -> Pat
     """Write the plan folder ``out`` (see the module docstring) and return it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    search.best.to_json(out / FILES["strategy"])
+    # The chain's strategies keep the starting strategy's name; say what this one is.
+    best = search.best
+    best.with_schedule(name=f"memflow search: best of {search.iteration:,} proposals "
+                            f"from {best.name}").to_json(out / FILES["strategy"])
     search.save(out / FILES["search"], embed=True)
     # CSV is for people and spreadsheets; written beside and renamed, like the JSON files.
     tmp = out / f".{FILES['history']}.tmp"

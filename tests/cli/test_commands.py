@@ -22,7 +22,9 @@ def test_search_writes_the_plan_folder(plan, capsys):
     history = pd.read_csv(plan / "history.csv")
     assert len(history) == 20 and {"cost", "best_cost", "accepted"} <= set(history.columns)
     search = memflow.MCMCSearch.load(plan / "search.json")    # graph and cluster embedded
-    assert search.iteration == 20 and search.best == strategy
+    assert search.iteration == 20
+    assert search.best.with_schedule(name=strategy.name) == strategy
+    assert strategy.name == f"memflow search: best of 20 proposals from {search.best.name}"
 
 
 def test_search_by_seconds_and_memory_limit(tmp_path, capsys):
