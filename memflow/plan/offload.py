@@ -19,18 +19,24 @@ Policies (``offload(graph, cluster, policy=...)``):
   (Euro-Par 2020), who choose what to offload from relaxations of the (NP-hard) exact problem.
   Both judge memory at its usual peak, the turn from forward to backward, so they must free
   ``E`` = peak − limit bytes; the simulator then checks memory over time and, if a peak
-  elsewhere is still over, ``E`` grows by the overshoot and they choose again.
+  elsewhere is still over, they choose again.
 
   - ``knapsack`` relaxes link contention: each transfer is hidden only by the compute around
     it — the prefetch of unit ``i`` by the backward of unit ``i+1``, the offload by everything
     between its forward and its backward. Exposed time per unit is what sticks out; a 0/1
     covering knapsack (``scipy.optimize.milp``) picks the set freeing ``E`` with the least
-    exposed time.
+    exposed time. When the simulator finds a peak elsewhere (in backward, where gradients
+    and the prefetched maps are live), the knapsack gains a covering row for that moment: only
+    the units that the schedule would keep on the host then (offload done, prefetch not yet
+    issued) count, and they must free the overshoot more than the current choice does there.
+    Offloading a unit after the peak frees nothing at a backward peak, which ``E`` alone
+    cannot tell.
   - ``fluid`` relaxes the transfers' timing: the host link is a fluid pipe, so a set hides
     behind the computation when, for every unit ``k``, the transfers of the chosen units from
     ``k`` on fit in the forward after ``k`` (offloads) and in the backward before ``k``
     (prefetches). Units are taken earliest first while the set still hides, then, if ``E`` is
-    not reached, by least added overflow per byte.
+    not reached, by least added overflow per byte. A peak elsewhere grows ``E`` by the
+    overshoot.
 
 >>> from memflow.search.synthetic import chain_graph
 >>> g = chain_graph(6, width=4096, batch=16384, seed=None)    # keeping all peaks at 4.4 GiB
@@ -50,6 +56,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from ..errors import PlanError
 from ..strategy import Strategy
+from ..sim.expand import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
 from .common import Evaluator, Infeasible, Outcome, Profile, as_cluster, as_limit, check_graph
 
 __all__ = ["offload", "offload_table", "knapsack_choice", "fluid_choice", "POLICIES"]
@@ -59,14 +66,20 @@ _CONV = re.compile(r"Conv", re.I)
 _REPAIRS = 12   # rounds of "simulate, grow E by the overshoot, choose again"
 
 
-def knapsack_choice(prof: Profile, need: float, eligible: np.ndarray) -> np.ndarray:
+def knapsack_choice(prof: Profile, need: float, eligible: np.ndarray,
+                    peaks: Iterable[tuple[np.ndarray, float]] = ()) -> np.ndarray:
     """Units (bool mask) freeing at least ``need`` bytes with the least exposed transfer time,
     each transfer hidden only by its neighbours' compute (no link contention).
+
+    ``peaks`` adds covering rows ``(units, bytes)``: the chosen among ``units`` (a bool mask:
+    those whose offload frees memory at some other peak) must free at least ``bytes``.
 
     >>> p = Profile(fwd=np.ones(4), bwd=np.full(4, 2.0), saved=np.array([4., 5., 1., 1.]),
     ...             d2h=1.0, h2d=1.0, latency=0.0)
     >>> knapsack_choice(p, 4.5, np.ones(4, bool)).tolist()
     [True, False, True, False]
+    >>> knapsack_choice(p, 4.5, np.ones(4, bool), [(np.array([0, 1, 0, 0], bool), 5.0)]).tolist()
+    [False, True, False, False]
     """
     n = len(prof.saved)
     c_off = prof.latency + prof.saved * prof.d2h
@@ -78,16 +91,18 @@ def knapsack_choice(prof: Profile, need: float, eligible: np.ndarray) -> np.ndar
     # ignores that a late offload queues behind earlier ones and frees its memory late
     cost = exposed + 1e-6 * (c_off + c_pre) * (1.0 + np.arange(n) / n) + 1e-12
     cost = np.where(eligible, cost, 0.0)
-    if need <= 0:
+    rows = [(np.ones(n, bool), need)] + [(m, b) for m, b in peaks]
+    rows = [(m & eligible, b) for m, b in rows if b > 0]
+    if not rows:
         return np.zeros(n, bool)
-    if prof.saved[eligible].sum() < need:
+    if any(prof.saved[m].sum() < b for m, b in rows):
         return eligible.copy()
-    # bytes in units of ``need`` (HiGHS misjudges feasibility with GiB-sized coefficients),
-    # and a margin over its feasibility tolerance (1e-7), which would otherwise accept a
-    # choice a few bytes short of ``need``
+    # bytes in units of each row's need (HiGHS misjudges feasibility with GiB-sized
+    # coefficients), and a margin over its feasibility tolerance (1e-7), which would otherwise
+    # accept a choice a few bytes short
+    a = np.array([np.where(m, prof.saved, 0.0) / b for m, b in rows])
     res = milp(cost, integrality=np.ones(n), bounds=Bounds(0, eligible.astype(float)),
-               constraints=LinearConstraint(prof.saved[None, :] / need, lb=1.0 + 1e-6,
-                                            ub=np.inf))
+               constraints=LinearConstraint(a, lb=1.0 + 1e-6, ub=np.inf))
     if res.x is None:   # pragma: no cover - HiGHS solves every feasible covering knapsack
         raise PlanError(f"offload: the knapsack solver failed ({res.message})")
     return res.x > 0.5
@@ -159,6 +174,37 @@ class _Planner:
         units = [u for u, m in zip(self.base.units, mask) if m]
         return self.base.with_policy(offload=units).with_schedule(name=name)
 
+    def frees_at_peak(self, strategy: Strategy, chosen: np.ndarray) -> np.ndarray:
+        """Units (bool mask) whose offload would keep their saved tensors off the device at the
+        simulated peak of ``strategy`` (which offloads ``chosen``): their forward ended (their
+        offload's end, if chosen) and their prefetch is not issued yet — for a unit not chosen,
+        the prefetch vDNN's rule would issue at the start of the backward before its own.
+        """
+        run = self.ev.sim.run(strategy)
+        dev = run.device_class[run.devices_used]
+        dev = dev[np.argmax(run.device.peak[dev])]
+        when = run.device.time[run.device.peak_event[dev]]
+        n = len(chosen)
+        kind, unit = np.asarray(run.tasks.kind), np.asarray(run.tasks.unit)
+
+        def at(k: int, t: np.ndarray, pick=np.minimum) -> np.ndarray:
+            # per unit, the earliest (pick=np.minimum) or latest time ``t`` of its tasks of
+            # kind ``k``, so that over micro-batches the window is the widest
+            out = np.full(n, np.inf if pick is np.minimum else -np.inf)
+            sel = kind == k
+            pick.at(out, unit[sel], t[sel])
+            return out
+
+        fwd_end = at(K_FWD, run.end, np.maximum)
+        bwd_start = at(K_BWD, run.start)
+        # a prefetch is issued when the backward running just before the unit's own starts
+        order = np.argsort(bwd_start, kind="stable")
+        issue = bwd_start.copy()
+        issue[order[1:]] = bwd_start[order[:-1]]
+        gone = np.where(chosen, at(K_OFFLOAD, run.end, np.maximum), fwd_end)
+        back = np.where(chosen, at(K_PREFETCH, run.start), issue)
+        return (gone <= when) & (when < back)
+
     def static(self, policy: str) -> Strategy:
         mask = {"none": np.zeros_like(self.eligible), "all": self.eligible,
                 "conv": self.conv}[policy]
@@ -182,22 +228,31 @@ class _Planner:
         raise PlanError(f"offload: unknown policy {policy!r}; valid: {', '.join(POLICIES)}")
 
     def heuristic(self, policy: str) -> Outcome:
-        choose = knapsack_choice if policy == "knapsack" else fluid_choice
         ref = self.ev(self.static("none"))
         if ref.fits:
             return ref
         prof = Profile.of(self.ev, self.base)
         need = ref.peak - self.limit
-        seen = [ref]
+        seen, peaks = [ref], []
         for _ in range(_REPAIRS):
-            mask = choose(prof, need, self.eligible)
+            if policy == "knapsack":
+                mask = knapsack_choice(prof, need, self.eligible, peaks)
+            else:
+                mask = fluid_choice(prof, need, self.eligible)
             out = self.ev(self.with_mask(mask, f"offload {policy} (Beaumont et al. 2020)"))
             if out.fits:
                 return out
             seen.append(out)
             if mask.sum() == self.eligible.sum():
                 break
-            need += max(out.peak - self.limit, 0.0) + 1.0
+            over = max(out.peak - self.limit, 0.0) + 1.0
+            if policy == "fluid":
+                need += over
+                continue
+            frees = self.frees_at_peak(out.strategy, mask) & self.eligible
+            peaks.append((frees, prof.saved[frees & mask].sum() + over))
+            if prof.saved[frees].sum() < peaks[-1][1]:
+                break       # offloading cannot lower that peak enough
         # offloading every unit is the choice both heuristics end at when nothing less fits
         return self.ev.best([o.strategy for o in seen] + [self.static("all")], "offload",
                             policy)

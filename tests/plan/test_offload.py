@@ -4,6 +4,7 @@ import pytest
 
 import memflow
 from memflow.errors import PlanError
+from memflow.graph import OpGraph
 from memflow.plan import Infeasible, offload, offload_table
 from memflow.plan.common import Profile
 from memflow.plan.offload import fluid_choice, knapsack_choice
@@ -93,3 +94,23 @@ def test_heuristics_meet_a_limit_that_needs_whole_gib(policy):
     s = offload(g, V100, policy, memory_limit="4GiB")
     assert memflow.simulate(g, s, memflow.Cluster.preset(V100)).peak_memory.max() <= 4 * GIB
     assert 3 <= s.policies.count("offload") < 6
+
+
+def test_knapsack_covers_a_backward_peak_with_the_units_on_the_host_then():
+    # 5 units of 1 GiB; u3's backward needs a 2 GiB temporary, so the peak (6 GiB) is there:
+    # u0..u3 are saved and only u0, u1 can be on the host (u2 is being prefetched, vDNN's
+    # rule). At 4.5 GiB both must go, and that is enough (the turn needs 1 GiB off). u1, u2
+    # compute little, so the prefetches of u0, u1 are the exposed ones and the knapsack's
+    # turn-only model prefers u2, u3, which free nothing at u3's backward.
+    g = chain(5)
+    u = g.units.copy()
+    u["bwd_tmp_bytes"] = [0, 0, 0, 2 * GIB, 0]
+    u["fwd_flops"] = [1e12, 1e10, 1e10, 1e12, 1e12]
+    u["bwd_flops"] = 2 * u["fwd_flops"]
+    g = OpGraph(u, g.tensors, {"batch_size": 8, "model": "chain"})
+    c = memflow.Cluster.preset(V100)
+    s = offload(g, c, "knapsack", memory_limit=4.5 * GIB)
+    assert s.policies == ["offload", "offload", "keep", "keep", "keep"]
+    r = memflow.simulate(g, s, c)
+    assert r.peak_memory.max() <= 4.5 * GIB
+    assert r.iteration_time < memflow.simulate(g, offload(g, c, "all"), c).iteration_time
