@@ -16,8 +16,9 @@ The names below load on first use, so ``import memflow`` stays fast.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -47,16 +48,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .strategy import Strategy
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f"memflow.{name}")
-    else:
-        raise AttributeError(f"module 'memflow' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names("memflow", _EXPORTS, _SUBMODULES)
