@@ -32,18 +32,27 @@ _FITS, _OOM, _BEST = "#4c72b0", "#d62728", "#222222"
 class HistoryChart:
     """Cost per proposal (blue: fits, red: out of memory; filled: accepted) with the best
     cost so far, and the acceptance rate over a sliding ``window``; ``root`` is the bokeh row.
+    At most about ``max_points`` proposals are drawn (every k-th and every improvement).
     """
 
-    def __init__(self, history: pd.DataFrame, *, window: int = 100, width: int = 940,
-                 height: int = 260) -> None:
+    def __init__(self, history: pd.DataFrame, *, window: int = 100, max_points: int = 4000,
+                 width: int = 940, height: int = 260) -> None:
         missing = [c for c in COLUMNS if c not in history.columns]
         if missing:
             raise MemflowError(f"search history lacks the columns {missing}; it has "
                                f"{list(history.columns)}")
         if history.empty:
             raise MemflowError("search history is empty: the search made no proposal")
-        h = history.reset_index(drop=True)
-        self.history = h
+        full = history.reset_index(drop=True)
+        self.history = full
+        # A long search has millions of proposals; a page draws at most ``max_points`` of them
+        # (every k-th, plus each one that improved the best). Rates use every proposal.
+        rate_all = full["accepted"].astype(float).rolling(window, min_periods=1).mean()
+        best_all = full["best_cost"].to_numpy(float)
+        improved = np.flatnonzero(np.r_[True, best_all[1:] != best_all[:-1]])
+        stride = max(1, -(-len(full) // max(max_points, 1)))
+        rows = np.union1d(np.r_[np.arange(0, len(full), stride), len(full) - 1], improved)
+        h = full.iloc[rows]
         feasible = h["feasible"].astype(bool).to_numpy()
         accepted = h["accepted"].astype(bool).to_numpy()
         color = np.where(feasible, _FITS, _OOM)
@@ -52,12 +61,12 @@ class HistoryChart:
             "line": color.tolist(), "fill": np.where(accepted, color, "white").tolist(),
             "state": [("accepted" if a else "rejected") + (", fits" if f else ", OOM")
                       for a, f in zip(accepted, feasible)]})
-        best = h.loc[np.isfinite(h["best_cost"].to_numpy(float))]
+        steps = np.union1d(improved, [len(full) - 1])
+        best = full.iloc[steps[np.isfinite(best_all[steps])]]
         self.best_source = ColumnDataSource({"iteration": best["iteration"].to_numpy(),
                                              "best": best["best_cost"].to_numpy(float) * 1e3})
-        rate = h["accepted"].astype(float).rolling(window, min_periods=1).mean()
         self.acceptance_source = ColumnDataSource({"iteration": h["iteration"].to_numpy(),
-                                                   "rate": rate.to_numpy()})
+                                                   "rate": rate_all.to_numpy()[rows]})
 
         cost = figure(width=width * 2 // 3, height=height, title="cost of each proposal (ms); "
                       "line: best so far", x_axis_label="proposal", y_axis_label="ms",

@@ -2,11 +2,13 @@
 import json
 import re
 
+import numpy as np
+import pandas as pd
 import pytest
 
 import memflow
 from memflow.errors import MemflowError
-from memflow.report import write_plan_report, write_report
+from memflow.report import HistoryChart, write_plan_report, write_report
 from memflow.report.page import report_html
 
 
@@ -67,3 +69,23 @@ def test_missing_plan_folder_is_named(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(MemflowError, match="search.json: no such file"):
         write_plan_report(tmp_path / "empty")
+
+
+def test_a_long_history_is_thinned_but_keeps_every_improvement():
+    n = 50_000
+    rng = np.random.default_rng(0)
+    cost = rng.uniform(1.0, 2.0, n)
+    best = np.minimum.accumulate(cost)
+    history = pd.DataFrame({"iteration": np.arange(n), "cost": cost, "best_cost": best,
+                            "feasible": True, "accepted": rng.random(n) < 0.3})
+    chart = HistoryChart(history, max_points=1000, window=100)
+    drawn = np.asarray(chart.cost_source.data["iteration"])
+    improvements = np.flatnonzero(np.r_[True, best[1:] != best[:-1]])
+    assert len(drawn) <= 1000 + len(improvements) + 1
+    assert set(improvements) <= set(drawn.tolist()) and drawn[-1] == n - 1
+    # the best-so-far step line has one point per improvement plus the end
+    assert list(chart.best_source.data["iteration"]) == sorted({*improvements, n - 1})
+    # acceptance rates are over every proposal, sampled where drawn
+    full_rate = pd.Series(history["accepted"].astype(float)).rolling(100, min_periods=1).mean()
+    assert np.allclose(chart.acceptance_source.data["rate"], full_rate.to_numpy()[drawn])
+    assert "50,000 proposals" in chart.summary_html()
