@@ -59,7 +59,8 @@ def local_strategy(strategy: Strategy, replica: int = 0,
                               "validate a parameter split on distinct devices")
         named.append(names)
     return Strategy(strategy.units, devices=named, policy=strategy.policy,
-                    error_bound=strategy.error_bound, parameter=strategy.parameter,
+                    error_bound=strategy.error_bound, segment_break=strategy.segment_break,
+                    parameter=strategy.parameter,
                     attribute=strategy.attribute, stage=strategy.stage,
                     microbatches=strategy.microbatches, schedule=strategy.schedule,
                     name=strategy.name)

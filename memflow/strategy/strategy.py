@@ -71,6 +71,17 @@ def parse_policy(unit: str, spec: Any) -> tuple[int, float]:
     return code, eb
 
 
+def _check_breaks(units: Sequence[str], policy: np.ndarray, brk: np.ndarray) -> np.ndarray:
+    """``brk`` if segment breaks sit on recomputed units only; else a StrategyError naming one."""
+    stray = np.flatnonzero(brk & (policy != RECOMPUTE))
+    if len(stray):
+        i = int(stray[0])
+        raise StrategyError(f"unit {units[i]!r}: a segment break on a unit whose policy is "
+                            f"{POLICIES[policy[i]]!r}; breaks start a recompute segment, so "
+                            "they are valid only on recomputed units")
+    return brk
+
+
 class Strategy:
     """Per-unit parallel configuration and memory policy for one training step.
 
@@ -87,14 +98,25 @@ class Strategy:
     2    c   compress         0.01 (gpu0,)       -1
     >>> Strategy.from_json(s.to_json()) == s
     True
+
+    ``segment_break`` (per unit) starts a new checkpoint segment at a recomputed unit even
+    though the unit before it is recomputed too, so that adjacent recomputed units can run as
+    separate checkpoints (:meth:`with_segments`). It may be True only on recomputed units.
+
+    >>> s.with_segments("each").table[["unit", "segment_break", "segment"]]
+      unit  segment_break  segment
+    0    a          False        0
+    1    b           True        1
+    2    c          False       -1
     """
 
-    __slots__ = ("units", "policy", "error_bound", "sample", "parameter", "attribute",
-                 "devices", "stage", "microbatches", "schedule", "name", "_cache")
+    __slots__ = ("units", "policy", "error_bound", "segment_break", "sample", "parameter",
+                 "attribute", "devices", "stage", "microbatches", "schedule", "name", "_cache")
 
     def __init__(self, units: Sequence[str], *, devices: Sequence[Sequence[str]],
                  policy: Sequence[int] | np.ndarray | None = None,
                  error_bound: Sequence[float] | np.ndarray | None = None,
+                 segment_break: Sequence[bool] | np.ndarray | None = None,
                  sample: Sequence[int] | np.ndarray | None = None,
                  parameter: Sequence[int] | np.ndarray | None = None,
                  attribute: Sequence[int] | np.ndarray | None = None,
@@ -111,6 +133,8 @@ class Strategy:
 
         self.policy = arr(policy, KEEP, np.int8)
         self.error_bound = arr(error_bound, np.nan, np.float64)
+        self.segment_break = _check_breaks(self.units, self.policy,
+                                           arr(segment_break, False, np.bool_))
         self.sample = arr(sample, 1, np.int64)
         self.parameter = arr(parameter, 1, np.int64)
         self.attribute = arr(attribute, 1, np.int64)
@@ -152,7 +176,8 @@ class Strategy:
         """A copy with the memory policy of some units changed.
 
         ``policies`` maps unit -> policy (see :func:`parse_policy`); or give lists of units by
-        policy name: ``s.with_policy(recompute=["b", "c"])``.
+        policy name: ``s.with_policy(recompute=["b", "c"])``. A unit given a policy other than
+        ``recompute`` loses its segment break (breaks exist on recomputed units only).
 
         >>> s = Strategy(["a", "b"], devices=[("gpu0",)] * 2).with_policy(offload=["b"])
         >>> s.policies
@@ -165,10 +190,45 @@ class Strategy:
         policy, bound = self.policy.copy(), self.error_bound.copy()
         for i, (u, spec) in zip(pos, items):
             policy[i], bound[i] = parse_policy(u, spec)
-        new = self._replace(policy=_frozen(policy), error_bound=_frozen(bound))
+        fields = dict(policy=_frozen(policy), error_bound=_frozen(bound))
+        if (self.segment_break & (policy != RECOMPUTE)).any():
+            fields["segment_break"] = _frozen(self.segment_break & (policy == RECOMPUTE))
+        new = self._replace(**fields)
         # placements did not change: keep what was derived from them
         new._cache.update({k: v for k, v in self._cache.items() if k in _PLACEMENT_KEYS})
         return new
+
+    def with_segments(self, breaks: str | Iterable[str]) -> "Strategy":
+        """A copy whose recompute segments start at ``breaks`` as well as at every run's start.
+
+        ``breaks`` is ``"each"`` (every recomputed unit its own segment, as checkpointing each
+        unit separately does), ``"runs"`` (no breaks: one segment per maximal run) or a list of
+        recomputed units at which a new segment starts. The breaks replace any earlier ones.
+
+        >>> s = Strategy(["a", "b", "c"], devices=[("gpu0",)] * 3).with_policy(recompute=["a", "b", "c"])
+        >>> s.segment.tolist(), s.with_segments(["c"]).segment.tolist()
+        ([0, 0, 0], [0, 0, 1])
+        >>> s.with_segments("each").segment.tolist()
+        [0, 1, 2]
+        >>> s.with_segments(["x"])
+        Traceback (most recent call last):
+        ...
+        memflow.errors.StrategyError: 'x' is not a unit of this strategy
+        >>> s.with_policy(keep=["c"]).with_segments(["c"])
+        Traceback (most recent call last):
+        ...
+        memflow.errors.StrategyError: unit 'c': a segment break on a unit whose policy is 'keep'; breaks start a recompute segment, so they are valid only on recomputed units
+        """
+        rec = self.policy == RECOMPUTE
+        if isinstance(breaks, str) and breaks in ("each", "runs"):
+            brk = rec.copy() if breaks == "each" else np.zeros(len(self), bool)
+            brk[1:] &= rec[:-1]        # a run's first unit starts a segment anyway
+            brk[:1] = False
+        else:
+            brk = np.zeros(len(self), bool)
+            brk[self._positions([breaks] if isinstance(breaks, str) else breaks)] = True
+            _check_breaks(self.units, self.policy, brk)
+        return self._replace(segment_break=_frozen(brk))
 
     def with_config(self, units: str | Iterable[str] | Mapping[str, Mapping[str, Any]], *,
                     sample: int | None = None, parameter: int | None = None,
@@ -233,14 +293,16 @@ class Strategy:
         """Recompute segment id per unit (-1 when not recomputed).
 
         A segment is a maximal run of consecutive recomputed units with the same placement and
-        pipeline stage, as one ``torch.utils.checkpoint`` call would run them.
+        pipeline stage and no :attr:`segment_break` after its first unit, as one
+        ``torch.utils.checkpoint`` call would run them.
         """
         seg = self._cache.get("segment")
         if seg is None:
             layout = self.layout_ids
             rec = self.policy == RECOMPUTE
             start = rec.copy()
-            start[1:] &= ~(rec[:-1] & (layout[1:] == layout[:-1]) & (self.stage[1:] == self.stage[:-1]))
+            start[1:] &= ~(rec[:-1] & (layout[1:] == layout[:-1])
+                           & (self.stage[1:] == self.stage[:-1]) & ~self.segment_break[1:])
             seg = np.where(rec, np.cumsum(start) - 1, -1)
             seg = self._cache["segment"] = _frozen(seg.astype(np.int64))
         return seg
@@ -275,10 +337,12 @@ class Strategy:
 
     @property
     def table(self) -> pd.DataFrame:
-        """One row per unit: policy, error_bound, degrees, devices, stage, segment."""
+        """One row per unit: policy, error_bound, segment_break, degrees, devices, stage,
+        segment."""
         return pd.DataFrame({
             "unit": list(self.units), "policy": self.policies,
-            "error_bound": np.array(self.error_bound), "sample": np.array(self.sample),
+            "error_bound": np.array(self.error_bound),
+            "segment_break": np.array(self.segment_break), "sample": np.array(self.sample),
             "parameter": np.array(self.parameter), "attribute": np.array(self.attribute),
             "devices": list(self.devices), "stage": np.array(self.stage),
             "segment": np.array(self.segment)})
@@ -286,7 +350,8 @@ class Strategy:
     # ------------------------------------------------------------------ equality, display
     def _key(self) -> tuple:
         return (self.units, self.policy.tobytes(),
-                np.nan_to_num(self.error_bound, nan=-1.0).tobytes(), self.sample.tobytes(),
+                np.nan_to_num(self.error_bound, nan=-1.0).tobytes(),
+                self.segment_break.tobytes(), self.sample.tobytes(),
                 self.parameter.tobytes(), self.attribute.tobytes(), self.devices,
                 self.stage.tobytes(), self.microbatches, self.schedule, self.name)
 
@@ -310,14 +375,21 @@ class Strategy:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready description; :meth:`from_dict` rebuilds an equal strategy."""
-        return {"format": FORMAT, "name": self.name, "microbatches": self.microbatches,
+        """A JSON-ready description; :meth:`from_dict` rebuilds an equal strategy.
+
+        ``segment_break`` is written only when some unit has one, so strategies without breaks
+        write the same document as before breaks existed (and old documents read as no breaks).
+        """
+        doc = {"format": FORMAT, "name": self.name, "microbatches": self.microbatches,
                 "schedule": self.schedule, "units": list(self.units),
                 "policy": self.policies,
                 "error_bound": [None if math.isnan(x) else x for x in self.error_bound.tolist()],
                 "sample": self.sample.tolist(), "parameter": self.parameter.tolist(),
                 "attribute": self.attribute.tolist(),
                 "devices": [list(d) for d in self.devices], "stage": self.stage.tolist()}
+        if self.segment_break.any():
+            doc["segment_break"] = self.segment_break.tolist()
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "Strategy":
@@ -330,6 +402,7 @@ class Strategy:
             codes = [parse_policy(u, p)[0] for u, p in zip(units, doc["policy"])]
             return cls(units, devices=doc["devices"], policy=codes,
                        error_bound=[np.nan if x is None else x for x in doc["error_bound"]],
+                       segment_break=doc.get("segment_break"),
                        sample=doc["sample"], parameter=doc["parameter"],
                        attribute=doc["attribute"], stage=doc["stage"],
                        microbatches=doc["microbatches"], schedule=doc["schedule"],

@@ -83,3 +83,37 @@ def test_bad_names_and_policies():
     with pytest.raises(StrategyError, match="error bound > 0"):
         s.with_policy({"u0": "compress:-1"})
     assert np.isnan(s.with_policy(offload="u0").error_bound).all()
+
+
+def test_segment_breaks_split_runs_and_survive_copies_and_json():
+    g = chain(saved=(1,) * 5, internal=(1,) * 5)
+    s = Strategy.single_device(g).with_policy(recompute=["u0", "u1", "u2", "u4"])
+    assert not s.segment_break.any() and "segment_break" not in s.to_dict()   # old format
+    each = s.with_segments("each")
+    assert each.segment.tolist() == [0, 1, 2, -1, 3]
+    assert each.segment_break.tolist() == [False, True, True, False, False]
+    assert each.table["segment_break"].tolist() == each.segment_break.tolist()
+    assert each != s and hash(each) != hash(s)
+    assert each.with_segments("runs") == s
+    assert s.with_segments(["u2"]).segment.tolist() == [0, 0, 1, -1, 2]
+    again = Strategy.from_json(each.to_json())
+    assert again == each and again.table.equals(each.table)
+    # copies carry the breaks; a unit that stops being recomputed drops its break
+    moved = each.with_config("u3", devices=["gpu1"]).with_schedule(name="x")
+    assert moved.segment_break is each.segment_break
+    kept = each.with_policy(keep=["u1"])
+    assert kept.segment_break.tolist() == [False, False, True, False, False]
+    assert kept.segment.tolist() == [0, -1, 1, -1, 2]
+    assert kept.with_policy(recompute=["u1"]).segment.tolist() == [0, 0, 1, -1, 2]
+
+
+def test_segment_break_on_a_unit_not_recomputed_is_rejected():
+    g = chain()
+    s = Strategy.single_device(g)
+    with pytest.raises(StrategyError, match="unit 'u1': a segment break on a unit whose policy "
+                                            "is 'keep'"):
+        s.with_segments(["u1"])
+    doc = s.with_policy(recompute=["u0", "u1"]).with_segments("each").to_dict()
+    doc["policy"] = ["recompute", "offload", "keep"]
+    with pytest.raises(StrategyError, match="unit 'u1'.*'offload'"):
+        Strategy.from_dict(doc)
