@@ -1,7 +1,9 @@
 """Where a chain starts: data parallelism, the best of the known baselines, or a given strategy.
 
 The baselines are the seeds' techniques as plain strategies: data parallelism (keep
-everything, recompute everything, or the optimal checkpointing schedule of one replica),
+everything; recompute everything, each unit its own checkpoint segment as in Chen et al.'s and
+Checkmate's "checkpoint every layer" baseline, so each unit's input is kept and the unit re-run
+alone just before its backward; or the optimal checkpointing schedule of one replica),
 hybrid data × model parallelism (Pal et al.) and the planners of :mod:`memflow.plan` where
 they exist. A chain started from the best of them can only improve on all of them.
 """
@@ -87,13 +89,17 @@ def baselines(graph, cluster, *, memory_limit: Any = None) -> dict[str, Strategy
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
-    >>> sorted(baselines(chain_graph(4, batch=8), memflow.Cluster.preset("4xV100-16GB")))[:4]
-    ['data parallel', 'data parallel, offload (vDNN dynamic)', 'data parallel, optimal checkpointing', 'data parallel, recompute all']
+    >>> found = baselines(chain_graph(4, batch=8), memflow.Cluster.preset("4xV100-16GB"))
+    >>> sorted(found)[:4]
+    ['data parallel', 'data parallel, offload (vDNN dynamic)', 'data parallel, optimal checkpointing', 'data parallel, recompute everything']
+    >>> found["data parallel, recompute everything"].segment.tolist()   # one segment per unit
+    [0, 1, 2, 3]
     """
     dp = data_parallel(graph, cluster)
+    name = "data parallel, recompute everything"
     out = {dp.name: dp,
-           "data parallel, recompute all": dp.with_policy(recompute=list(graph.names))
-           .with_schedule(name="data parallel, recompute all")}
+           name: dp.with_policy(recompute=list(graph.names)).with_segments("each")
+           .with_schedule(name=name)}
     out.update(_hybrids(graph, cluster))
     out.update(_checkpointed(graph, cluster, dp, memory_limit))
     out.update(_planned(graph, cluster, dp, memory_limit))
