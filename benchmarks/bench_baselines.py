@@ -7,13 +7,9 @@ with plain data parallelism — on a ``4xV100-16GB`` cluster, this gives, per mo
 * ``FlexFlow (memory-oblivious)`` — the same Metropolis search with FlexFlow's cost (time
   only) and moves (parallel configurations only), as long as memflow's search: its best by
   time, whatever its memory;
-* ``recompute everything (one segment)`` — data parallel, every unit recomputed. A
-  :class:`~memflow.Strategy` derives its recompute segments as maximal runs of recomputed
-  units on one placement (one ``torch.utils.checkpoint`` call per run), so this is one segment
-  that is rebuilt whole before the backward: it peaks like data parallel and adds a forward.
-  Chen's / Checkmate's "checkpoint every unit" (each unit its own segment, only its input held)
-  cannot be written as a Strategy today; it would need a per-unit segment boundary in the
-  strategy (which the memory plan and task expansion already take as an array);
+* ``recompute everything`` — data parallel, every unit recomputed as its own checkpoint
+  segment (``Strategy.with_segments("each")``: Chen's / Checkmate's "checkpoint every unit",
+  only each unit's input held; one segment over the whole model would peak like data parallel);
 * ``sqrt checkpointing`` — data parallel with Chen et al.'s checkpoints (their greedy over a
   grid of budgets, :func:`memflow.plan.checkpoint.chen_checkpoints`; the fastest that fits);
 * ``optimal chain schedule`` — :func:`memflow.search.optimal_checkpointing` on the
@@ -95,7 +91,7 @@ def bench(model: str, batch: int, capture: dict, seconds: float,
     sim = Simulator(g, cluster)
     dp = Strategy.data_parallel(g, cluster)
     rows = {"data parallel": dp,
-            "recompute everything (one segment)": dp.with_policy(recompute=list(g.names)),
+            "recompute everything": dp.with_policy(recompute=list(g.names)).with_segments("each"),
             "sqrt checkpointing": sqrt_checkpointing(g, dp, sim)}
     if chain_violation(g) is None:
         try:
