@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from .._jsonio import write_json
+from .._jsonio import write_json, write_text
 
 __all__ = ["run_search", "write_plan", "summarize", "FILES"]
 
@@ -104,9 +104,7 @@ def write_plan(out: str | os.PathLike, search, inputs: Mapping[str, Any]) -> Pat
     best.with_schedule(name=f"memflow search: best of {search.iteration:,} proposals "
                             f"from {best.name}").to_json(out / FILES["strategy"])
     search.save(out / FILES["search"], embed=True)
-    # CSV is for people and spreadsheets; written beside and renamed, like the JSON files.
-    tmp = out / f".{FILES['history']}.tmp"
-    search.history.to_csv(tmp, index=False)
-    os.replace(tmp, out / FILES["history"])
+    # CSV is for people and spreadsheets; written atomically, like the JSON files.
+    write_text(out / FILES["history"], search.history.to_csv(index=False))
     write_json(out / FILES["summary"], summarize(search, inputs))
     return out
