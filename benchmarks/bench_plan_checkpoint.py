@@ -23,7 +23,7 @@ import memflow
 from memflow.plan import checkpoint, checkpoint_table, refine
 from memflow.plan.common import Infeasible
 
-from _results import table, write_section
+from _results import refine_columns, table, write_section
 
 GIB = 2 ** 30
 METHODS = ("all", "sqrt", "revolve", "optimal")
@@ -58,9 +58,7 @@ def scenario(label: str, g, device: str, iters: int,
         except Infeasible:
             continue
         r = refine(g, device, s, iterations=iters)
-        rows.append({"scenario": label, "method": m, "plan time (s)": r["plan_time"],
-                     "search best (s)": r["search_time"], "speedup": r["speedup"],
-                     "search fits": r["search_fits"], "never worse": r["never_worse"]})
+        rows.append({"scenario": label, "method": m, **refine_columns(r)})
     print(f"{label}  ({wall:.1f} s)")
     print(out.to_string())
     return out, pd.DataFrame(rows)

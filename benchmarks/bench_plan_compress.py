@@ -23,7 +23,7 @@ import memflow
 from memflow.plan import compress, compress_strategy, refine
 from memflow.plan.common import Infeasible
 
-from _results import table, write_section
+from _results import refine_columns, table, write_section
 
 GIB = 2 ** 30
 DEVICE = "1xV100-16GB"
@@ -79,11 +79,7 @@ def main() -> None:
             s = None
         if s is not None:
             r = refine(g, DEVICE, s, iterations=iters, memory_limit=limit)
-            searches.append({"model": name, "limit (GiB)": limit / GIB,
-                             "plan time (s)": r["plan_time"],
-                             "search best (s)": r["search_time"], "speedup": r["speedup"],
-                             "search fits": r["search_fits"],
-                             "never worse": r["never_worse"]})
+            searches.append({"model": name, "limit (GiB)": limit / GIB, **refine_columns(r)})
         left = [m for m in models if m not in {h["model"] for h in heads}]
         write(heads, parts, searches, left)
 

@@ -20,7 +20,7 @@ import memflow
 from memflow.plan import offload, offload_table, refine
 from memflow.plan.common import Infeasible
 
-from _results import table, write_section
+from _results import refine_columns, table, write_section
 
 GIB = 2 ** 30
 DEVICE = "1xTitanX"
@@ -59,9 +59,7 @@ def main() -> None:
             except Infeasible:
                 continue
             r = refine(g, DEVICE, s, iterations=iters)
-            searches.append({"batch": batch, "policy": pol, "plan time (s)": r["plan_time"],
-                             "search best (s)": r["search_time"], "speedup": r["speedup"],
-                             "search fits": r["search_fits"], "never worse": r["never_worse"]})
+            searches.append({"batch": batch, "policy": pol, **refine_columns(r)})
     head = pd.DataFrame(heads).set_index("batch")
     vdnn = pd.DataFrame({"keep all (GiB)": [28e9 / GIB], "least peak by offloading (GiB)":
                          ["fits 12 GB"], "fastest fitting policy": ["vDNN (dyn)"],
