@@ -18,6 +18,7 @@ each task's duration and channel set.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -37,6 +38,7 @@ ROLES = ("compute", "comm", "to-host", "from-host", "copy", "copy-back")
 R_COMPUTE, R_COMM, R_D2H, R_H2D, R_COPY, R_COPYBACK = range(len(ROLES))
 BUCKET_CAP = 25 * 2 ** 20       # DDP's bucket_cap_mb
 FIRST_BUCKET = 2 ** 20          # DDP's first bucket is small so communication starts early
+_NONE = np.iinfo(np.int64).max
 
 
 @dataclass
@@ -44,7 +46,7 @@ class Tasks:
     """Tasks in program order (arrays) and the task of each memory anchor.
 
     ``table[kind, key, microbatch]`` is the task of anchor ``(kind, key)`` in a micro-batch
-    (-1: none), ``first[kind, key]`` its first task in program order. ``channel_set`` indexes
+    (-1: none), :attr:`first` its first task in program order. ``channel_set`` indexes
     the channel sets of the :class:`Structure` (compute, comm, to-host, from-host per layout,
     then copy and copy-back per copy).
     """
@@ -60,7 +62,16 @@ class Tasks:
     dep_ptr: np.ndarray
     dep_idx: np.ndarray
     table: np.ndarray
-    first: np.ndarray
+
+    @cached_property
+    def first(self) -> np.ndarray:
+        """``first[kind, key]``: the first task of each anchor in program order (-1: none).
+
+        Tasks are numbered in program order and each anchor has one task per micro-batch, so
+        its first is the least task of its row of :attr:`table`.
+        """
+        least = np.where(self.table >= 0, self.table, _NONE).min(axis=2)
+        return np.where(least == _NONE, -1, least)
 
     @property
     def deps(self) -> list[list[int]]:
@@ -276,7 +287,6 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
     dep_idx = np.empty(n_deps, np.int64)
     n_keys = max(n, n_copies, n_layouts, 1)
     table = np.full((10, n_keys, M), -1, np.int64)
-    first = np.full((10, n_keys), -1, np.int64)
     last4 = np.full((n_layouts, 4), -1, np.int64)   # last backward/all-reduce tasks per layout
     set_base = np.array([0, n_layouts, 2 * n_layouts, 3 * n_layouts, 4 * n_layouts,
                          4 * n_layouts + n_copies])
@@ -303,8 +313,6 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 kind[t], unit[t], mb[t], role[t], key[t] = K_FWD, u, m, R_COMPUTE, lay
                 work[t], dur[t], cset[t] = tp_out[u], d_fwd[u], set_base[R_COMPUTE] + lay
                 table[A_FWD, u, m] = t
-                if first[A_FWD, u] < 0:
-                    first[A_FWD, u] = t
                 t += 1
                 dep_ptr[t] = d
                 offloading = -1
@@ -315,8 +323,6 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                     work[t], dur[t] = off[u], off[u] * d2h[lay, 0] + d2h[lay, 1]
                     cset[t] = set_base[R_D2H] + lay
                     table[A_OFFLOAD, u, m] = t
-                    if first[A_OFFLOAD, u] < 0:
-                        first[A_OFFLOAD, u] = t
                     offloading = t
                     t += 1
                     dep_ptr[t] = d
@@ -327,8 +333,6 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                     work[t], dur[t] = comp[u], comp[u] / r_comp[u]
                     cset[t] = set_base[R_COMPUTE] + lay
                     table[A_COMPRESS, u, m] = t
-                    if first[A_COMPRESS, u] < 0:
-                        first[A_COMPRESS, u] = t
                     t += 1
                     dep_ptr[t] = d
                 for j in range(cf_ptr[u], cf_ptr[u + 1]):
@@ -339,8 +343,6 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                     kind[t], unit[t], mb[t], role[t], key[t] = K_XFER, u, m, R_COPY, c
                     work[t], dur[t], cset[t] = copy_bytes[c], d_cp[c], set_base[R_COPY] + c
                     table[A_XFER, c, m] = t
-                    if first[A_XFER, c] < 0:
-                        first[A_XFER, c] = t
                     t += 1
                     dep_ptr[t] = d
             continue
@@ -359,8 +361,6 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 work[t], dur[t] = off[u], off[u] * h2d[lay, 0] + h2d[lay, 1]
                 cset[t] = set_base[R_H2D] + lay
                 table[A_PREFETCH, u, m] = t
-                if first[A_PREFETCH, u] < 0:
-                    first[A_PREFETCH, u] = t
                 t += 1
                 dep_ptr[t] = d
             if seg_last[u]:
@@ -371,8 +371,6 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                     kind[t], unit[t], mb[t], role[t], key[t] = K_RECOMP, v, m, R_COMPUTE, lay
                     work[t], dur[t], cset[t] = tp_out[v], d_fwd[v], set_base[R_COMPUTE] + lay
                     table[A_RECOMP, v, m] = t
-                    if first[A_RECOMP, v] < 0:
-                        first[A_RECOMP, v] = t
                     prev_compute = t
                     t += 1
                     dep_ptr[t] = d
@@ -383,8 +381,6 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 work[t], dur[t] = comp[u], comp[u] / r_decomp[u]
                 cset[t] = set_base[R_COMPUTE] + lay
                 table[A_DECOMP, u, m] = t
-                if first[A_DECOMP, u] < 0:
-                    first[A_DECOMP, u] = t
                 t += 1
                 dep_ptr[t] = d
             # ... and its input gradient in backward
@@ -401,8 +397,6 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
             kind[t], unit[t], mb[t], role[t], key[t] = K_BWD, u, m, R_COMPUTE, lay
             work[t], dur[t], cset[t] = tp_in[u], d_bwd[u], set_base[R_COMPUTE] + lay
             table[A_BWD, u, m] = t
-            if first[A_BWD, u] < 0:
-                first[A_BWD, u] = t
             last4[lay, :3] = last4[lay, 1:].copy()
             last4[lay, 3] = t
             prev_compute = t
@@ -415,8 +409,6 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 kind[t], unit[t], mb[t], role[t], key[t] = K_XFER, u, m, R_COPYBACK, c
                 work[t], dur[t], cset[t] = copy_bytes[c], d_cpb[c], set_base[R_COPYBACK] + c
                 table[A_GXFER, c, m] = t
-                if first[A_GXFER, c] < 0:
-                    first[A_GXFER, c] = t
                 t += 1
                 dep_ptr[t] = d
             if k - 1 >= lo and off[S_units[k - 1]] > 0:
@@ -428,8 +420,6 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 work[t], dur[t] = off[v], off[v] * h2d[layout[v], 0] + h2d[layout[v], 1]
                 cset[t] = set_base[R_H2D] + layout[v]
                 table[A_PREFETCH, v, m] = t
-                if first[A_PREFETCH, v] < 0:
-                    first[A_PREFETCH, v] = t
                 t += 1
                 dep_ptr[t] = d
         if m == final_mb[s]:   # DDP: all-reduce gradient buckets as backward produces them
@@ -453,12 +443,10 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
         kind[t], unit[t], mb[t], role[t], key[t] = K_OPT, -1, 0, R_COMPUTE, lay
         work[t], dur[t], cset[t] = 0.0, d_opt[lay], set_base[R_COMPUTE] + lay
         table[A_OPT, lay, 0] = t
-        if first[A_OPT, lay] < 0:
-            first[A_OPT, lay] = t
         t += 1
         dep_ptr[t] = d
     return (kind[:t], unit[:t], mb[:t], role[:t], key[:t], work[:t], dur[:t], cset[:t],
-            dep_ptr[:t + 1], dep_idx[:d], table, first)
+            dep_ptr[:t + 1], dep_idx[:d], table)
 
 
 def expand(S: Structure, timing: Timing, plan: MemoryPlan) -> Tasks:
