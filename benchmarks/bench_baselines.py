@@ -11,7 +11,7 @@ with plain data parallelism — on a ``4xV100-16GB`` cluster, this gives, per mo
   segment (``Strategy.with_segments("each")``: Chen's / Checkmate's "checkpoint every unit",
   only each unit's input held; one segment over the whole model would peak like data parallel);
 * ``sqrt checkpointing`` — data parallel with Chen et al.'s checkpoints (their greedy over a
-  grid of budgets, :func:`memflow.plan.checkpoint.chen_checkpoints`; the fastest that fits);
+  grid of budgets, :func:`memflow.planners.checkpoint.chen_checkpoints`; the fastest that fits);
 * ``optimal chain schedule`` — :func:`memflow.search.optimal_checkpointing` on the
   data-parallel placement, where the graph is a chain;
 * ``memflow search`` — :class:`memflow.MCMCSearch`, memory-aware, started from the best of the
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import memflow  # noqa: E402
 from memflow.errors import SearchError  # noqa: E402
-from memflow.plan.checkpoint import chen_checkpoints  # noqa: E402
+from memflow.planners.checkpoint import chen_checkpoints  # noqa: E402
 from memflow.search import MCMCSearch, optimal_checkpointing  # noqa: E402
 from memflow.search.checkpointing import chain_violation  # noqa: E402
 from memflow.sim import Simulator  # noqa: E402

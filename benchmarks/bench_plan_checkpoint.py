@@ -5,7 +5,7 @@ block — a chain, so the optimal schedule applies) and vgg16 at batch 32 on a J
 board, 3 GiB for the GPU), where keeping everything does not fit. And Chen et al.'s deep
 chain: a 1,000-layer MLP (2,000 units with its ReLUs) at a batch where keeping everything needs
 tens of GB, beside Chen et al.'s "1,000-layer ResNet from 48 GB to 7 GB for 30% more time". For each
-method (memflow.plan.checkpoint): the smallest simulated peak it reaches, the time there, and
+method (memflow.planners.checkpoint): the smallest simulated peak it reaches, the time there, and
 the fastest plan within the device; then memflow's MCMC search started from each plan that
 fits.
 
@@ -20,8 +20,8 @@ import warnings
 import pandas as pd
 
 import memflow
-from memflow.plan import checkpoint, checkpoint_table, refine
-from memflow.plan.common import Infeasible
+from memflow.planners import checkpoint, checkpoint_table, refine
+from memflow.planners.common import Infeasible
 
 from _results import refine_columns, table, write_section
 
@@ -80,7 +80,7 @@ def main() -> None:
         searches.append(s)
     if not args.quick:
         small = memflow.zoo.graph("chain", batch_size=256, n=1000, width=1024)
-        g = memflow.plan.at_batch(small, 12288)     # linear in the batch for an MLP: exact
+        g = memflow.planners.at_batch(small, 12288)     # linear in the batch for an MLP: exact
         # the exact DP does not finish on 2,000 units in minutes, even with slots: left out
         out, s = scenario("chain of 1000 layers b12288 on 1xA100-80GB", g, "1xA100-80GB",
                           iters, methods=("all", "sqrt", "revolve"))
@@ -98,13 +98,13 @@ def main() -> None:
                      + table(out, ".3g")
                      + "\n\n" + table(pd.concat([chen, mf]), ".3g"))
         searches.append(s)
-    body = ("Methods as memflow expresses them (memflow.plan.checkpoint): 'all' = one "
+    body = ("Methods as memflow expresses them (memflow.planners.checkpoint): 'all' = one "
             "checkpoint segment over the whole model (it re-materializes everything before "
             "backward, so its peak is keep-all's); 'sqrt' = Chen et al.'s budgeted greedy; "
             "'revolve' = Griewank's first-sweep snapshots as kept units (one level of "
             "recomputation); 'optimal' = memflow.search.optimal_checkpointing (chains only). "
             "Overheads are simulated time over keep-all's.\n\n" + "\n\n".join(parts)
-            + "\n\n**MCMC search started from each plan that fits** (memflow.plan.refine)\n\n"
+            + "\n\n**MCMC search started from each plan that fits** (memflow.planners.refine)\n\n"
             + table(pd.concat(searches).set_index(["scenario", "method"]), ".4g"))
     write_section("plan-checkpoint", body, title="Checkpointing on one device (edge, √n, "
                                                  "revolve, optimal)")

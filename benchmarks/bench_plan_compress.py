@@ -20,8 +20,8 @@ import warnings
 import pandas as pd
 
 import memflow
-from memflow.plan import compress, compress_strategy, refine
-from memflow.plan.common import Infeasible
+from memflow.planners import compress, compress_strategy, refine
+from memflow.planners.common import Infeasible
 
 from _results import refine_columns, table, write_section
 
@@ -94,7 +94,7 @@ def write(heads, parts, searches, left: list[str]) -> None:
                          index=pd.Index(["COMET (up to)"], name="model"))
     print(head.to_string())
     body = ("Absolute error bounds; every unit that saves something compresses it "
-            "(memflow.plan.compress). 'measured ratio' is memflow's quantizer "
+            "(memflow.planners.compress). 'measured ratio' is memflow's quantizer "
             "(memflow.compress) on the model's real saved feature maps (CPU, one image at 112 "
             "pixels, two at 139 for inception_v3 without its auxiliary head; random weights "
             "and inputs: trained nets on real data compress differently); 'CPU GB/s' is its "
@@ -103,12 +103,12 @@ def write(heads, parts, searches, left: list[str]) -> None:
             "'simulator ratio' (memflow.sim.costs.compress_model) — where it differs from the "
             "measured ratio, memory and batch figures follow the simulator's. 'largest batch' "
             "is the biggest batch that fits 16 GiB with compression (graph rescaled linearly, "
-            "memflow.plan.at_batch)."
+            "memflow.planners.at_batch)."
             + (f" Partial: {', '.join(left)} not measured yet when this was written."
                if left else "") + "\n\n" + table(pd.concat([comet, head]), ".3g") + "\n\n"
             + "\n\n".join(parts)
             + "\n\n**MCMC search started from the compressed plan (error bound 1e-2) under "
-            "80% of keep-all's peak** (memflow.plan.refine)\n\n"
+            "80% of keep-all's peak** (memflow.planners.refine)\n\n"
             + (table(pd.DataFrame(searches).set_index("model"), ".4g") if searches else
                "no compressed plan fits that limit"))
     write_section("plan-compress", body, title="Error-bounded compression (COMET)")

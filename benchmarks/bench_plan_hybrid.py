@@ -3,7 +3,7 @@
 For inception_v3, gnmt and biglstm at a fixed per-worker batch, on nodes of 8 V100-32GB (DGX-1
 class, InfiniBand EDR between nodes): the best data-parallel and the best hybrid step time
 simulated at each cluster size, the epochs the global batch needs (memflow's default
-statistical-efficiency curves, memflow.plan.convergence), the projected training time, and
+statistical-efficiency curves, memflow.planners.convergence), the projected training time, and
 where hybrid overtakes; beside Pal et al.'s "at least 26.5% / 8% / 22%" at scale. Then memflow's
 MCMC search started from the hybrid plan on one node is compared with the plan.
 
@@ -18,9 +18,9 @@ import warnings
 import pandas as pd
 
 import memflow
-from memflow.plan import hybrid_projection, refine
-from memflow.plan.convergence import DEFAULTS
-from memflow.plan.hybrid import hybrid_strategies
+from memflow.planners import hybrid_projection, refine
+from memflow.planners.convergence import DEFAULTS
+from memflow.planners.hybrid import hybrid_strategies
 
 from _results import table, write_section
 
@@ -58,7 +58,7 @@ def main() -> None:
         search = None
         if row is not None:
             c8 = memflow.Cluster.build(GPU, gpus_per_node=8, nodes=1)
-            g8 = memflow.plan.at_batch(g, (8 // int(row["mp"])) * b)
+            g8 = memflow.planners.at_batch(g, (8 // int(row["mp"])) * b)
             s = hybrid_strategies(g8, [str(d) for d in c8.devices.index], int(row["mp"]),
                                   b)[row["split"]]
             search = refine(g8, c8, s, iterations=iters)

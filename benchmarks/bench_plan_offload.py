@@ -2,7 +2,7 @@
 
 VGG-16 on a 12 GB Titan X (PCIe 3), vDNN's headline case: at batch 256 it needs 28 GB in vDNN's
 measurements and trains with offloading at 18% loss against an ideal GPU with enough memory.
-memflow.plan.offload_table gives, per policy, the simulated peak, whether it fits, and the
+memflow.planners.offload_table gives, per policy, the simulated peak, whether it fits, and the
 loss against the same GPU with unbounded memory keeping everything; then memflow's MCMC
 search is started from every plan that fits.
 
@@ -17,8 +17,8 @@ import warnings
 import pandas as pd
 
 import memflow
-from memflow.plan import offload, offload_table, refine
-from memflow.plan.common import Infeasible
+from memflow.planners import offload, offload_table, refine
+from memflow.planners.common import Infeasible
 
 from _results import refine_columns, table, write_section
 
@@ -69,14 +69,14 @@ def main() -> None:
             "the same GPU with unbounded memory keeping everything (vDNN's measure). Policies: "
             "vDNN all / conv / dynamic (first of none, conv, all that fits); 'knapsack' and "
             "'fluid' = the two relaxation heuristics after Beaumont et al. (Euro-Par 2020), "
-            "see memflow.plan.offload. Offloads start when a unit's forward ends; prefetches are "
+            "see memflow.planners.offload. Offloads start when a unit's forward ends; prefetches are "
             "issued one unit ahead in backward (vDNN's rule), both on the PCIe channels. "
             "memflow's memory model holds more than vDNN at the peak (its ReLUs are not in "
             "place and activation gradients of both neighbours are live), so its keep-all "
             "peak and its least peak with offloading differ from vDNN's figures.\n\n"
             + table(pd.concat([vdnn, head.astype(object)]), ".3g") + "\n\n"
             + "\n\n".join(parts)
-            + "\n\n**MCMC search started from each plan that fits** (memflow.plan.refine)\n\n"
+            + "\n\n**MCMC search started from each plan that fits** (memflow.planners.refine)\n\n"
             + (table(pd.DataFrame(searches).set_index(["batch", "policy"]), ".4g")
                if searches else "no offloading plan fits, so no search was started"))
     write_section("plan-offload", body, title="Offloading (vDNN, Beaumont et al. 2020)")

@@ -3,7 +3,7 @@
 1. The seed's memory rule, checked in simulation: on a uniform 16-layer chain over 4 stages with
    8 micro-batches, how many micro-batches' activations each stage holds at its peak — 1F1B
    stage s of P holds P − s, GPipe all M.
-2. memflow.plan.pipeline (ILP on HiGHS, DP fallback) against a FLOPs-balanced pipeline with the
+2. memflow.planners.pipeline (ILP on HiGHS, DP fallback) against a FLOPs-balanced pipeline with the
    same micro-batches, for gnmt and inception_v3 on 4 V100-16GB, without and with a memory
    limit; the ILP's and the DP's optimum and solve times.
 3. memflow's MCMC search started from each plan.
@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 
 import memflow
-from memflow.plan import pipeline, pipeline_table, refine
-from memflow.plan.common import Evaluator, Infeasible
-from memflow.plan.partition import in_flight, solve_dp, solve_milp
-from memflow.plan.pipeline import chain_of
+from memflow.planners import pipeline, pipeline_table, refine
+from memflow.planners.common import Evaluator, Infeasible
+from memflow.planners.partition import in_flight, solve_dp, solve_milp
+from memflow.planners.pipeline import chain_of
 
 from _results import table, write_section
 
@@ -119,7 +119,7 @@ def main() -> None:
             "too: one weight version, nothing stashed.\n\n" + "\n\n".join(parts)
             + "\n\n**ILP (HiGHS) against the DP on the same model** (period per micro-batch; "
             "1F1B, 8 micro-batches, no limit)\n\n" + table(solve, ".4g")
-            + "\n\n**MCMC search started from each plan** (memflow.plan.refine)\n\n"
+            + "\n\n**MCMC search started from each plan** (memflow.planners.refine)\n\n"
             + table(pd.DataFrame(searches).set_index(["model", "schedule"]), ".4g"))
     write_section("plan-pipeline", body, title="Pipelining under memory constraints "
                                                "(Beaumont et al. 2021)")

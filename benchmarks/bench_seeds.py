@@ -11,7 +11,7 @@ What is printed, all computed here:
 1. VGG-16's memory two ways: vDNN's own account (every feature map, gradient map, weight and
    weight gradient allocated for the whole step, no reuse) from the captured graph, and
    memflow's liveness-aware peak of keeping everything, by category.
-2. VGG-16 on a Titan X: ``memflow.plan.offload``'s policies (vDNN's all, conv, dynamic;
+2. VGG-16 on a Titan X: ``memflow.planners.offload``'s policies (vDNN's all, conv, dynamic;
    Beaumont et al.'s knapsack and fluid), offloading all plus recomputation of the first block,
    and an MCMC search from there, each as the simulator computes it, with the compute task and
    the memory categories at its peak and what it offloads and recomputes.
@@ -22,7 +22,7 @@ What is printed, all computed here:
    ``memflow.estimate`` of the same strategies.
 4. A 1,001-layer ImageNet ResNet (bottlenecks, stages of 3, 24, 303 and 3 blocks) at the batch
    where keeping everything needs 48 GB; Chen's √n segments (a checkpoint every ⌈√n⌉ units)
-   and ``memflow.plan.checkpoint(method="sqrt")`` asked for 7 GB, and what of the gap to 7 GB
+   and ``memflow.planners.checkpoint(method="sqrt")`` asked for 7 GB, and what of the gap to 7 GB
    is weights.
 
 "Ideal" is the same GPU with unbounded memory, keeping everything. Run:
@@ -136,10 +136,10 @@ PAPER = {"all": "fits (vDNN_all)", "conv": "fits (vDNN_conv)",
 
 
 def planned(g: OpGraph, titan, policy: str) -> Strategy:
-    """``memflow.plan.offload``'s strategy, or the lowest-peak one it tried when none fits."""
+    """``memflow.planners.offload``'s strategy, or the lowest-peak one it tried when none fits."""
     try:
-        return memflow.plan.offload(g, titan, policy)
-    except memflow.plan.Infeasible as exc:
+        return memflow.planners.offload(g, titan, policy)
+    except memflow.planners.Infeasible as exc:
         return exc.best
 
 
@@ -160,7 +160,7 @@ def policy_mix(s: Strategy, g: OpGraph) -> str:
 
 
 def vdnn_strategies(g: OpGraph, titan) -> dict[str, tuple[Strategy, str]]:
-    """vDNN's and Beaumont et al.'s offloading policies as memflow.plan plans them; offloading
+    """vDNN's and Beaumont et al.'s offloading policies as memflow.planners plans them; offloading
     all plus recomputation of block 1; an MCMC search from that."""
     rows = {f"plan.offload {p!r}": (planned(g, titan, p), PAPER[p]) for p in PAPER}
     # conv1_1, its ReLU, conv1_2: recomputing them drops the two 3.3 GB maps that vDNN_all
@@ -287,7 +287,7 @@ def resnet_1001(batch: int) -> OpGraph:
 
 def chen(target_gb: float = 48.0) -> tuple[OpGraph, pd.DataFrame]:
     """ResNet-1001 at the batch where keeping everything peaks at ``target_gb``; Chen's √n
-    segments (a checkpoint every ⌈√n⌉ units) and ``memflow.plan.checkpoint(method="sqrt")``
+    segments (a checkpoint every ⌈√n⌉ units) and ``memflow.planners.checkpoint(method="sqrt")``
     (Chen's budget walk over saved bytes) asked for the paper's 7 GB."""
     probe = resnet_1001(8)
     est = memflow.estimate(probe, "cuda").loc[:, "at_peak"]
@@ -303,8 +303,8 @@ def chen(target_gb: float = 48.0) -> tuple[OpGraph, pd.DataFrame]:
     names = g.names
     rec = [u for i, u in enumerate(names) if (i + 1) % k != 0 and i < len(names) - 1]
     try:
-        planned_sqrt = memflow.plan.checkpoint(g, v100, 7e9, method="sqrt")
-    except memflow.plan.Infeasible as exc:     # its least peak is then the figure to print
+        planned_sqrt = memflow.planners.checkpoint(g, v100, 7e9, method="sqrt")
+    except memflow.planners.Infeasible as exc:     # its least peak is then the figure to print
         planned_sqrt = exc.best
     df = pd.DataFrame.from_dict({
         "keep all": row(sim, keep, t_ideal, "48 GB"),

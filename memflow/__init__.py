@@ -33,7 +33,7 @@ _EXPORTS = {
     "SimResult": "memflow.sim",
     "MCMCSearch": "memflow.search",
 }
-_SUBMODULES = ("graph", "hardware", "memory", "strategy", "sim", "search", "plan", "export",
+_SUBMODULES = ("graph", "hardware", "memory", "strategy", "sim", "search", "planners", "export",
                "report", "zoo", "compress", "errors", "cli")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)

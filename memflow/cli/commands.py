@@ -22,7 +22,7 @@ from ..errors import MemflowError
 from ..report.style import fmt_bytes
 from .inputs import (is_file_model, load_cluster, load_graph, load_model, load_strategy,
                      parse_options, parse_shape, parse_units)
-from .plan import FILES, run_search, write_plan
+from .folder import FILES, run_search, write_plan
 
 __all__ = ["search", "simulate", "export", "report", "zoo", "presets", "demo", "DEMO"]
 

@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
 from ..memory.arrays import graph_arrays
-from ..memory.plan import memory_plan
+from ..memory.blocks import step_blocks
 from ..strategy.strategy import Strategy
 from .exported import apply
 from .measure import HOST, held_bytes
@@ -70,7 +70,7 @@ def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
     """Bytes the memory model holds for backward at the end of the forward, by device name,
     offloaded bytes under ``"host"`` (summed over the parts of each placement).
 
-    What :meth:`~memflow.memory.plan.MemoryPlan.held_for_backward` counts, per part of each
+    What :meth:`~memflow.memory.blocks.StepBlocks.held_for_backward` counts, per part of each
     placement. Micro-batches add up (GPipe holds them all).
     """
     from ..sim.costs import compression_ratios
@@ -78,7 +78,7 @@ def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
     strategy.validate(graph)
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
     ga = graph_arrays(graph)
-    plan = memory_plan(ga, strategy.policy, strategy.segment, strategy.layout_ids, degrees,
+    plan = step_blocks(ga, strategy.policy, strategy.segment, strategy.layout_ids, degrees,
                        strategy.microbatches, compression_ratios(strategy, ga.half))
     device, host = plan.held_for_backward()
     out: dict[str, float] = {}

@@ -1,4 +1,4 @@
-"""Memory of a training step: the memory model (``plan``) and the one-device estimate.
+"""Memory of a training step: the memory model (``blocks``) and the one-device estimate.
 
 >>> from memflow.memory import CATEGORIES
 >>> CATEGORIES
@@ -6,7 +6,7 @@
 """
 from .arrays import GraphArrays, graph_arrays
 from .estimate import estimate
-from .plan import CATEGORIES, OPTIMIZER_STATES, MemoryPlan, memory_plan
+from .blocks import CATEGORIES, OPTIMIZER_STATES, StepBlocks, step_blocks
 
-__all__ = ["estimate", "memory_plan", "MemoryPlan", "CATEGORIES", "OPTIMIZER_STATES",
+__all__ = ["estimate", "step_blocks", "StepBlocks", "CATEGORIES", "OPTIMIZER_STATES",
            "graph_arrays", "GraphArrays"]

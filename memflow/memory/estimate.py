@@ -1,7 +1,7 @@
 """``memflow.estimate``: training-step memory of one device, by category, and its peak.
 
 The step is replayed in program order (forward, backward with its recomputations, offloads,
-prefetches, optimizer step) against the blocks of :func:`memflow.memory.plan.memory_plan` —
+prefetches, optimizer step) against the blocks of :func:`memflow.memory.blocks.step_blocks` —
 the same blocks and the same ledger the simulator uses, without timing.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..errors import MemflowError
 from .arrays import graph_arrays
-from .plan import CATEGORIES, OPTIMIZER_STATES, memory_plan
+from .blocks import CATEGORIES, OPTIMIZER_STATES, step_blocks
 from .records import placements
 
 __all__ = ["estimate"]
@@ -84,7 +84,7 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     layout, M = strategy.layout_ids, strategy.microbatches
     placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
                         degrees[layout, 1], M)
-    plan = memory_plan(ga, strategy.policy, strategy.segment, layout, degrees, M,
+    plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
                        compression_ratios(strategy, ga.half), optimizer=optimizer,
                        foreach=foreach, cache={(layout.tobytes(), degrees.tobytes(), M): placed})
     S = structure(ga, placed, layout, degrees, strategy.stage, M, strategy.schedule)

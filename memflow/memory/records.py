@@ -5,7 +5,7 @@ the original, every other placement whose units read or save the storage gets a 
 transfer. Each record carries its size per part, the anchors of its allocation and of its
 last forward read, and, as CSR rows, the units on its placement that use it (*members*), save
 it and read it. The gradient blocks of storages and copies follow from the placements too.
-Memory policies then decide what *holds* each record (:mod:`memflow.memory.plan`).
+Memory policies then decide what *holds* each record (:mod:`memflow.memory.blocks`).
 
 Everything is computed for all storages at once over the (storage, user) pairs.
 """

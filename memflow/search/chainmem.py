@@ -6,7 +6,7 @@ over the block's own forward, recompute and backward passes of everything alloca
 them (the *local peak*), and the bytes that stay allocated through every later block (the
 *held* bytes). This module computes both, exactly as the simulator's ledger would:
 
-* the allocations and frees come from :func:`memflow.memory.plan.memory_plan`, which is probed
+* the allocations and frees come from :func:`memflow.memory.blocks.step_blocks`, which is probed
   with patterns in which every unit meets every combination of policies of its neighbours (a
   de Bruijn sequence), and each block is credited to the unit whose task allocates it;
 * a block of unit ``v`` depends only on the policies of units ``v-1 … v+D``, where the *span*
@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import SearchError
 from ..memory.arrays import GraphArrays
-from ..memory.plan import A_BWD, A_FWD, A_OFFLOAD, A_OPT, A_PREFETCH, A_RECOMP
+from ..memory.blocks import A_BWD, A_FWD, A_OFFLOAD, A_OPT, A_PREFETCH, A_RECOMP
 from ..sim import Simulator
 from ..sim.expand import K_BWD, K_OFFLOAD, K_PREFETCH
 from ..strategy import Strategy
@@ -159,7 +159,7 @@ class ChainMemory:
             types = [seq[(u + s) % len(seq)] for u in range(n)]
             probe = base.with_policy({names[u]: POLICY[x] for u, x in enumerate(types)})
             run = sim.run(probe) if offload else None
-            plan = run.plan if offload else sim.plan(probe)
+            plan = run.blocks if offload else sim.blocks(probe)
             self.persistent = float(plan.persistent[0].sum())
             device = ~plan.on_host
             owner = np.where(plan.alloc[:, 0] == A_OPT, -1, plan.alloc[:, 1])

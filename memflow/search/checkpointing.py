@@ -14,7 +14,7 @@ checkpointing for heterogeneous chains"), with these differences:
   ``limit / S`` as rotor does, which bounds the work and can only lose schedules, never return
   one that does not fit;
 * the memory of a segment is not a formula: the allocations and frees come from
-  :func:`memflow.memory.plan.memory_plan` (probed once per unit and neighbourhood), placed in
+  :func:`memflow.memory.blocks.step_blocks` (probed once per unit and neighbourhood), placed in
   program order, so the peak the DP predicts is the simulator's peak.
 
 The time is the keep-everything time plus the forward time of every recomputed unit, which

@@ -4,7 +4,7 @@ The baselines are the seeds' techniques as plain strategies: data parallelism (k
 everything; recompute everything, each unit its own checkpoint segment as in Chen et al.'s and
 Checkmate's "checkpoint every layer" baseline, so each unit's input is kept and the unit re-run
 alone just before its backward; or the optimal checkpointing schedule of one replica),
-hybrid data × model parallelism (Pal et al.) and the planners of :mod:`memflow.plan` where
+hybrid data × model parallelism (Pal et al.) and the planners of :mod:`memflow.planners` where
 they exist. A chain started from the best of them can only improve on all of them.
 """
 from __future__ import annotations
@@ -59,12 +59,12 @@ def _checkpointed(graph, cluster, base: Strategy, memory_limit: Any) -> dict[str
 
 
 def _planned(graph, cluster, dp: Strategy, memory_limit: Any) -> dict[str, Strategy]:
-    """Strategies of :mod:`memflow.plan`'s planners (where that package is present): offload
+    """Strategies of :mod:`memflow.planners`'s planners (where that package is present): offload
     on data parallelism, a pipeline, and √n checkpointing on one device. A planner that finds
     nothing within the limit still offers the least-memory strategy it built."""
-    if importlib.util.find_spec("memflow.plan") is None:
+    if importlib.util.find_spec("memflow.planners") is None:
         return {}
-    plan = importlib.import_module("memflow.plan")
+    plan = importlib.import_module("memflow.planners")
     calls = {
         "data parallel, offload (vDNN dynamic)": lambda: plan.offload(
             graph, cluster, "dynamic", memory_limit=memory_limit, base=dp),

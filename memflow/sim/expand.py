@@ -22,7 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..memory.plan import MemoryPlan
+from ..memory.blocks import StepBlocks
 from ..memory.records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
                               A_PREFETCH, A_RECOMP, A_XFER, Placed)
 from ..memory.jit import njit
@@ -449,7 +449,7 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
             dep_ptr[:t + 1], dep_idx[:d], table)
 
 
-def expand(S: Structure, timing: Timing, plan: MemoryPlan) -> Tasks:
+def expand(S: Structure, timing: Timing, plan: StepBlocks) -> Tasks:
     """The tasks of one step: ``S`` with ``plan``'s side tasks and the recomputations of its
     segments, timed by ``timing``."""
     n = len(S.layout)

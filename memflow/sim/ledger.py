@@ -1,6 +1,6 @@
 """The memory ledger: every block allocated and freed at its task boundaries, per class.
 
-Blocks come from :func:`memflow.memory.plan.memory_plan` with anchors. Devices on the same
+Blocks come from :func:`memflow.memory.blocks.step_blocks` with anchors. Devices on the same
 placements have identical ledgers, so each *class* of them is run once; host blocks land on
 the hosts of the devices they come from. :func:`ledgers` resolves the anchors to task
 boundaries per micro-batch, ranks the boundaries by time — a task's start before its end, the
@@ -17,7 +17,7 @@ from functools import cached_property
 import numpy as np
 
 from ..memory.jit import njit
-from ..memory.plan import CATEGORIES, EVERY_MB, MemoryPlan
+from ..memory.blocks import CATEGORIES, EVERY_MB, StepBlocks
 
 __all__ = ["Ledger", "LedgerPlan", "ledger_plan", "ledgers"]
 
@@ -42,7 +42,7 @@ def _csr(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return ptr, idx
 
 
-def ledger_plan(plan: MemoryPlan, layout_classes: list[np.ndarray], n_classes: int,
+def ledger_plan(plan: StepBlocks, layout_classes: list[np.ndarray], n_classes: int,
                 layout_hosts: list[np.ndarray], n_hosts: int) -> LedgerPlan:
     """The blocks of ``plan`` over device classes and hosts.
 

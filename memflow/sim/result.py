@@ -7,7 +7,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from ..memory.plan import CATEGORIES
+from ..memory.blocks import CATEGORIES
 from .expand import KINDS, R_COMPUTE, R_COPY, R_COPYBACK, ROLES
 
 __all__ = ["SimResult"]

@@ -12,7 +12,7 @@ Work is split by what it depends on, and each part is cached under what it depen
   memory plan, the expansion's structure, durations, channel and device classes
   (:class:`Placement`);
 * per memory policies: the policy blocks, re-derived by delta for the records the changed
-  units touch (:class:`~memflow.memory.plan.PolicyBlocks`), then the tasks and the ledgers;
+  units touch (:class:`~memflow.memory.blocks.BlockTable`), then the tasks and the ledgers;
 * per strategy: the schedule and the ledger sweep, every time (a revisited strategy skips the
   rest).
 """
@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import SimulationError
 from ..memory.arrays import GraphArrays, graph_arrays
-from ..memory.plan import OPTIMIZER_STATES, BlockTable, MemoryPlan
+from ..memory.blocks import OPTIMIZER_STATES, BlockTable, StepBlocks
 from ..memory.records import Placed, placements
 from ..strategy.strategy import Strategy
 from .costs import (OPTIMIZER_LAUNCHES, OPTIMIZER_TRAFFIC, compress_model, compression_ratios,
@@ -87,7 +87,7 @@ class Run:
 
     strategy: Strategy
     tasks: Tasks
-    plan: MemoryPlan
+    blocks: StepBlocks
     start: np.ndarray
     end: np.ndarray
     placement: Placement
@@ -128,7 +128,7 @@ class Run:
 class _Prepared:
     """What a strategy's structure and the cluster fix before any timing."""
 
-    plan: MemoryPlan
+    blocks: StepBlocks
     tasks: Tasks
     placement: Placement
     ledger: LedgerPlan
@@ -199,12 +199,12 @@ class Simulator:
                 degrees[layout, 1], M)
         return placed
 
-    def plan(self, strategy: Strategy, *, foreach: bool = True) -> MemoryPlan:
+    def blocks(self, strategy: Strategy, *, foreach: bool = True) -> StepBlocks:
         """The memory plan of ``strategy`` (blocks with anchors)."""
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
         table = BlockTable(self.ga, self._placed_of(strategy), strategy.layout_ids, degrees,
                            strategy.microbatches, optimizer=self.optimizer, foreach=foreach)
-        return table.plan(strategy.policy, strategy.segment, self._ratios(strategy))
+        return table.derive(strategy.policy, strategy.segment, self._ratios(strategy))
 
     def _lc(self, key: tuple):
         lc = self._layout_cost.get(key)
@@ -312,7 +312,7 @@ class Simulator:
             self._placements.popitem(last=False)
         return out
 
-    def _compress_rates(self, strategy: Strategy, P: Placement, plan: MemoryPlan) -> Timing:
+    def _compress_rates(self, strategy: Strategy, P: Placement, plan: StepBlocks) -> Timing:
         """``P.timing`` with the compression speed of the units that compress: the
         quantizer's memory-bound throughput on the unit's devices plus its kernel launches
         (at the code width of the unit's ratio), as one rate over the bytes it compresses."""
@@ -346,12 +346,12 @@ class Simulator:
             self._prepared_cache.move_to_end(key)
             return hit
         P = self.placement(strategy, fold)
-        plan = P.blocks.plan(strategy.policy, strategy.segment, self._ratios(strategy))
+        plan = P.blocks.derive(strategy.policy, strategy.segment, self._ratios(strategy))
         T = expand(P.structure, self._compress_rates(strategy, P, plan), plan)
         if P.ledger is None:      # what the placement fixes of the ledger, once
             P.ledger = ledger_plan(plan, P.layout_classes, P.n_device_classes, P.layout_hosts,
                                    len(self.ca.host_memory))
-        prep = _Prepared(plan=plan, tasks=T, placement=P,
+        prep = _Prepared(blocks=plan, tasks=T, placement=P,
                          ledger=replace(P.ledger, rows=plan.rows))
         self._prepared_cache[key] = prep
         if len(self._prepared_cache) > self.cache_size:
@@ -367,7 +367,7 @@ class Simulator:
         start, end = schedule((T.dep_ptr, T.dep_idx), T.channel_set, P.sets, T.duration,
                               P.n_channel_classes)
         device, host = ledgers(p.ledger, T, start, end)
-        return Run(strategy, T, p.plan, start, end, P, device, host, float(end.max(initial=0.0)))
+        return Run(strategy, T, p.blocks, start, end, P, device, host, float(end.max(initial=0.0)))
 
     def evaluate(self, strategy: Strategy, *, fold: bool = True) -> Evaluation:
         """Time, peak per device and feasibility of ``strategy`` (no DataFrames); feasible

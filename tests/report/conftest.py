@@ -3,7 +3,7 @@ capped at a budget that data parallel does not fit."""
 import pytest
 
 import memflow
-from memflow.cli.plan import run_search, write_plan
+from memflow.cli.folder import run_search, write_plan
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ import pytest
 
 from memflow.hardware.presets import build
 from memflow.memory import estimate
-from memflow.memory.plan import ACTIVATIONS
+from memflow.memory.blocks import ACTIVATIONS
 from memflow.sim import Simulator, simulate
 from memflow.sim.expand import K_BWD
 from memflow.strategy import Strategy

@@ -41,7 +41,7 @@ Units that the graph marks not recomputable (a ``recomputable`` column) are alwa
 >>> checkpoint(g, "1xV100-16GB", "3GiB", method="sqrt")
 Traceback (most recent call last):
 ...
-memflow.plan.common.Infeasible: checkpoint: no 'sqrt' strategy fits memory_limit=3 GiB; the smallest peak found is 3.75 GiB; give memory_limit >= 3.75 GiB (4026728448 bytes)
+memflow.planners.common.Infeasible: checkpoint: no 'sqrt' strategy fits memory_limit=3 GiB; the smallest peak found is 3.75 GiB; give memory_limit >= 3.75 GiB (4026728448 bytes)
 """
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def checkpoint(graph, device: Any, memory_limit: Any = None, method: str = "sqrt
     ``device`` is a cluster preset name (``"jetson-nano-4GB"``, ``"1xV100-16GB"``) or a
     :class:`~memflow.Cluster`, whose first device is used. ``method`` is one of ``"optimal"``,
     ``"sqrt"``, ``"revolve"``, ``"all"`` (see the module). Raises
-    :class:`~memflow.plan.common.Infeasible` with the smallest memory the method reaches when
+    :class:`~memflow.planners.common.Infeasible` with the smallest memory the method reaches when
     it cannot fit. ``slots`` is passed to ``optimal_checkpointing``: it rounds memory to
     ``limit / slots`` as rotor does, which bounds the work on long chains.
     """

@@ -81,7 +81,7 @@ def summarize(search, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """``summary.json``'s content: the inputs, then the best strategy's time, peaks, fit."""
     best = search.best_score
     devices = [str(d) for d in search.cluster.devices.index]
-    return {"format": "memflow.plan/1", **dict(inputs),
+    return {"format": "memflow.planners/1", **dict(inputs),
             "cluster_name": search.cluster.name,
             "iterations": int(search.iteration), "search_seconds": float(search.elapsed),
             "simulations": int(search.simulations),

@@ -1,6 +1,6 @@
 """The memory model in one place: which storages exist, on which placement, from when to when.
 
-``memory_plan`` turns (graph, policies, placements) into *blocks*: a number of bytes per part of
+``step_blocks`` turns (graph, policies, placements) into *blocks*: a number of bytes per part of
 a placement (a *layout*: degrees + devices), a category, and the task boundaries ("anchors")
 at which the block is allocated and freed. ``memflow.estimate`` runs the blocks against the
 single-device program order; the simulator runs the same blocks against its schedule. The rules
@@ -42,7 +42,7 @@ from .records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_
                       placements)
 from .jit import njit
 
-__all__ = ["MemoryPlan", "Copy", "Copies", "BlockTable", "memory_plan", "segment_starts",
+__all__ = ["StepBlocks", "Copy", "Copies", "BlockTable", "step_blocks", "segment_starts",
            "holding_segments",
            "CATEGORIES", "OPTIMIZER_STATES", "A_FWD", "A_BWD", "A_RECOMP", "A_OFFLOAD",
            "A_PREFETCH", "A_COMPRESS", "A_DECOMP", "A_XFER", "A_GXFER", "A_OPT"]
@@ -56,7 +56,7 @@ NONE = -1           # a record no saver on its placement holds
 _FAR = np.iinfo(np.int64).max
 
 
-class MemoryPlan:
+class StepBlocks:
     """Blocks (one entry per block in each array) plus the copies between placements.
 
     Made from the fixed rows of a :class:`BlockTable` (``rows``: their arrays, a snapshot of
@@ -129,7 +129,7 @@ class MemoryPlan:
         ...             pd.DataFrame({"bytes": [100, 200, 300], "producer": ["<input>", "a", "b"],
         ...                           "consumers": [["a"], ["b"], []],
         ...                           "savers": [["a"], ["b"], []], "is_output": [0, 0, 1]}))
-        >>> plan = memory_plan(graph_arrays(g), np.array([KEEP, OFFLOAD]), np.array([-1, -1]),
+        >>> plan = step_blocks(graph_arrays(g), np.array([KEEP, OFFLOAD]), np.array([-1, -1]),
         ...                    np.zeros(2, np.int64), np.ones((1, 3), np.int64), 1, np.ones(2))
         >>> [a.tolist() for a in plan.held_for_backward()]     # t0 kept; t1 on the host
         [[100.0], [200.0]]
@@ -336,8 +336,8 @@ class BlockTable:
     copy, the copy restored before backward, the storage re-materialized by recomputation),
     then the gradient blocks of the placement, four per unit (forward, backward and
     recomputation temporaries, parameter gradients), and the optimizer's temporaries. Rows
-    that do not apply hold 0 bytes and are left out of the :class:`MemoryPlan`.
-    :meth:`plan` re-derives only the records whose rules read a unit whose policy, segment or
+    that do not apply hold 0 bytes and are left out of the :class:`StepBlocks`.
+    :meth:`derive` re-derives only the records whose rules read a unit whose policy, segment or
     compression ratio changed since the previous call.
     """
 
@@ -400,7 +400,7 @@ class BlockTable:
         np.add.at(self.persistent[:, COMMUNICATION], layout, np.where(s * a > 1, train, 0.0))
         self._key: tuple[np.ndarray, ...] | None = None
 
-    def plan(self, policy: np.ndarray, segment: np.ndarray, ratio: np.ndarray) -> MemoryPlan:
+    def derive(self, policy: np.ndarray, segment: np.ndarray, ratio: np.ndarray) -> StepBlocks:
         """The blocks of ``policy`` (per unit), ``segment`` (recompute segment per unit) and
         ``ratio`` (compression ratio per unit, used where the policy is compress)."""
         P = self.placed
@@ -418,14 +418,14 @@ class BlockTable:
         self._key = (pol, start, ratio)
         rows = {**self.static, "bytes": self.bytes.copy(), "host": self.host.copy(),
                 "alloc": self.alloc.copy(), "free": self.free.copy()}
-        return MemoryPlan(rows, P.copies, offloaded, compressed, self.persistent, segment,
+        return StepBlocks(rows, P.copies, offloaded, compressed, self.persistent, segment,
                           start, self.microbatches)
 
 
-def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout: np.ndarray,
+def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout: np.ndarray,
                 degrees: np.ndarray, microbatches: int, ratio: np.ndarray, *,
                 optimizer: str = "sgd", foreach: bool = True,
-                cache: dict | None = None) -> MemoryPlan:
+                cache: dict | None = None) -> StepBlocks:
     """The blocks of one training step.
 
     ``degrees`` is ``(layouts, 3)``: sample, parameter, attribute of each layout; ``layout``,
@@ -444,4 +444,4 @@ def memory_plan(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
             cache[key] = placed
     table = BlockTable(ga, placed, layout, degrees, microbatches, optimizer=optimizer,
                        foreach=foreach)
-    return table.plan(policy, segment, ratio)
+    return table.derive(policy, segment, ratio)

@@ -20,7 +20,7 @@ table mark such rows ``fits``/``feasible`` False instead. Every strategy a plann
 start a search: ``memflow.MCMCSearch(graph, cluster, init=strategy)``.
 
 >>> import memflow
->>> memflow.plan.offload, memflow.plan.Infeasible.__mro__[1].__name__   # doctest: +ELLIPSIS
+>>> memflow.planners.offload, memflow.planners.Infeasible.__mro__[1].__name__   # doctest: +ELLIPSIS
 (<function offload at ...>, 'PlanError')
 """
 from .batch import at_batch

@@ -5,9 +5,9 @@ import pytest
 import memflow
 from memflow.errors import PlanError
 from memflow.graph import OpGraph
-from memflow.plan import Infeasible, offload, offload_table
-from memflow.plan.common import Profile
-from memflow.plan.offload import fluid_choice, knapsack_choice
+from memflow.planners import Infeasible, offload, offload_table
+from memflow.planners.common import Profile
+from memflow.planners.offload import fluid_choice, knapsack_choice
 
 from .graphs import GIB, chain
 

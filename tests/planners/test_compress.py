@@ -4,10 +4,10 @@ import torch
 
 import memflow
 from memflow.errors import PlanError
-from memflow.plan import Infeasible
-from memflow.plan.compress import compress, compress_strategy, largest_batch
-from memflow.plan.compress_measure import feature_map_ratios, gradient_error
-from memflow.plan.batch import graph_source
+from memflow.planners import Infeasible
+from memflow.planners.compress import compress, compress_strategy, largest_batch
+from memflow.planners.compress_measure import feature_map_ratios, gradient_error
+from memflow.planners.batch import graph_source
 from memflow.sim.costs import compress_model
 from memflow.strategy import Strategy
 

@@ -2,11 +2,11 @@
 import pytest
 
 from memflow.errors import PlanError
-from memflow.plan import (checkpoint, compress_strategy, hybrid_projection, offload, pipeline,
+from memflow.planners import (checkpoint, compress_strategy, hybrid_projection, offload, pipeline,
                           refine)
-from memflow.plan.hybrid import hybrid_strategies
-from memflow.plan.refine import search_policies
-from memflow.plan.common import as_cluster
+from memflow.planners.hybrid import hybrid_strategies
+from memflow.planners.refine import search_policies
+from memflow.planners.common import as_cluster
 
 from .graphs import GIB, chain
 

@@ -5,8 +5,8 @@ import pytest
 
 import memflow
 from memflow.errors import PlanError
-from memflow.plan import Infeasible, checkpoint, checkpoint_table
-from memflow.plan.checkpoint import chen_checkpoints, revolve_snapshots
+from memflow.planners import Infeasible, checkpoint, checkpoint_table
+from memflow.planners.checkpoint import chen_checkpoints, revolve_snapshots
 
 from .graphs import GIB, chain
 

@@ -11,7 +11,7 @@ receive it (an edge board's unified memory): the search's cost counts device mem
 it must not be offered a move whose host side it cannot judge.
 
 >>> from memflow.search.synthetic import chain_graph
->>> from memflow.plan import checkpoint
+>>> from memflow.planners import checkpoint
 >>> g = chain_graph(6, width=4096, batch=16384, seed=None)
 >>> s = checkpoint(g, "1xV100-16GB", "3.5GiB", method="sqrt")
 >>> r = refine(g, "1xV100-16GB", s, iterations=50, memory_limit="3.5GiB")
@@ -37,7 +37,7 @@ def search_policies(cluster, strategy: Strategy) -> tuple[list[str], list[float]
     offload (only where every host of the devices used holds memory) and the plan's own.
 
     >>> from memflow.search.synthetic import chain_graph
-    >>> from memflow.plan import compress_strategy
+    >>> from memflow.planners import compress_strategy
     >>> g = chain_graph(3, width=512, batch=64, seed=None)
     >>> search_policies(as_cluster("jetson-nano-4GB"), compress_strategy(g, "jetson-nano-4GB"))
     (['keep', 'recompute', 'compress'], [0.01])

@@ -266,7 +266,7 @@ def offload(graph, cluster: Any, policy: str = "dynamic", *, memory_limit: Any =
     device unless ``base`` (a strategy of ``graph``) gives the placement, to which only memory
     policies are added. ``memory_limit`` (bytes or a size string) defaults to the devices'
     capacity. The static policies (``none``, ``all``, ``conv``) and the others alike raise
-    :class:`~memflow.plan.common.Infeasible` when the result does not fit.
+    :class:`~memflow.planners.common.Infeasible` when the result does not fit.
     """
     if policy not in POLICIES:
         raise PlanError(f"offload: unknown policy {policy!r}; valid: {', '.join(POLICIES)}")

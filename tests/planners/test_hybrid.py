@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from memflow.errors import PlanError
-from memflow.plan import CriticalBatch, Measured, at_batch, hybrid_projection
-from memflow.plan.convergence import DEFAULTS, convergence_model
-from memflow.plan.hybrid import SPLITS
+from memflow.planners import CriticalBatch, Measured, at_batch, hybrid_projection
+from memflow.planners.convergence import DEFAULTS, convergence_model
+from memflow.planners.hybrid import SPLITS
 
 from .graphs import chain
 

@@ -4,7 +4,7 @@
 graph's units into one contiguous stage per device and picks the number of micro-batches so
 that simulated throughput is highest while every stage fits its memory: stage ``s`` of ``P``
 holds the activations of ``min(P − s, M)`` micro-batches under 1F1B and of all ``M`` under GPipe
-(:mod:`memflow.plan.partition` solves the partition as an ILP with ``scipy.optimize.milp``,
+(:mod:`memflow.planners.partition` solves the partition as an ILP with ``scipy.optimize.milp``,
 falling back to an exact dynamic program). memflow's ``1f1b`` is the synchronous
 PipeDream-flush schedule and ``gpipe`` flushes too, so both keep one version of the weights:
 no weight stashing is needed (PipeDream's asynchronous 1F1B, which stashes up to ``P − s``
@@ -205,7 +205,7 @@ def pipeline(graph, cluster: Any, *, memory_limit: Any = None,
     ``stages`` defaults to the cluster's number of devices (stage ``s`` on device ``s``);
     ``microbatches`` is a count, a list of counts to try, or None for every divisor of the
     batch size up to 64. ``solver="milp"`` (HiGHS, at most ``time_limit`` seconds per solve,
-    then the DP) or ``"dp"``. Raises :class:`~memflow.plan.common.Infeasible` when no
+    then the DP) or ``"dp"``. Raises :class:`~memflow.planners.common.Infeasible` when no
     candidate fits.
     """
     return _Planner(graph, cluster, memory_limit, stages, schedule, solver, optimizer,

@@ -6,7 +6,7 @@ import pytest
 
 import memflow
 from memflow.errors import PlanError
-from memflow.plan import Infeasible, pipeline, pipeline_table
+from memflow.planners import Infeasible, pipeline, pipeline_table
 from memflow.strategy import Strategy
 
 from .graphs import GIB, chain

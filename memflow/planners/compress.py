@@ -9,7 +9,7 @@ error bound:
 * the compression ratio the simulator charges (:func:`memflow.sim.costs.compress_model`) and,
   when asked, the ratio and throughput measured with memflow's own quantizer on the real
   feature maps of a model, and the gradient error of one real training step
-  (:mod:`memflow.plan.compress_measure`);
+  (:mod:`memflow.planners.compress_measure`);
 * the activation memory and the peak with and without compression, and the step time;
 * with ``adapt_batch``, the largest batch that fits the device with and without compression.
 
@@ -57,7 +57,7 @@ def _policy(graph, device: str, error_bound: float | None) -> Strategy:
 def compress_strategy(graph, cluster: Any, *, error_bound: float = 1e-2,
                       memory_limit: Any = None, optimizer: str = "sgd") -> Strategy:
     """Every unit's saved tensors compressed within ``error_bound``, on the cluster's first
-    device; :class:`~memflow.plan.common.Infeasible` when that does not fit."""
+    device; :class:`~memflow.planners.common.Infeasible` when that does not fit."""
     check_graph(graph, "compress")
     c = as_cluster(cluster)
     dev = str(c.devices.index[0])

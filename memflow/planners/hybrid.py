@@ -13,10 +13,10 @@ batch ``m`` times smaller. ``hybrid_projection`` compares, for each number of de
 
 with the per-worker batch ``b`` fixed (the graph's). Each step time is simulated on a cluster of
 ``N`` GPUs; the epochs to the target come from a statistical-efficiency model
-(:mod:`memflow.plan.convergence`); the projected training time is
+(:mod:`memflow.planners.convergence`); the projected training time is
 ``epochs(B) · samples_per_epoch / B · step_time``.
 
-The graph at each global batch comes from :func:`memflow.plan.batch.at_batch` (linear scaling)
+The graph at each global batch comes from :func:`memflow.planners.batch.at_batch` (linear scaling)
 unless ``graph`` is a function ``batch -> OpGraph``.
 
 >>> from memflow.search.synthetic import chain_graph
@@ -94,7 +94,7 @@ def hybrid_projection(graph, cluster_sizes: Iterable[int], *, convergence: Any =
 
     ``graph``: an OpGraph captured at the per-worker batch (or a function ``batch ->
     OpGraph``, then give ``per_worker_batch``). ``convergence``: None (the default curve of
-    ``graph.meta["model"]``), a :class:`~memflow.plan.convergence.CriticalBatch`, a DataFrame of
+    ``graph.meta["model"]``), a :class:`~memflow.planners.convergence.CriticalBatch`, a DataFrame of
     measurements (``global_batch``, ``epochs``) or a function ``global_batch -> epochs``.
     ``samples_per_epoch`` defaults to the model's dataset. Clusters are nodes of 8 ``gpu``
     (or ``cluster(n)``). ``splits``: how workers may be split (see :data:`SPLITS`; plain model

@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from memflow.plan.partition import (Chain, in_flight, period, solve_dp, solve_milp,
+from memflow.planners.partition import (Chain, in_flight, period, solve_dp, solve_milp,
                                     stage_memory)
 
 
