@@ -21,6 +21,8 @@ def real_workspace(steps, batch, input_size, hidden, dtype=torch.float32):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         lstm(torch.randn(steps, batch, input_size, dtype=dtype))
+    if not found:      # this CPU runs the LSTM without oneDNN (e.g. bf16 on CPUs without it)
+        pytest.skip(f"oneDNN does not run a {dtype} LSTM on this CPU: no workspace to compare")
     return found[0]
 
 
