@@ -35,7 +35,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..strategy.strategy import COMPRESS, KEEP, OFFLOAD, RECOMPUTE
+from ..strategy.policies import MECHANISMS, M_COMPRESSED, M_HOST, M_KEEP, M_RECOMPUTE, POLICIES
 from .arrays import GraphArrays
 from .records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
                       A_PREFETCH, A_RECOMP, A_XFER, END, START, Copies, Copy, Placed, anchors,
@@ -53,6 +53,7 @@ OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2}
 """Optimizer state per trainable byte."""
 FIRST_MB, EVERY_MB = 0, 1
 NONE = -1           # a record no saver on its placement holds
+N_MECH = len(MECHANISMS)
 _FAR = np.iinfo(np.int64).max
 
 
@@ -129,6 +130,7 @@ class StepBlocks:
         ...             pd.DataFrame({"bytes": [100, 200, 300], "producer": ["<input>", "a", "b"],
         ...                           "consumers": [["a"], ["b"], []],
         ...                           "savers": [["a"], ["b"], []], "is_output": [0, 0, 1]}))
+        >>> from memflow.strategy import KEEP, OFFLOAD
         >>> plan = step_blocks(graph_arrays(g), np.array([KEEP, OFFLOAD]), np.array([-1, -1]),
         ...                    np.zeros(2, np.int64), np.ones((1, 3), np.int64), 1, np.ones(2))
         >>> [a.tolist() for a in plan.held_for_backward()]     # t0 kept; t1 on the host
@@ -198,7 +200,8 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
             carrier, compress, mark, offloaded, compressed):
     """Re-derive the slots of the records whose rules read a unit whose policy, segment start
     or ratio changed (every record when ``first``); then the units' recomputation
-    temporaries and the bytes each unit offloads and compresses."""
+    temporaries and the bytes each unit offloads and compresses. ``pol`` is per unit the
+    *mechanism* of its policy (an index of :data:`MECHANISMS`), not the policy's code."""
     R = len(prod)
     last = n_units - 1
     far = np.iinfo(np.int64).max
@@ -218,7 +221,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         if not mark[x]:
             continue
         mark[x] = False
-        has = np.zeros(4, np.bool_)
+        has = np.zeros(N_MECH, np.bool_)
         first_saver = -1
         for j in range(sv_ptr[x], sv_ptr[x + 1]):
             has[pol[sv[j]]] = True
@@ -232,24 +235,22 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
             st = start[m[j]]
             if st >= 0 and st != own and st < seg_in:
                 seg_in = st
-        keep = has[KEEP] or seg_in < far
+        keep = has[M_KEEP] or seg_in < far
+        state = NONE               # the first mechanism (in MECHANISMS' order) any saver uses
         if keep:
-            state = KEEP
-        elif has[COMPRESS]:
-            state = COMPRESS
-        elif has[OFFLOAD]:
-            state = OFFLOAD
-        elif has[RECOMPUTE]:
-            state = RECOMPUTE
+            state = M_KEEP
         else:
-            state = NONE
-        held = state == COMPRESS or state == OFFLOAD
+            for k in range(N_MECH):
+                if has[k]:
+                    state = k
+                    break
+        held = state == M_COMPRESSED or state == M_HOST
         c = -1
         for j in range(sv_ptr[x], sv_ptr[x + 1]):
             if pol[sv[j]] == state and sv[j] > c:
                 c = sv[j]
-        go = A_COMPRESS if state == COMPRESS else A_OFFLOAD
-        back = A_DECOMP if state == COMPRESS else A_PREFETCH
+        go = A_COMPRESS if state == M_COMPRESSED else A_OFFLOAD
+        back = A_DECOMP if state == M_COMPRESSED else A_PREFETCH
         cc = max(c, 0)
         row = 4 * x
         b = nbytes[x]
@@ -269,8 +270,8 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         if last_xfer[x, 0] >= 0:            # the original stays until every copy has left
             _set(free, row, 2, last_xfer[x, 0], last_xfer[x, 1], last_xfer[x, 2])
         # stored (compressed on the device, or offloaded to the host); restored before backward
-        bytes_[row + 1] = (b / ratio[cc] if state == COMPRESS else b) if held else 0.0
-        host[row + 1] = state == OFFLOAD
+        bytes_[row + 1] = (b / ratio[cc] if state == M_COMPRESSED else b) if held else 0.0
+        host[row + 1] = state == M_HOST
         alloc[row + 1, 0], alloc[row + 1, 1], alloc[row + 1, 2] = go, cc, START
         bytes_[row + 2] = b if held else 0.0
         alloc[row + 2, 0], alloc[row + 2, 1], alloc[row + 2, 2] = back, cc, START
@@ -278,7 +279,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
             _set(free, row + 1, j, back, cc, END)
             _set(free, row + 2, j, A_BWD, max(first_saver, 0), END)
         # re-materialized by its segment's recomputation
-        remat = own >= 0 and (state == RECOMPUTE or state == NONE)
+        remat = own >= 0 and (state == M_RECOMPUTE or state == NONE)
         last_in = -1
         for j in range(r_ptr[x], r_ptr[x + 1]):
             if start[r[j]] == own and r[j] > last_in:
@@ -286,12 +287,12 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         bytes_[row + 3] = b if remat else 0.0
         alloc[row + 3, 0], alloc[row + 3, 1], alloc[row + 3, 2] = A_RECOMP, max(p, 0), START
         for j in range(3):
-            if state == RECOMPUTE:
+            if state == M_RECOMPUTE:
                 _set(free, row + 3, j, A_BWD, max(first_saver, 0), END)
             else:
                 _set(free, row + 3, j, A_RECOMP, last_in if last_in >= 0 else max(p, 0), END)
         carrier[x] = c if held else -1
-        compress[x] = state == COMPRESS
+        compress[x] = state == M_COMPRESSED
     for u in range(n_units):
         bytes_[unit_row + 4 * u + 2] = recompute_tmp[u] if start[u] >= 0 else 0.0
         offloaded[u] = 0.0
@@ -404,7 +405,8 @@ class BlockTable:
         """The blocks of ``policy`` (per unit), ``segment`` (recompute segment per unit) and
         ``ratio`` (compression ratio per unit, used where the policy is compress)."""
         P = self.placed
-        pol = np.asarray(policy, np.int64)
+        # the kernel works on mechanisms: policies sharing one share its memory rule
+        pol = POLICIES.mechanism_codes[np.asarray(policy, np.int64)]
         segment = holding_segments(segment, self.saves)
         start = segment_starts(segment)
         ratio = np.asarray(ratio, np.float64)

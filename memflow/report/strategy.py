@@ -27,7 +27,8 @@ from bokeh.models import ColumnDataSource, HoverTool, LabelSet, TapTool
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import MULTI_DEVICE_COLOR, POLICY_COLORS, OTHER_COLOR, color_for, fmt_bytes
+from ..strategy import POLICIES
+from .style import MULTI_DEVICE_COLOR, OTHER_COLOR, color_for, fmt_bytes
 
 __all__ = ["StrategyGraph", "layout_positions", "unit_frame"]
 
@@ -84,7 +85,7 @@ def unit_frame(graph: Any, strategy: Any) -> pd.DataFrame:
                      key=lambda d: (len(d), d))
     df["device_color"] = [color_for(d, devices) if d in devices else MULTI_DEVICE_COLOR
                           for d in df["device"]]
-    df["policy_color"] = df["policy"].map(POLICY_COLORS).fillna(OTHER_COLOR)
+    df["policy_color"] = df["policy"].map(POLICIES.colors).fillna(OTHER_COLOR)
     return df
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "POLICY_COLORS", "DEVICE_PALETTE",
+__all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "DEVICE_PALETTE",
            "MULTI_DEVICE_COLOR", "GIB", "CAPACITY_IN_VIEW", "fmt_bytes", "fmt_seconds", "byte_unit",
            "memory_scale", "color_for"]
 
@@ -43,13 +43,7 @@ KIND_COLORS = {
 }
 OTHER_COLOR = "#bbbbbb"
 
-# Memory policies of Strategy.table.
-POLICY_COLORS = {
-    "keep": "#4c72b0",
-    "recompute": "#c44e52",
-    "offload": "#55a868",
-    "compress": "#da8bc3",
-}
+# Memory policies: their colours are the policy table's (memflow.strategy.POLICIES.colors).
 
 DEVICE_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
                   "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
