@@ -8,6 +8,8 @@
   as an ILP (HiGHS) with a dynamic-programming fallback (Beaumont et al., Euro-Par 2021).
 * :func:`checkpoint` / :func:`checkpoint_table` — recomputation on one device (Chen et al.'s
   √n, Griewank's revolve, recompute-all, the optimal chain schedule), edge boards included.
+* :func:`optimal_checkpointing` — the optimal keep/recompute schedule of a chain, an exact
+  dynamic program after rotor (:mod:`memflow.planners.checkpointing`).
 * :func:`compress` / :func:`compress_strategy` — COMET's error-bounded compression of saved
   activations: ratios charged and measured, memory, gradient error, the batch it allows.
 * :func:`refine` — memflow's MCMC search started from any planner's strategy.
@@ -25,6 +27,7 @@ start a search: ``memflow.MCMCSearch(graph, cluster, init=strategy)``.
 """
 from .batch import at_batch
 from .checkpoint import checkpoint, checkpoint_table
+from .checkpointing import CheckpointResult, chain_violation, optimal_checkpointing
 from .common import Infeasible
 from .compress import compress, compress_strategy
 from .convergence import CriticalBatch, Measured
@@ -34,5 +37,6 @@ from .pipeline import pipeline, pipeline_table
 from .refine import refine
 
 __all__ = ["Infeasible", "CriticalBatch", "Measured", "at_batch", "checkpoint",
-           "checkpoint_table", "hybrid_projection", "offload", "offload_table", "pipeline",
-           "pipeline_table", "refine", "compress", "compress_strategy"]
+           "checkpoint_table", "optimal_checkpointing", "CheckpointResult", "chain_violation",
+           "hybrid_projection", "offload", "offload_table", "pipeline", "pipeline_table",
+           "refine", "compress", "compress_strategy"]

@@ -50,7 +50,7 @@ def _hybrids(graph, cluster) -> dict[str, Strategy]:
 
 
 def _checkpointed(graph, cluster, base: Strategy, memory_limit: Any) -> dict[str, Strategy]:
-    from .checkpointing import optimal_checkpointing   # the DP is heavier; load when needed
+    from ..planners.checkpointing import optimal_checkpointing   # heavier; load when needed
     try:
         res = optimal_checkpointing(graph, cluster, memory_limit, base=base)
     except SearchError:
