@@ -37,13 +37,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import SearchError
+from ..hardware.limits import memory_limits
 from ..memory.arrays import graph_arrays
 from ..sim import Simulator
 from ..sim.expand import K_FWD
 from ..strategy import Strategy
 from .chainmem import (END_, KEEP_, MAX_SPAN, OFF_, POLICY, REC_, START_, ChainMemory,
                        span)
-from .cost import memory_limits
 
 __all__ = ["optimal_checkpointing", "CheckpointResult", "chain_violation", "CHECKPOINT"]
 
