@@ -21,9 +21,10 @@ import pandas as pd
 
 import memflow
 from memflow.planners import pipeline, pipeline_table, refine
-from memflow.planners.common import Evaluator, Infeasible
+from memflow.planners.common import Infeasible
 from memflow.planners.partition import in_flight, solve_dp, solve_milp
 from memflow.planners.pipeline import chain_of
+from memflow.sim import Evaluator
 
 from _results import table, write_section
 
@@ -58,7 +59,7 @@ def solvers(g, M: int) -> dict:
     devs = [f"gpu{i}" for i in range(4)]
     chain = chain_of(ev, devs, M)
     flight = in_flight(4, M, "1f1b")
-    limits = np.full(4, ev.limit)
+    limits = np.full(4, ev.limits.min())
     t0 = time.perf_counter()
     a = solve_milp(chain, limits, flight, time_limit=120)
     t1 = time.perf_counter()

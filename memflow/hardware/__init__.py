@@ -7,5 +7,7 @@
 from .arrays import ClusterArrays
 from .catalogue import EDGE_BOARDS, GPUS, LINK_KINDS
 from .cluster import Cluster, parse_bytes
+from .limits import memory_limits
 
-__all__ = ["Cluster", "ClusterArrays", "GPUS", "EDGE_BOARDS", "LINK_KINDS", "parse_bytes"]
+__all__ = ["Cluster", "ClusterArrays", "GPUS", "EDGE_BOARDS", "LINK_KINDS", "parse_bytes",
+           "memory_limits"]

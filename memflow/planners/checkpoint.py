@@ -52,9 +52,10 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PlanError, SearchError
+from ..sim import Evaluator, Outcome
 from ..strategy import Strategy
 from .checkpointing import chain_violation, optimal_checkpointing
-from .common import Evaluator, Infeasible, Outcome, as_cluster, as_limit, check_graph
+from .common import Infeasible, as_cluster, as_limit, check_graph, fastest
 
 __all__ = ["checkpoint", "checkpoint_table", "chen_checkpoints", "revolve_snapshots", "METHODS"]
 
@@ -175,7 +176,7 @@ class _Planner:
 
     def plan(self, method: str) -> Outcome:
         if method != "optimal":
-            return self.ev.best(self.candidates(method), "checkpoint", method)
+            return fastest(self.ev, self.candidates(method), "checkpoint", method, self.limit)
         out = self._optimal_try(self.limit)
         if out is None:
             low = self._optimal_lowest()

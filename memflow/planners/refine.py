@@ -26,8 +26,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PlanError
+from ..sim import Evaluator
 from ..strategy import Strategy
-from .common import Evaluator, as_cluster
+from .common import as_cluster
 
 __all__ = ["refine", "search_policies"]
 

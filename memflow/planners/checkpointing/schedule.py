@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...errors import SearchError
-from ...search.cost import memory_limits      # the one limit parser this package reads
+from ...hardware.limits import memory_limits
 from ...sim import Simulator
 from ...strategy import Strategy
 from ..common import as_cluster
