@@ -37,7 +37,8 @@ import pandas as pd
 
 from ..errors import ClusterError
 from .catalogue import EDGE_BOARDS, GPU, GPUS, LINK_KINDS, lookup_gpu
-from .cluster import Cluster, parse_bytes
+from .._units import parse_bytes
+from .cluster import Cluster
 
 __all__ = ["preset", "presets", "build", "PRESET_NAMES"]
 
@@ -110,7 +111,7 @@ def preset(name: str) -> Cluster:
     """The cluster a preset name describes (see the module's grammar).
 
     >>> preset("8xA100-80GB").summary().splitlines()[0]
-    "Cluster '8xA100-80GB': 8 devices on 1 node(s), 640.0 GiB device memory, 2,560 GiB host memory"
+    "Cluster '8xA100-80GB': 8 devices on 1 node(s), 640 GiB device memory, 2.50 TiB host memory"
     """
     s = _parse(name)
     return build(s.gpu.name, s.gpus_per_node, s.nodes, intra=s.intra, inter=s.inter,
