@@ -8,5 +8,6 @@ from .._units import parse_bytes
 from .arrays import ClusterArrays
 from .catalogue import EDGE_BOARDS, GPUS, LINK_KINDS
 from .cluster import Cluster
+from . import presets as _presets  # noqa: F401  (attaches Cluster.preset, .presets, .build)
 
 __all__ = ["Cluster", "ClusterArrays", "GPUS", "EDGE_BOARDS", "LINK_KINDS", "parse_bytes"]

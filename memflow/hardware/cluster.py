@@ -49,28 +49,8 @@ class Cluster:
         self.name = str(name)
 
     # -- construction -----------------------------------------------------------------------
-    @classmethod
-    def preset(cls, name: str) -> "Cluster":
-        """A cluster by name: ``"4xV100-16GB"``, ``"16x8xH100-80GB"``, ``"jetson-nano-4GB"``…
-
-        See :func:`memflow.hardware.presets.preset` for the grammar.
-        """
-        from .presets import preset
-        return preset(name)
-
-    @classmethod
-    def presets(cls) -> pd.DataFrame:
-        """The named presets: ``name``, ``devices``, ``nodes``, ``gpu``, ``memory``,
-        ``interconnect``, ``description``. Any ``NxGPU`` or ``MxNxGPU`` also works."""
-        from .presets import presets
-        return presets()
-
-    @classmethod
-    def build(cls, gpu: str, gpus_per_node: int = 8, nodes: int = 1, **options: Any) -> "Cluster":
-        """A homogeneous cluster; see :func:`memflow.hardware.presets.build` for ``options``."""
-        from .presets import build
-        return build(gpu, gpus_per_node, nodes, **options)
-
+    # Cluster.preset, Cluster.presets and Cluster.build are memflow.hardware.presets' functions,
+    # attached there: they build clusters, so they sit above this module, not beside it.
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "Cluster":
         """A cluster from ``{"devices": [...], "hosts": [...], "links": [...]}`` records.

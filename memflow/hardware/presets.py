@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from .._units import parse_bytes
 from ..errors import ClusterError
 from .catalogue import EDGE_BOARDS, GPU, GPUS, LINK_KINDS, lookup_gpu
-from .._units import parse_bytes
 from .cluster import Cluster
 
 __all__ = ["preset", "presets", "build", "PRESET_NAMES"]
@@ -239,3 +239,12 @@ def build(gpu: str, gpus_per_node: int = 8, nodes: int = 1, *, intra: str | None
     return Cluster(devices, hosts, links, switches,
                    name=name or (f"{n_nodes}x{g}x{spec.name}" if n_nodes > 1 else
                                  f"{g}x{spec.name}"))
+
+
+def _attach() -> None:
+    # Also classmethods of Cluster (Cluster.preset("4xV100-16GB")), where users look for them.
+    for fn in (preset, presets, build):
+        setattr(Cluster, fn.__name__, staticmethod(fn))
+
+
+_attach()
