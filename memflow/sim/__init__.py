@@ -15,10 +15,11 @@
 from __future__ import annotations
 
 from ..strategy import Strategy
+from .estimate import estimate
 from .result import SimResult
 from .simulator import Evaluation, Simulator
 
-__all__ = ["simulate", "SimResult", "Simulator", "Evaluation"]
+__all__ = ["simulate", "estimate", "SimResult", "Simulator", "Evaluation"]
 
 
 def simulate(graph, strategy: Strategy, cluster, *, optimizer: str = "sgd",
