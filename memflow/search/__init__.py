@@ -4,7 +4,8 @@
   incremental (``step``/``run``), steerable (``pin``/``unpin``), resumable (``save``/``load``);
 * :func:`run_chains` — several chains in processes or on a Dask cluster, sharing their best;
 * :func:`optimal_checkpointing` — the optimal keep/recompute schedule of a chain (exact DP);
-* :func:`exhaustive` — every assignment of a small space, simulated.
+* :func:`exhaustive` — every assignment of a small space, simulated;
+* :func:`refine` — the search started from a planner's strategy, beside that strategy.
 
 The names load on first use, so ``import memflow.search`` stays cheap.
 
@@ -25,6 +26,7 @@ _EXPORTS = {
     "exhaustive": "memflow.search.enumeration",
     "ExhaustiveResult": "memflow.search.enumeration",
     "baselines": "memflow.search.initial",
+    "refine": "memflow.search.refinement",
 }
 
 __all__ = sorted(_EXPORTS)
