@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import networkx as nx
 import numpy as np
@@ -355,16 +355,3 @@ class OpGraph:
             return cls.from_dict(doc)
         except (KeyError, TypeError) as exc:
             raise GraphError(f"{path}: graph document is incomplete ({exc})") from None
-
-    # ------------------------------------------------------------------ helpers
-    def index_of(self, names: Iterable[str]) -> np.ndarray:
-        """Positions of ``names`` in execution order; unknown names raise naming the first."""
-        pos = {n: i for i, n in enumerate(self.units.index)}
-        out = []
-        for n in names:
-            if n not in pos:
-                close = [u for u in pos if n in u][:3]
-                hint = f"; did you mean {close}?" if close else ""
-                raise GraphError(f"{n!r} is not a unit of this graph{hint}")
-            out.append(pos[n])
-        return np.asarray(out, dtype=np.int64)

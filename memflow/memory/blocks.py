@@ -53,7 +53,6 @@ OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2}
 """Optimizer state per trainable byte."""
 FIRST_MB, EVERY_MB = 0, 1
 NONE = -1           # a record no saver on its placement holds
-_FAR = np.iinfo(np.int64).max
 
 
 class StepBlocks:
