@@ -14,7 +14,7 @@ from .._units import byte_unit, format_bytes
 
 __all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "POLICY_COLORS", "DEVICE_PALETTE",
            "MULTI_DEVICE_COLOR", "GIB", "CAPACITY_IN_VIEW", "format_bytes", "fmt_seconds",
-           "byte_unit", "memory_scale", "color_for"]
+           "memory_scale", "color_for"]
 
 GIB = float(2**30)
 
