@@ -27,7 +27,7 @@ _EXPORTS = {
     "OpGraph": "memflow.graph",
     "from_torch": "memflow.graph.capture",
     "Cluster": "memflow.hardware",
-    "estimate": "memflow.memory",
+    "estimate": "memflow.sim",
     "Strategy": "memflow.strategy",
     "simulate": "memflow.sim",
     "SimResult": "memflow.sim",
@@ -42,9 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .graph import OpGraph
     from .graph.capture import from_torch
     from .hardware import Cluster
-    from .memory import estimate
     from .search import MCMCSearch
-    from .sim import SimResult, simulate
+    from .sim import SimResult, estimate, simulate
     from .strategy import Strategy
 
 

@@ -64,7 +64,6 @@ OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2}
 FIRST_MB, EVERY_MB = 0, 1
 NONE = -1           # a record no saver on its placement holds
 N_MECH = len(MECHANISMS)
-_FAR = np.iinfo(np.int64).max
 
 
 class StepBlocks:

@@ -24,25 +24,14 @@ from typing import Any
 
 import numpy as np
 
+from .._units import format_bytes
 from ..errors import ClusterError, PlanError
 from ..hardware import Cluster, memory_limits
 from ..sim import Evaluator, Outcome
 from ..sim.expand import K_BWD, K_FWD
 from ..strategy import Strategy
 
-__all__ = ["Infeasible", "Profile", "as_cluster", "as_limit", "fastest", "fmt_bytes",
-           "check_graph"]
-
-
-def fmt_bytes(n: float) -> str:
-    """Bytes in GiB to three significant digits (MiB below 1 GiB).
-
-    >>> fmt_bytes(3 * 2**30), fmt_bytes(5 * 2**20)
-    ('3 GiB', '5 MiB')
-    """
-    if n >= 2 ** 30:
-        return f"{n / 2 ** 30:.3g} GiB"
-    return f"{n / 2 ** 20:.3g} MiB"
+__all__ = ["Infeasible", "Profile", "as_cluster", "as_limit", "fastest", "check_graph"]
 
 
 class Infeasible(PlanError):
@@ -56,11 +45,11 @@ class Infeasible(PlanError):
                  best: Strategy | None = None, detail: str = ""):
         self.planner, self.method = planner, method
         self.limit, self.min_memory, self.best = float(limit), float(min_memory), best
-        found = (f"the smallest peak found is {fmt_bytes(min_memory)}; give memory_limit >= "
-                 f"{fmt_bytes(min_memory)} ({int(math.ceil(min_memory))} bytes)"
+        found = (f"the smallest peak found is {format_bytes(min_memory)}; give memory_limit >= "
+                 f"{format_bytes(min_memory)} ({int(math.ceil(min_memory))} bytes)"
                  if math.isfinite(min_memory) else "no strategy could be built")
         super().__init__(f"{planner}: no {method!r} strategy fits memory_limit="
-                         f"{fmt_bytes(limit)}; {found}" + (f" ({detail})" if detail else ""))
+                         f"{format_bytes(limit)}; {found}" + (f" ({detail})" if detail else ""))
 
 
 def as_cluster(cluster: Any, what: str = "cluster") -> Cluster:

@@ -31,8 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PlanError
-from ..memory import estimate
-from ..sim import Evaluator
+from ..sim import Evaluator, estimate
 from ..sim.costs import compress_model
 from ..strategy import Strategy
 from .batch import graph_source

@@ -3,7 +3,8 @@
 * :class:`MCMCSearch` — Metropolis search over parallel configurations and memory policies,
   incremental (``step``/``run``), steerable (``pin``/``unpin``), resumable (``save``/``load``);
 * :func:`run_chains` — several chains in processes or on a Dask cluster, sharing their best;
-* :func:`exhaustive` — every assignment of a small space, simulated.
+* :func:`exhaustive` — every assignment of a small space, simulated;
+* :func:`refine` — the search started from a planner's strategy, beside that strategy.
 
 The optimal keep/recompute schedule of a chain, which the search starts from and is checked
 against, is a planner: :func:`memflow.planners.optimal_checkpointing`.
@@ -25,6 +26,7 @@ _EXPORTS = {
     "exhaustive": "memflow.search.enumeration",
     "ExhaustiveResult": "memflow.search.enumeration",
     "baselines": "memflow.search.initial",
+    "refine": "memflow.search.refinement",
 }
 
 __all__ = sorted(_EXPORTS)

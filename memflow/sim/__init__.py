@@ -15,11 +15,12 @@
 from __future__ import annotations
 
 from ..strategy import Strategy
+from .estimate import estimate
 from .evaluator import Evaluator, Outcome
 from .result import SimResult
 from .simulator import Evaluation, Simulator
 
-__all__ = ["simulate", "SimResult", "Simulator", "Evaluation", "Evaluator", "Outcome"]
+__all__ = ["simulate", "estimate", "SimResult", "Simulator", "Evaluation", "Evaluator", "Outcome"]
 
 
 def simulate(graph, strategy: Strategy, cluster, *, optimizer: str = "sgd",

@@ -119,10 +119,6 @@ class Run:
         ptr, idx = self.placement.sets
         return [tuple(idx[ptr[s]:ptr[s + 1]].tolist()) for s in self.tasks.channel_set]
 
-    def raw_channels(self, task: int) -> np.ndarray:
-        """Channel ids (devices' compute streams, then comm streams, then links) of a task."""
-        return self.placement.raw_sets[int(self.tasks.channel_set[task])]
-
 
 @dataclass
 class _Prepared:

@@ -237,10 +237,7 @@ class Strategy:
             microbatches=self.microbatches if microbatches is None else int(microbatches),
             schedule=schedule or self.schedule, name=self.name if name is None else str(name))
 
-    def validate(self, graph, cluster=None) -> "Strategy":
-        """Check this strategy against ``graph`` (and ``cluster``); see :func:`memflow.strategy.validate`."""
-        from .validate import validate
-        return validate(self, graph, cluster)
+    # Strategy.validate(graph, cluster=None) is memflow.strategy.validate, attached there.
 
     # ------------------------------------------------------------------ derived
     @property

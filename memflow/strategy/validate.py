@@ -103,3 +103,7 @@ def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
                                 f"{int(stage[i - 1])}; stages must not decrease along the units")
     return strategy
 
+
+# Also a method, strategy.validate(graph, cluster), where users look for it (as the constructors
+# are); defined here, above the Strategy it checks, so that strategy.py need not import this.
+Strategy.validate = validate

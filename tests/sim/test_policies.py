@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from memflow.hardware.presets import build
-from memflow.memory import estimate
+from memflow.sim import estimate
 from memflow.memory.blocks import ACTIVATIONS
 from memflow.sim import Simulator, simulate
 from memflow.sim.expand import K_BWD

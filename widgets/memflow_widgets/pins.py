@@ -18,7 +18,7 @@ import ipywidgets
 
 from memflow.strategy import POLICIES
 
-from .style import fmt_bytes
+from .style import format_bytes
 
 __all__ = ["PinTable"]
 
@@ -102,7 +102,7 @@ class PinTable(ipywidgets.VBox):
                 row.pin.description = unit
                 row.pin.value = unit in pins
                 row.policy.value = pins.get(unit, "recompute")
-                saved = fmt_bytes(self.units.at[unit, "saved_bytes"])
+                saved = format_bytes(self.units.at[unit, "saved_bytes"])
                 row.info.value = (f"<span style='color:#666'>{html.escape(self.units.at[unit, 'kind'])}"
                                   f", saves {saved}; best: {html.escape(str(best.get(unit, '?')))}"
                                   "</span>")
