@@ -64,7 +64,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     'optimizer'
     """
     from ..sim.costs import compression_ratios
-    from ..sim.expand import KINDS, Timing, expand, structure
+    from ..sim.expand import Timing, expand, structure
+    from ..sim.kinds import TASK_KINDS
     from ..sim.ledger import ledger_plan, ledgers
     from ..strategy import Strategy
 
@@ -106,8 +107,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     if ev >= 0:
         task = int(L.task[ev])
         unit = T.unit[task]
-        peak_task = KINDS[T.kind[task]] + (f" {ga.names[unit]}" if unit >= 0 else "")
-        phase = KINDS[T.kind[task]]
+        peak_task = TASK_KINDS[T.kind[task]] + (f" {ga.names[unit]}" if unit >= 0 else "")
+        phase = TASK_KINDS[T.kind[task]]
     else:
         peak_task = phase = "start"
     df = pd.DataFrame({"at_peak": at_peak, "max": cat_max}, index=list(CATEGORIES))

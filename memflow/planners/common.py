@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import PlanError
 from ..hardware import Cluster, parse_bytes
 from ..sim import Simulator
-from ..sim.expand import K_BWD, K_FWD
+from ..sim.kinds import K_BWD, K_FWD
 from ..strategy import Strategy
 
 __all__ = ["Infeasible", "Outcome", "Evaluator", "Profile", "as_cluster", "as_limit",

@@ -56,7 +56,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from ..errors import PlanError
 from ..strategy import Strategy
-from ..sim.expand import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
+from ..sim.kinds import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
 from .common import Evaluator, Infeasible, Outcome, Profile, as_cluster, as_limit, check_graph
 
 __all__ = ["offload", "offload_table", "knapsack_choice", "fluid_choice", "POLICIES"]

@@ -31,7 +31,7 @@ import pandas as pd
 
 from ..errors import PlanError
 from ..memory import OPTIMIZER_STATES
-from ..sim.expand import K_BWD, K_FWD
+from ..sim.kinds import K_BWD, K_FWD
 from ..strategy import SCHEDULES, Strategy
 from ..strategy.constructors import device_list
 from .common import Evaluator, Infeasible, Outcome, as_cluster, as_limit, check_graph

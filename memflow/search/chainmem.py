@@ -29,7 +29,7 @@ from ..errors import SearchError
 from ..memory.arrays import GraphArrays
 from ..memory.blocks import A_BWD, A_FWD, A_OFFLOAD, A_OPT, A_PREFETCH, A_RECOMP
 from ..sim import Simulator
-from ..sim.expand import K_BWD, K_OFFLOAD, K_PREFETCH
+from ..sim.kinds import K_BWD, K_OFFLOAD, K_PREFETCH
 from ..strategy import Strategy
 
 __all__ = ["KEEP_", "REC_", "OFF_", "START_", "END_", "span", "Order", "ChainMemory"]

@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..sim import Simulator
-from ..sim.expand import K_FWD
+from ..sim.kinds import K_FWD
 from ..strategy import Strategy
 from .chainmem import (END_, KEEP_, MAX_SPAN, OFF_, POLICY, REC_, START_, ChainMemory,
                        span)

@@ -26,16 +26,12 @@ from ..memory.blocks import StepBlocks
 from ..memory.records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
                               A_PREFETCH, A_RECOMP, A_XFER, Placed)
 from ..memory.jit import njit
+from .kinds import (K_ALLRED, K_BWD, K_COMPRESS, K_DECOMP, K_FWD, K_OFFLOAD, K_OPT, K_PREFETCH,
+                    K_RECOMP, K_XFER, R_COMM, R_COMPUTE, R_COPY, R_COPYBACK, R_D2H, R_H2D)
 from .pipeline import program_order
 
-__all__ = ["Tasks", "Structure", "Timing", "structure", "expand", "KINDS", "ROLES"]
+__all__ = ["Tasks", "Structure", "Timing", "structure", "expand"]
 
-KINDS = ("forward", "backward", "recompute", "transfer", "allreduce", "offload", "prefetch",
-         "compress", "decompress", "optimizer")
-K_FWD, K_BWD, K_RECOMP, K_XFER, K_ALLRED, K_OFFLOAD, K_PREFETCH, K_COMPRESS, K_DECOMP, K_OPT = \
-    range(len(KINDS))
-ROLES = ("compute", "comm", "to-host", "from-host", "copy", "copy-back")
-R_COMPUTE, R_COMM, R_D2H, R_H2D, R_COPY, R_COPYBACK = range(len(ROLES))
 BUCKET_CAP = 25 * 2 ** 20       # DDP's bucket_cap_mb
 FIRST_BUCKET = 2 ** 20          # DDP's first bucket is small so communication starts early
 _NONE = np.iinfo(np.int64).max
