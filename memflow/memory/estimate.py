@@ -64,9 +64,10 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     'optimizer'
     """
     from ..sim.costs import compression_ratios
-    from ..sim.expand import Timing, expand, structure
+    from ..sim.expand import Timing, expand
     from ..sim.kinds import TASK_KINDS
     from ..sim.ledger import ledger_plan, ledgers
+    from ..sim.structure import structure
     from ..strategy import Strategy
 
     if optimizer not in OPTIMIZER_STATES:

@@ -32,7 +32,8 @@ from ..memory.records import Placed, placements
 from ..strategy.strategy import Strategy
 from .costs import (OPTIMIZER_LAUNCHES, OPTIMIZER_TRAFFIC, compress_model, compression_ratios,
                     copy_cost, layout_cost, ring_time)
-from .expand import Structure, Tasks, Timing, expand, structure
+from .expand import Tasks, Timing, expand
+from .structure import Structure, structure
 from .folding import classes
 from .ledger import Ledger, LedgerPlan, ledger_plan, ledgers
 from .schedule import schedule
