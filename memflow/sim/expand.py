@@ -89,6 +89,8 @@ class Timing:
     copy_back: np.ndarray
     d2h: np.ndarray            # per layout: (seconds per byte, latency)
     h2d: np.ndarray
+    host_scale: np.ndarray     # per unit: multiplies the seconds per byte of its offload and
+                               # prefetch (1: the host link's own rate)
     optimizer: np.ndarray      # per layout
     compress: np.ndarray       # per unit: bytes per second, launches included (1: none)
     decompress: np.ndarray
@@ -102,8 +104,9 @@ class Timing:
         return cls(forward=zeros(n_units), backward=zeros(n_units),
                    allreduce=zeros(len(S.bucket_layout)), copy=zeros(len(S.copy_src)),
                    copy_back=zeros(len(S.copy_src)), d2h=zeros(S.n_layouts, 2),
-                   h2d=zeros(S.n_layouts, 2), optimizer=zeros(S.n_layouts),
-                   compress=np.ones(n_units), decompress=np.ones(n_units))
+                   h2d=zeros(S.n_layouts, 2), host_scale=np.ones(n_units),
+                   optimizer=zeros(S.n_layouts), compress=np.ones(n_units),
+                   decompress=np.ones(n_units))
 
 
 @njit
@@ -176,7 +179,7 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
             rd_ptr, rd_kind, rd_key, gi_ptr, gi_kind, gi_key, cf_ptr, cf_copy, cb_ptr,
             cb_copy, copy_src, copy_bytes, layout, tp_out, tp_in, off, comp, seg_start,
             seg_last, bk_ptr, bk_lay, bk_bytes, bu_ptr, bu_units, d_fwd, d_bwd, d_ar, d_cp,
-            d_cpb, d2h, h2d, d_opt, r_comp, r_decomp, n_tasks, n_deps):
+            d_cpb, d2h, h2d, host_scale, d_opt, r_comp, r_decomp, n_tasks, n_deps):
     """The tasks of one step in program order, in arrays of the sizes :func:`_count` gives.
 
     In step with ``_count``: every task emitted and every dependency written here is one of
@@ -222,7 +225,7 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                     d += 1
                     offloading = t
                     t = _emit(out, t, d, K_OFFLOAD, u, m, R_D2H, lay, off[u],
-                              off[u] * d2h[lay, 0] + d2h[lay, 1], A_OFFLOAD, u)
+                              off[u] * d2h[lay, 0] * host_scale[u] + d2h[lay, 1], A_OFFLOAD, u)
                 if comp[u] > 0:
                     dep_idx[d] = f
                     d += 1
@@ -248,7 +251,7 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 dep_idx[d] = table[A_OFFLOAD, u, m]
                 d += 1
                 t = _emit(out, t, d, K_PREFETCH, u, m, R_H2D, lay, off[u],
-                          off[u] * h2d[lay, 0] + h2d[lay, 1], A_PREFETCH, u)
+                          off[u] * h2d[lay, 0] * host_scale[u] + h2d[lay, 1], A_PREFETCH, u)
             if seg_last[u]:
                 for v in range(seg_start[u], u + 1):
                     for j in range(nw):
@@ -289,7 +292,7 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 dep_idx[d + 1] = -(b + 1)
                 d += 2
                 t = _emit(out, t, d, K_PREFETCH, v, m, R_H2D, layout[v], off[v],
-                          off[v] * h2d[layout[v], 0] + h2d[layout[v], 1],
+                          off[v] * h2d[layout[v], 0] * host_scale[v] + h2d[layout[v], 1],
                           A_PREFETCH, v)
         if m == final_mb[s]:   # DDP: all-reduce gradient buckets as backward produces them
             for bk in range(bk_ptr[s], bk_ptr[s + 1]):
@@ -338,6 +341,6 @@ def expand(S: Structure, timing: Timing, plan: StepBlocks) -> Tasks:
                   S.tp_out, S.tp_in, off, comp, seg_start, seg_last, S.buckets[0],
                   S.bucket_layout, S.bucket_bytes, S.bucket_units[0], S.bucket_units[1],
                   timing.forward, timing.backward, timing.allreduce, timing.copy,
-                  timing.copy_back, timing.d2h, timing.h2d, timing.optimizer, timing.compress,
-                  timing.decompress, n_tasks, n_deps)
+                  timing.copy_back, timing.d2h, timing.h2d, timing.host_scale,
+                  timing.optimizer, timing.compress, timing.decompress, n_tasks, n_deps)
     return Tasks(*out)

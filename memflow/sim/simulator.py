@@ -270,7 +270,8 @@ class Simulator:
                         copy_back=back,
                         d2h=np.array([lc.d2h[1:] for lc in lcs], np.float64).reshape(-1, 2),
                         h2d=np.array([lc.h2d[1:] for lc in lcs], np.float64).reshape(-1, 2),
-                        optimizer=optimizer, compress=np.ones(ga.n), decompress=np.ones(ga.n))
+                        host_scale=np.ones(ga.n), optimizer=optimizer,
+                        compress=np.ones(ga.n), decompress=np.ones(ga.n))
         # channel sets: compute, comm, to-host, from-host per layout, then copies, copies back
         raw = ([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
                + [2 * n + lc.d2h[0] for lc in lcs] + [2 * n + lc.h2d[0] for lc in lcs]
