@@ -191,7 +191,8 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
     dep_idx = np.empty(n_deps, np.int64)
     n_keys = max(n, n_copies, n_layouts, 1)
     table = np.full((ANCHOR_KINDS, n_keys, M), -1, np.int64)
-    # channel sets: compute, comm, to-host, from-host per layout, then copy, copy-back per copy
+    # first channel set of each role (ROLES): compute, comm, to-host, from-host per layout,
+    # then copy, copy-back per copy
     set_base = np.array([0, n_layouts, 2 * n_layouts, 3 * n_layouts, 4 * n_layouts,
                          4 * n_layouts + n_copies])
     out = (np.empty(n_tasks, np.int64), np.empty(n_tasks, np.int64), np.empty(n_tasks, np.int64),
