@@ -28,7 +28,7 @@ from .._units import format_bytes
 from ..errors import ClusterError, PlanError
 from ..hardware import Cluster, memory_limits
 from ..sim import Evaluator, Outcome
-from ..sim.expand import K_BWD, K_FWD
+from ..sim.kinds import K_BWD, K_FWD
 from ..strategy import Strategy
 
 __all__ = ["Infeasible", "Profile", "as_cluster", "as_limit", "fastest", "check_graph"]

@@ -57,7 +57,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from ..errors import PlanError
 from ..strategy import Strategy
 from ..sim import Evaluator, Outcome
-from ..sim.expand import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
+from ..sim.kinds import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
 from .common import Infeasible, Profile, as_cluster, as_limit, check_graph, fastest
 
 __all__ = ["offload", "offload_table", "knapsack_choice", "fluid_choice", "POLICIES"]

@@ -32,7 +32,7 @@ import pandas as pd
 from ..errors import PlanError
 from ..memory import OPTIMIZER_STATES
 from ..sim import Evaluator, Outcome
-from ..sim.expand import K_BWD, K_FWD
+from ..sim.kinds import K_BWD, K_FWD
 from ..strategy import SCHEDULES, Strategy
 from ..strategy.constructors import device_list
 from .common import Infeasible, as_cluster, as_limit, check_graph, fastest

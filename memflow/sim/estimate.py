@@ -18,8 +18,10 @@ from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, step_blocks
 from ..memory.records import placements
 from ..strategy import Strategy
 from .costs import compression_ratios
-from .expand import KINDS, Timing, expand, structure
+from .expand import Timing, expand
+from .kinds import TASK_KINDS
 from .ledger import ledger_plan, ledgers
+from .structure import structure
 
 __all__ = ["estimate"]
 
@@ -105,8 +107,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     if ev >= 0:
         task = int(L.task[ev])
         unit = T.unit[task]
-        peak_task = KINDS[T.kind[task]] + (f" {ga.names[unit]}" if unit >= 0 else "")
-        phase = KINDS[T.kind[task]]
+        peak_task = TASK_KINDS[T.kind[task]] + (f" {ga.names[unit]}" if unit >= 0 else "")
+        phase = TASK_KINDS[T.kind[task]]
     else:
         peak_task = phase = "start"
     df = pd.DataFrame({"at_peak": at_peak, "max": cat_max}, index=list(CATEGORIES))

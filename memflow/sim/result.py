@@ -9,7 +9,7 @@ import pandas as pd
 
 from .._units import format_bytes
 from ..memory.blocks import CATEGORIES
-from .expand import KINDS, R_COMPUTE, R_COPY, R_COPYBACK, ROLES
+from .kinds import R_COMPUTE, R_COPY, R_COPYBACK, ROLES, TASK_KINDS
 
 __all__ = ["SimResult"]
 
@@ -77,7 +77,7 @@ class SimResult:
                  for c, i in zip(sets, first)}
         return pd.DataFrame({
             "task": np.arange(len(T.kind)),
-            "kind": np.array(KINDS, dtype=object)[T.kind],
+            "kind": np.array(TASK_KINDS, dtype=object)[T.kind],
             "unit": names[T.unit],
             "microbatch": T.mb,
             "resource": [label[c] for c in T.channel_set.tolist()],

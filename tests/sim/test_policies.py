@@ -6,7 +6,7 @@ from memflow.hardware.presets import build
 from memflow.sim import estimate
 from memflow.memory.blocks import ACTIVATIONS
 from memflow.sim import Simulator, simulate
-from memflow.sim.expand import K_BWD
+from memflow.sim.kinds import K_BWD
 from memflow.strategy import Strategy
 
 from .graphs import chain, cluster

@@ -39,7 +39,7 @@ import numpy as np
 from ...memory.arrays import GraphArrays, graph_arrays
 from ...memory.blocks import A_BWD, A_OPT, A_RECOMP
 from ...sim import Simulator
-from ...sim.expand import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
+from ...sim.kinds import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
 from ...strategy import Strategy
 from .order import Order
 
