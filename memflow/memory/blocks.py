@@ -41,9 +41,9 @@ from .records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_
                       A_PREFETCH, A_RECOMP, A_XFER, END, START, Copies, Copy, Placed, anchors,
                       placements)
 from .jit import njit
+from .segments import holding_segments, segment_starts
 
-__all__ = ["StepBlocks", "Copy", "Copies", "BlockTable", "step_blocks", "segment_starts",
-           "holding_segments",
+__all__ = ["StepBlocks", "Copy", "Copies", "BlockTable", "step_blocks",
            "CATEGORIES", "OPTIMIZER_STATES", "A_FWD", "A_BWD", "A_RECOMP", "A_OFFLOAD",
            "A_PREFETCH", "A_COMPRESS", "A_DECOMP", "A_XFER", "A_GXFER", "A_OPT"]
 
@@ -155,39 +155,6 @@ class StepBlocks:
         n = len(self.persistent)
         return (np.bincount(self.layout[device], b[device], n),
                 np.bincount(self.layout[host], b[host], n))
-
-
-def segment_starts(segment: np.ndarray) -> np.ndarray:
-    """First unit of each unit's recompute segment (-1 outside segments). Segments are runs,
-    so the first unit names a segment whatever the numbering of the others.
-
-    >>> segment_starts(np.array([-1, 0, 0, -1, 1])).tolist()
-    [-1, 1, 1, -1, 4]
-    """
-    seg = np.asarray(segment)
-    first = np.ones(len(seg), bool)
-    first[1:] = seg[1:] != seg[:-1]
-    start = np.maximum.accumulate(np.where(first, np.arange(len(seg)), 0))
-    return np.where(seg >= 0, start, -1)
-
-
-def holding_segments(segment: np.ndarray, saves: np.ndarray) -> np.ndarray:
-    """``segment`` without the segments none of whose units saves anything (-1 there).
-
-    Such a segment is not a checkpoint at all: ``torch.utils.checkpoint`` (non-reentrant)
-    holds its inputs only through what its ops save, and recomputes only when a saved tensor
-    is unpacked, so it holds nothing and never re-runs — as if its units were kept.
-    ``saves``: per unit, whether it saves a storage for backward.
-
-    >>> holding_segments(np.array([0, 0, -1, 1, 1]), np.array([0, 1, 0, 0, 0], bool)).tolist()
-    [0, 0, -1, -1, -1]
-    """
-    seg = np.asarray(segment)
-    start = segment_starts(seg)
-    inside = seg >= 0
-    holds = np.zeros(len(seg), bool)
-    holds[start[inside & saves]] = True
-    return np.where(inside & holds[np.maximum(start, 0)], seg, -1)
 
 
 def _anchor(kind, key, edge, k: int) -> np.ndarray:
