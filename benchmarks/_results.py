@@ -76,7 +76,7 @@ def write_section(name: str, body: str, *, title: str | None = None,
 
 
 def refine_columns(r: dict) -> dict:
-    """The columns every planner's table gives for ``memflow.planners.refine``'s answer ``r``."""
+    """The columns every planner's table gives for ``memflow.search.refine``'s answer ``r``."""
     return {"plan time (s)": r["plan_time"], "search best (s)": r["search_time"],
             "speedup": r["speedup"], "search fits": r["search_fits"],
             "never worse": r["never_worse"]}

@@ -12,7 +12,7 @@ with plain data parallelism — on a ``4xV100-16GB`` cluster, this gives, per mo
   only each unit's input held; one segment over the whole model would peak like data parallel);
 * ``sqrt checkpointing`` — data parallel with Chen et al.'s checkpoints (their greedy over a
   grid of budgets, :func:`memflow.planners.checkpoint.chen_checkpoints`; the fastest that fits);
-* ``optimal chain schedule`` — :func:`memflow.search.optimal_checkpointing` on the
+* ``optimal chain schedule`` — :func:`memflow.planners.optimal_checkpointing` on the
   data-parallel placement, where the graph is a chain;
 * ``memflow search`` — :class:`memflow.MCMCSearch`, memory-aware, started from the best of the
   rows above (and of its own baselines), for the same time as FlexFlow's.
@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import memflow  # noqa: E402
 from memflow.errors import SearchError  # noqa: E402
+from memflow.planners import chain_violation, optimal_checkpointing  # noqa: E402
 from memflow.planners.checkpoint import chen_checkpoints  # noqa: E402
-from memflow.search import MCMCSearch, optimal_checkpointing  # noqa: E402
-from memflow.search.checkpointing import chain_violation  # noqa: E402
+from memflow.search import MCMCSearch  # noqa: E402
 from memflow.sim import Simulator  # noqa: E402
 from memflow.strategy import Strategy  # noqa: E402
 from _results import table, write_section  # noqa: E402

@@ -20,7 +20,8 @@ import warnings
 import pandas as pd
 
 import memflow
-from memflow.planners import checkpoint, checkpoint_table, refine
+from memflow.planners import checkpoint, checkpoint_table
+from memflow.search import refine
 from memflow.planners.common import Infeasible
 
 from _results import refine_columns, table, write_section
@@ -102,9 +103,9 @@ def main() -> None:
             "checkpoint segment over the whole model (it re-materializes everything before "
             "backward, so its peak is keep-all's); 'sqrt' = Chen et al.'s budgeted greedy; "
             "'revolve' = Griewank's first-sweep snapshots as kept units (one level of "
-            "recomputation); 'optimal' = memflow.search.optimal_checkpointing (chains only). "
+            "recomputation); 'optimal' = memflow.planners.optimal_checkpointing (chains only). "
             "Overheads are simulated time over keep-all's.\n\n" + "\n\n".join(parts)
-            + "\n\n**MCMC search started from each plan that fits** (memflow.planners.refine)\n\n"
+            + "\n\n**MCMC search started from each plan that fits** (memflow.search.refine)\n\n"
             + table(pd.concat(searches).set_index(["scenario", "method"]), ".4g"))
     write_section("plan-checkpoint", body, title="Checkpointing on one device (edge, √n, "
                                                  "revolve, optimal)")

@@ -20,7 +20,8 @@ import warnings
 import pandas as pd
 
 import memflow
-from memflow.planners import compress, compress_strategy, refine
+from memflow.planners import compress, compress_strategy
+from memflow.search import refine
 from memflow.planners.common import Infeasible
 
 from _results import refine_columns, table, write_section
@@ -108,7 +109,7 @@ def write(heads, parts, searches, left: list[str]) -> None:
                if left else "") + "\n\n" + table(pd.concat([comet, head]), ".3g") + "\n\n"
             + "\n\n".join(parts)
             + "\n\n**MCMC search started from the compressed plan (error bound 1e-2) under "
-            "80% of keep-all's peak** (memflow.planners.refine)\n\n"
+            "80% of keep-all's peak** (memflow.search.refine)\n\n"
             + (table(pd.DataFrame(searches).set_index("model"), ".4g") if searches else
                "no compressed plan fits that limit"))
     write_section("plan-compress", body, title="Error-bounded compression (COMET)")

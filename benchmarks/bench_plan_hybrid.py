@@ -18,7 +18,8 @@ import warnings
 import pandas as pd
 
 import memflow
-from memflow.planners import hybrid_projection, refine
+from memflow.planners import hybrid_projection
+from memflow.search import refine
 from memflow.planners.convergence import DEFAULTS
 from memflow.planners.hybrid import hybrid_strategies
 

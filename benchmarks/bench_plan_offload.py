@@ -17,7 +17,8 @@ import warnings
 import pandas as pd
 
 import memflow
-from memflow.planners import offload, offload_table, refine
+from memflow.planners import offload, offload_table
+from memflow.search import refine
 from memflow.planners.common import Infeasible
 
 from _results import refine_columns, table, write_section
@@ -76,7 +77,7 @@ def main() -> None:
             "peak and its least peak with offloading differ from vDNN's figures.\n\n"
             + table(pd.concat([vdnn, head.astype(object)]), ".3g") + "\n\n"
             + "\n\n".join(parts)
-            + "\n\n**MCMC search started from each plan that fits** (memflow.planners.refine)\n\n"
+            + "\n\n**MCMC search started from each plan that fits** (memflow.search.refine)\n\n"
             + (table(pd.DataFrame(searches).set_index(["batch", "policy"]), ".4g")
                if searches else "no offloading plan fits, so no search was started"))
     write_section("plan-offload", body, title="Offloading (vDNN, Beaumont et al. 2020)")

@@ -20,10 +20,12 @@ import numpy as np
 import pandas as pd
 
 import memflow
-from memflow.planners import pipeline, pipeline_table, refine
-from memflow.planners.common import Evaluator, Infeasible
+from memflow.planners import pipeline, pipeline_table
+from memflow.planners.common import Infeasible
+from memflow.search import refine
 from memflow.planners.partition import in_flight, solve_dp, solve_milp
 from memflow.planners.pipeline import chain_of
+from memflow.sim import Evaluator
 
 from _results import table, write_section
 
@@ -58,7 +60,7 @@ def solvers(g, M: int) -> dict:
     devs = [f"gpu{i}" for i in range(4)]
     chain = chain_of(ev, devs, M)
     flight = in_flight(4, M, "1f1b")
-    limits = np.full(4, ev.limit)
+    limits = np.full(4, ev.limits.min())
     t0 = time.perf_counter()
     a = solve_milp(chain, limits, flight, time_limit=120)
     t1 = time.perf_counter()
@@ -119,7 +121,7 @@ def main() -> None:
             "too: one weight version, nothing stashed.\n\n" + "\n\n".join(parts)
             + "\n\n**ILP (HiGHS) against the DP on the same model** (period per micro-batch; "
             "1F1B, 8 micro-batches, no limit)\n\n" + table(solve, ".4g")
-            + "\n\n**MCMC search started from each plan** (memflow.planners.refine)\n\n"
+            + "\n\n**MCMC search started from each plan** (memflow.search.refine)\n\n"
             + table(pd.DataFrame(searches).set_index(["model", "schedule"]), ".4g"))
     write_section("plan-pipeline", body, title="Pipelining under memory constraints "
                                                "(Beaumont et al. 2021)")

@@ -6,7 +6,7 @@ Three sections of RESULTS.md:
   (transformer MLP blocks between narrow projections, under memory limits from 30% to 80% of
   keeping everything; dense layers, from 60%, below which no dense chain has a schedule),
   the optimum (the exact DP of
-  :func:`memflow.search.optimal_checkpointing`, checked against exhaustive enumeration on the
+  :func:`memflow.planners.optimal_checkpointing`, checked against exhaustive enumeration on the
   10-unit chains here and on every chain of the tests), and for each of several seeds whether
   :class:`memflow.MCMCSearch` (keep/recompute, from keep-everything) came within 1% of it
   within 3,000 proposals, and after how many;
@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import memflow  # noqa: E402
 from memflow.errors import SearchError  # noqa: E402
-from memflow.search import MCMCSearch, exhaustive, optimal_checkpointing, run_chains  # noqa: E402
+from memflow.planners import optimal_checkpointing  # noqa: E402
+from memflow.search import MCMCSearch, exhaustive, run_chains  # noqa: E402
 from memflow.search.moves import MEMORY_MOVES  # noqa: E402
 from memflow.search.synthetic import chain_graph, mlp_chain  # noqa: E402
 from memflow.sim import Simulator  # noqa: E402

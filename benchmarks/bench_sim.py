@@ -32,6 +32,7 @@ import memflow  # noqa: E402
 from memflow.sim import Simulator  # noqa: E402
 from memflow.sim.schedule import JIT  # noqa: E402
 from memflow.strategy import POLICIES, Strategy  # noqa: E402
+SEARCHED = POLICIES.searched
 from _results import table, write_section  # noqa: E402
 
 
@@ -58,7 +59,7 @@ def rates(graph, cluster, strategy: Strategy, seconds: float, seed: int = 0) -> 
 
     def new() -> None:
         u = names[rng.integers(len(names))]
-        policy = POLICIES[rng.integers(3)]                  # keep, recompute or offload
+        policy = SEARCHED[rng.integers(len(SEARCHED))]      # keep, recompute or offload
         state["s"] = state["s"].with_policy({u: policy})
         sim.evaluate(state["s"])
 

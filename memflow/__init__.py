@@ -12,6 +12,11 @@ export the result as PyTorch training code.
 >>> bool(result.feasible)
 True
 
+Memory policies live in one table, ``memflow.POLICIES`` (see ``docs/architecture.md``):
+
+>>> list(memflow.POLICIES), memflow.POLICIES["offload"].mechanism
+(['keep', 'recompute', 'offload', 'compress'], 'host')
+
 The names below load on first use, so ``import memflow`` stays fast.
 """
 from __future__ import annotations
@@ -27,9 +32,12 @@ _EXPORTS = {
     "OpGraph": "memflow.graph",
     "from_torch": "memflow.graph.capture",
     "Cluster": "memflow.hardware",
-    "estimate": "memflow.memory",
+    "estimate": "memflow.sim",
     "Strategy": "memflow.strategy",
+    "Policy": "memflow.strategy",
+    "POLICIES": "memflow.strategy",
     "simulate": "memflow.sim",
+    "Evaluator": "memflow.sim",
     "SimResult": "memflow.sim",
     "MCMCSearch": "memflow.search",
 }
@@ -42,10 +50,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .graph import OpGraph
     from .graph.capture import from_torch
     from .hardware import Cluster
-    from .memory import estimate
     from .search import MCMCSearch
-    from .sim import SimResult, simulate
-    from .strategy import Strategy
+    from .sim import Evaluator, SimResult, estimate, simulate
+    from .strategy import POLICIES, Policy, Strategy
 
 
 __getattr__, __dir__ = lazy_names("memflow", _EXPORTS, _SUBMODULES)

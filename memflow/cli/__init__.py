@@ -52,7 +52,7 @@ def _model_arguments(p: argparse.ArgumentParser, *, required: bool = True) -> No
 def _cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", required=True,
                    help="a preset such as 4xV100-16GB (see 'memflow presets')")
-    p.add_argument("--memory-limit", help="cap every GPU's memory, e.g. 12GB")
+    p.add_argument("--memory-limit", help="cap every GPU's memory, e.g. 12GB or 80%%")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -114,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="a zoo model option; repeatable")
     p.add_argument("--cluster", default="4xV100-16GB", help="default 4xV100-16GB")
-    p.add_argument("--memory-limit", help="cap every GPU's memory, e.g. 12GB")
+    p.add_argument("--memory-limit", help="cap every GPU's memory, e.g. 12GB or 80%%")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=commands.demo)
     return top

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import MemflowError
-from ..report.style import fmt_bytes
+from ..report.style import format_bytes
 from .inputs import (is_file_model, load_cluster, load_graph, load_model, load_strategy,
                      parse_options, parse_shape, parse_units)
 from .folder import FILES, run_search, write_plan
@@ -49,7 +49,7 @@ def _graph(inputs: dict[str, Any]):
 def _describe(result) -> str:
     worst = result.peak_memory.idxmax()
     fit = "fits" if result.feasible else "does NOT fit"
-    peak, capacity = fmt_bytes(result.peak_memory[worst]), fmt_bytes(result.capacity[worst])
+    peak, capacity = format_bytes(result.peak_memory[worst]), format_bytes(result.capacity[worst])
     return (f"{result.iteration_time * 1e3:,.1f} ms/step, {result.throughput:,.0f} samples/s, "
             f"peak {peak} of {capacity} on {worst}: {fit}")
 
@@ -101,7 +101,7 @@ def simulate(args: argparse.Namespace) -> None:
     table = result.summary()
     with pd.option_context("display.width", 120, "display.max_rows", 64):
         print(table.to_string(formatters={
-            **dict.fromkeys(("peak", "capacity", "headroom"), fmt_bytes),
+            **dict.fromkeys(("peak", "capacity", "headroom"), format_bytes),
             "compute_busy": lambda t: f"{t * 1e3:,.3f} ms", "utilization": "{:.0%}".format}))
 
 
@@ -155,7 +155,7 @@ def presets(args: argparse.Namespace) -> None:
     from ..hardware import Cluster
 
     table = Cluster.presets()
-    table["memory"] = table["memory"].map(fmt_bytes)
+    table["memory"] = table["memory"].map(format_bytes)
     with pd.option_context("display.width", 200, "display.max_colwidth", 60):
         print(table.to_string(index=False))
 

@@ -156,16 +156,13 @@ def load_cluster(preset: str, memory_limit: str | None = None):
     The cap is the cluster's memory, not a separate number, so the search, the simulation and
     the report all see the same capacity lines.
     """
-    from ..hardware import Cluster, parse_bytes
+    from ..hardware import Cluster, memory_limits
 
     cluster = Cluster.preset(preset)
     if memory_limit is None:
         return cluster
-    limit = parse_bytes(memory_limit)
-    if not limit > 0:
-        raise MemflowError(f"--memory-limit {memory_limit!r} must be a positive size (e.g. 12GB)")
-    memory = cluster.devices["memory_bytes"]
-    capped = cluster.with_memory({d: min(limit, float(m)) for d, m in memory.items()})
+    limits = memory_limits(cluster, memory_limit)
+    capped = cluster.with_memory(dict(zip(cluster.devices.index, limits.tolist())))
     capped.name = f"{cluster.name} (≤ {memory_limit} per GPU)"
     return capped
 

@@ -49,7 +49,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
 from ..graph.units import LOSS, ROOT
-from ..strategy.strategy import COMPRESS, KEEP, OFFLOAD, POLICIES, RECOMPUTE
+from ..strategy.policies import KEEP, M_COMPRESSED, M_HOST, M_RECOMPUTE, POLICIES
 from .saved import SavedStore
 from .placement import MoveTo, place, replica_devices, torch_devices
 from .segment import Segment, storage_key
@@ -75,12 +75,14 @@ class Exported(nn.Module):
         self.spans = spans
         self.devices = devices
         self._policy = strategy.policy
+        # export's hooks follow the mechanism: every policy on one mechanism runs the same way
+        self._mechanism = POLICIES.mechanism_codes[strategy.policy]
         segment = strategy.segment
         self._segment_units: dict[int, list[int]] = {}
         for i in np.flatnonzero(segment >= 0).tolist():
             self._segment_units.setdefault(int(segment[i]), []).append(i)
         self._multi = len({d for devs in devices for d in devs}) > 1
-        self._observe = bool(np.isin(strategy.policy, (OFFLOAD, COMPRESS)).any())
+        self._observe = bool(np.isin(self._mechanism, (M_HOST, M_COMPRESSED)).any())
         self._state: set[int] = set()
         self.store = SavedStore(self._state)
         self._open: list[Any] = []            # what unit starts set up, innermost last
@@ -121,18 +123,18 @@ class Exported(nn.Module):
         return self.spans[i].name if i is not None else "?"
 
     def _start(self, i: int) -> None:
-        policy = int(self._policy[i])
+        mechanism = int(self._mechanism[i])
         units = self._segment_units.get(int(self.strategy.segment[i]), [])
-        if policy == RECOMPUTE and units[0] == i:
+        if mechanism == M_RECOMPUTE and units[0] == i:
             seg = Segment([self.spans[u].name for u in units],
                           sorted({d for u in units for d in self.devices[u]}, key=str),
                           self._unit_name, self._state)
             seg.open()
             self.segments.append(seg)
             self._open.append(seg)
-        elif policy == OFFLOAD:
+        elif mechanism == M_HOST:
             self._enter(self.store.offload())
-        elif policy == COMPRESS:
+        elif mechanism == M_COMPRESSED:
             self._enter(self.store.compress(float(self.strategy.error_bound[i])))
         if self._multi and len(self.devices[i]) == 1:
             self._enter(MoveTo(self.devices[i][0]))
@@ -140,14 +142,14 @@ class Exported(nn.Module):
     def _end(self, i: int) -> None:
         if self._multi and len(self.devices[i]) == 1:
             self._open.pop().__exit__(None, None, None)
-        policy = int(self._policy[i])
+        mechanism = int(self._mechanism[i])
         units = self._segment_units.get(int(self.strategy.segment[i]), [])
-        if policy == RECOMPUTE and units[-1] == i:
+        if mechanism == M_RECOMPUTE and units[-1] == i:
             seg = self._open.pop()
             seg.close()
             for entry in seg.inputs if seg.saves else ():   # held by the checkpoint
                 self.store.hold(entry.tensor)
-        elif policy in (OFFLOAD, COMPRESS):
+        elif mechanism in (M_HOST, M_COMPRESSED):
             self._open.pop().__exit__(None, None, None)
 
     def _enter(self, ctx: Any) -> None:

@@ -95,7 +95,7 @@ def _peak_row(model: nn.Module, original: nn.Module, graph, local: Strategy,
     """(predicted, measured) peak bytes of one training step of ``model`` on the GPU; the
     weights of ``original`` (the model ``model`` was copied from) are not counted."""
     from ..graph.capture import split_inputs
-    from ..memory import estimate
+    from ..sim import estimate
 
     predicted = float(estimate(graph, "cuda", optimizer=optimizer, strategy=local).attrs["peak"])
     opt_cls = {"sgd": torch.optim.SGD, "momentum": torch.optim.SGD, "adam": torch.optim.Adam}

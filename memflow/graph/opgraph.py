@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import networkx as nx
 import numpy as np
 import pandas as pd
 
 from .._jsonio import read_json, write_json
+from .._units import format_bytes
 from ..errors import GraphError
 from .parameters import (UNIT_PARAMETER_COLUMNS, as_names, check_agreement, check_parameters,
                          default_parameters, framed, unit_sums)
@@ -305,14 +306,14 @@ class OpGraph:
         tot = self.totals
         name = self.meta.get("model", "model")
         return (f"<OpGraph {name}: {len(self)} units, {int(tot['params']):,} params, "
-                f"saved {_fmt_bytes(tot['saved_bytes'])}, "
+                f"saved {format_bytes(tot['saved_bytes'])}, "
                 f"{tot['fwd_flops'] / 1e9:,.2f} GFLOP forward>")
 
     def _repr_html_(self) -> str:
         cols = ["kind", "params", "output_bytes", "saved_bytes", "fwd_flops", "fwd_tmp_bytes"]
         head = self.units[cols].head(12)
         more = len(self.units) - len(head)
-        styled = head.style.format({c: _fmt_bytes for c in cols if c.endswith("bytes")}
+        styled = head.style.format({c: format_bytes for c in cols if c.endswith("bytes")}
                                    | {"fwd_flops": lambda v: f"{v / 1e9:,.3f} G",
                                       "params": "{:,}"})
         tail = f"<p>… and {more} more units (see <code>.units</code>)</p>" if more > 0 else ""
@@ -354,24 +355,3 @@ class OpGraph:
             return cls.from_dict(doc)
         except (KeyError, TypeError) as exc:
             raise GraphError(f"{path}: graph document is incomplete ({exc})") from None
-
-    # ------------------------------------------------------------------ helpers
-    def index_of(self, names: Iterable[str]) -> np.ndarray:
-        """Positions of ``names`` in execution order; unknown names raise naming the first."""
-        pos = {n: i for i, n in enumerate(self.units.index)}
-        out = []
-        for n in names:
-            if n not in pos:
-                close = [u for u in pos if n in u][:3]
-                hint = f"; did you mean {close}?" if close else ""
-                raise GraphError(f"{n!r} is not a unit of this graph{hint}")
-            out.append(pos[n])
-        return np.asarray(out, dtype=np.int64)
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return str(n)

@@ -4,8 +4,12 @@
 >>> float(Cluster.preset("4xV100-16GB").devices["memory_bytes"].sum() / 2**30)
 64.0
 """
+from .._units import parse_bytes
 from .arrays import ClusterArrays
 from .catalogue import EDGE_BOARDS, GPUS, LINK_KINDS
-from .cluster import Cluster, parse_bytes
+from .cluster import Cluster
+from .limits import memory_limits
+from . import presets as _presets  # noqa: F401  (attaches Cluster.preset, .presets, .build)
 
-__all__ = ["Cluster", "ClusterArrays", "GPUS", "EDGE_BOARDS", "LINK_KINDS", "parse_bytes"]
+__all__ = ["Cluster", "ClusterArrays", "GPUS", "EDGE_BOARDS", "LINK_KINDS", "parse_bytes",
+           "memory_limits"]

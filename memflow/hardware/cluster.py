@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import html
 import os
-import re
 from functools import cached_property
 from typing import Any, Iterable, Mapping
 
@@ -27,33 +26,14 @@ import numpy as np
 import pandas as pd
 
 from .._jsonio import read_json, write_json
+from .._units import format_bytes, parse_bytes
 from ..errors import ClusterError
 from .arrays import ClusterArrays
 from .tables import validate
 
-__all__ = ["Cluster", "parse_bytes"]
+__all__ = ["Cluster"]
 
 FORMAT = "memflow.cluster/1"
-
-_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
-
-
-def parse_bytes(value: float | int | str) -> float:
-    """A size in bytes from a number or a string such as ``"16GB"`` or ``"8 GiB"``.
-
-    >>> parse_bytes("16GB"), parse_bytes("1.5 KiB"), parse_bytes(3)
-    (16000000000.0, 1536.0, 3.0)
-    """
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([a-zA-Z]*)\s*", value)
-        unit = m.group(2).lower() if m else None
-        if m is None or unit not in _UNITS:
-            raise ClusterError(f"cannot read a size from {value!r}; write e.g. '16GB', '8GiB' "
-                               f"or a number of bytes (units: {sorted(u for u in _UNITS if u)})")
-        return float(m.group(1)) * _UNITS[unit]
-    return float(value)
-
 
 class Cluster:
     """Devices (GPUs), hosts (one per node, for offloading), switches and directed links.
@@ -69,28 +49,8 @@ class Cluster:
         self.name = str(name)
 
     # -- construction -----------------------------------------------------------------------
-    @classmethod
-    def preset(cls, name: str) -> "Cluster":
-        """A cluster by name: ``"4xV100-16GB"``, ``"16x8xH100-80GB"``, ``"jetson-nano-4GB"``…
-
-        See :func:`memflow.hardware.presets.preset` for the grammar.
-        """
-        from .presets import preset
-        return preset(name)
-
-    @classmethod
-    def presets(cls) -> pd.DataFrame:
-        """The named presets: ``name``, ``devices``, ``nodes``, ``gpu``, ``memory``,
-        ``interconnect``, ``description``. Any ``NxGPU`` or ``MxNxGPU`` also works."""
-        from .presets import presets
-        return presets()
-
-    @classmethod
-    def build(cls, gpu: str, gpus_per_node: int = 8, nodes: int = 1, **options: Any) -> "Cluster":
-        """A homogeneous cluster; see :func:`memflow.hardware.presets.build` for ``options``."""
-        from .presets import build
-        return build(gpu, gpus_per_node, nodes, **options)
-
+    # Cluster.preset, Cluster.presets and Cluster.build are memflow.hardware.presets' functions,
+    # attached there: they build clusters, so they sit above this module, not beside it.
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "Cluster":
         """A cluster from ``{"devices": [...], "hosts": [...], "links": [...]}`` records.
@@ -265,8 +225,8 @@ class Cluster:
         d = self.devices
         per = d.groupby("model", sort=False).agg(devices=("node", "size"),
                                                  nodes=("node", "nunique"),
-                                                 memory_GiB=("memory_bytes", "first"))
-        per["memory_GiB"] = per["memory_GiB"] / 2 ** 30
+                                                 memory=("memory_bytes", "first"))
+        per["memory"] = per["memory"].map(format_bytes)
         return per
 
     def summary(self) -> str:
@@ -274,10 +234,10 @@ class Cluster:
         kinds = self.links["kind"].value_counts()
         lines = [f"Cluster {self.name!r}: {len(self.devices)} devices on "
                  f"{self.devices['node'].nunique()} node(s), "
-                 f"{self.devices['memory_bytes'].sum() / 2 ** 30:,.1f} GiB device memory, "
-                 f"{self.hosts['memory_bytes'].sum() / 2 ** 30:,.0f} GiB host memory"]
+                 f"{format_bytes(self.devices['memory_bytes'].sum())} device memory, "
+                 f"{format_bytes(self.hosts['memory_bytes'].sum())} host memory"]
         for row in self._overview().itertuples():
-            lines.append(f"  {row.devices} x {row.Index} ({row.memory_GiB:.1f} GiB) "
+            lines.append(f"  {row.devices} x {row.Index} ({row.memory}) "
                          f"on {row.nodes} node(s)")
         lines.append("  links: " + ", ".join(f"{n} {k}" for k, n in kinds.items()))
         return "\n".join(lines)

@@ -35,9 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from .._units import parse_bytes
 from ..errors import ClusterError
 from .catalogue import EDGE_BOARDS, GPU, GPUS, LINK_KINDS, lookup_gpu
-from .cluster import Cluster, parse_bytes
+from .cluster import Cluster
 
 __all__ = ["preset", "presets", "build", "PRESET_NAMES"]
 
@@ -110,7 +111,7 @@ def preset(name: str) -> Cluster:
     """The cluster a preset name describes (see the module's grammar).
 
     >>> preset("8xA100-80GB").summary().splitlines()[0]
-    "Cluster '8xA100-80GB': 8 devices on 1 node(s), 640.0 GiB device memory, 2,560 GiB host memory"
+    "Cluster '8xA100-80GB': 8 devices on 1 node(s), 640 GiB device memory, 2.50 TiB host memory"
     """
     s = _parse(name)
     return build(s.gpu.name, s.gpus_per_node, s.nodes, intra=s.intra, inter=s.inter,
@@ -238,3 +239,12 @@ def build(gpu: str, gpus_per_node: int = 8, nodes: int = 1, *, intra: str | None
     return Cluster(devices, hosts, links, switches,
                    name=name or (f"{n_nodes}x{g}x{spec.name}" if n_nodes > 1 else
                                  f"{g}x{spec.name}"))
+
+
+def _attach() -> None:
+    # Also classmethods of Cluster (Cluster.preset("4xV100-16GB")), where users look for them.
+    for fn in (preset, presets, build):
+        setattr(Cluster, fn.__name__, staticmethod(fn))
+
+
+_attach()

@@ -35,25 +35,35 @@ from functools import cached_property
 
 import numpy as np
 
-from ..strategy.strategy import COMPRESS, KEEP, OFFLOAD, RECOMPUTE
+from ..strategy.policies import MECHANISMS, M_COMPRESSED, M_HOST, M_KEEP, M_RECOMPUTE, POLICIES
 from .arrays import GraphArrays
 from .records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
                       A_PREFETCH, A_RECOMP, A_XFER, END, START, Copies, Copy, Placed, anchors,
                       placements)
 from .jit import njit
+from .segments import holding_segments, segment_starts
 
-__all__ = ["StepBlocks", "Copy", "Copies", "BlockTable", "step_blocks", "segment_starts",
-           "holding_segments",
+__all__ = ["StepBlocks", "Copy", "Copies", "BlockTable", "step_blocks",
            "CATEGORIES", "OPTIMIZER_STATES", "A_FWD", "A_BWD", "A_RECOMP", "A_OFFLOAD",
            "A_PREFETCH", "A_COMPRESS", "A_DECOMP", "A_XFER", "A_GXFER", "A_OPT"]
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "transient", "communication")
-WEIGHTS, GRADIENTS, OPTIMIZER, ACTIVATIONS, TRANSIENT, COMMUNICATION = range(6)
+WEIGHTS, GRADIENTS, OPTIMIZER, ACTIVATIONS, TRANSIENT, COMMUNICATION = range(len(CATEGORIES))
+SLOTS = ("produced", "stored", "restored", "rematerialized")
+"""The block rows of one record: the storage as produced (or copied), its stored copy
+(compressed on the device or offloaded to the host), the copy restored before backward, and
+the storage re-materialized by its segment's recomputation."""
+PRODUCED, STORED, RESTORED, REMAT = range(len(SLOTS))
+UNIT_SLOTS = ("forward temporaries", "backward temporaries", "recompute temporaries",
+              "parameter gradients")
+"""The block rows of one unit."""
+FWD_TMP, BWD_TMP, REC_TMP, PARAM_GRAD = range(len(UNIT_SLOTS))
+NS, NU = len(SLOTS), len(UNIT_SLOTS)
 OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2}
 """Optimizer state per trainable byte."""
 FIRST_MB, EVERY_MB = 0, 1
 NONE = -1           # a record no saver on its placement holds
-_FAR = np.iinfo(np.int64).max
+N_MECH = len(MECHANISMS)
 
 
 class StepBlocks:
@@ -129,6 +139,7 @@ class StepBlocks:
         ...             pd.DataFrame({"bytes": [100, 200, 300], "producer": ["<input>", "a", "b"],
         ...                           "consumers": [["a"], ["b"], []],
         ...                           "savers": [["a"], ["b"], []], "is_output": [0, 0, 1]}))
+        >>> from memflow.strategy import KEEP, OFFLOAD
         >>> plan = step_blocks(graph_arrays(g), np.array([KEEP, OFFLOAD]), np.array([-1, -1]),
         ...                    np.zeros(2, np.int64), np.ones((1, 3), np.int64), 1, np.ones(2))
         >>> [a.tolist() for a in plan.held_for_backward()]     # t0 kept; t1 on the host
@@ -144,39 +155,6 @@ class StepBlocks:
         n = len(self.persistent)
         return (np.bincount(self.layout[device], b[device], n),
                 np.bincount(self.layout[host], b[host], n))
-
-
-def segment_starts(segment: np.ndarray) -> np.ndarray:
-    """First unit of each unit's recompute segment (-1 outside segments). Segments are runs,
-    so the first unit names a segment whatever the numbering of the others.
-
-    >>> segment_starts(np.array([-1, 0, 0, -1, 1])).tolist()
-    [-1, 1, 1, -1, 4]
-    """
-    seg = np.asarray(segment)
-    first = np.ones(len(seg), bool)
-    first[1:] = seg[1:] != seg[:-1]
-    start = np.maximum.accumulate(np.where(first, np.arange(len(seg)), 0))
-    return np.where(seg >= 0, start, -1)
-
-
-def holding_segments(segment: np.ndarray, saves: np.ndarray) -> np.ndarray:
-    """``segment`` without the segments none of whose units saves anything (-1 there).
-
-    Such a segment is not a checkpoint at all: ``torch.utils.checkpoint`` (non-reentrant)
-    holds its inputs only through what its ops save, and recomputes only when a saved tensor
-    is unpacked, so it holds nothing and never re-runs — as if its units were kept.
-    ``saves``: per unit, whether it saves a storage for backward.
-
-    >>> holding_segments(np.array([0, 0, -1, 1, 1]), np.array([0, 1, 0, 0, 0], bool)).tolist()
-    [0, 0, -1, -1, -1]
-    """
-    seg = np.asarray(segment)
-    start = segment_starts(seg)
-    inside = seg >= 0
-    holds = np.zeros(len(seg), bool)
-    holds[start[inside & saves]] = True
-    return np.where(inside & holds[np.maximum(start, 0)], seg, -1)
 
 
 def _anchor(kind, key, edge, k: int) -> np.ndarray:
@@ -198,7 +176,8 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
             carrier, compress, mark, offloaded, compressed):
     """Re-derive the slots of the records whose rules read a unit whose policy, segment start
     or ratio changed (every record when ``first``); then the units' recomputation
-    temporaries and the bytes each unit offloads and compresses."""
+    temporaries and the bytes each unit offloads and compresses. ``pol`` is per unit the
+    *mechanism* of its policy (an index of :data:`MECHANISMS`), not the policy's code."""
     R = len(prod)
     last = n_units - 1
     far = np.iinfo(np.int64).max
@@ -218,7 +197,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         if not mark[x]:
             continue
         mark[x] = False
-        has = np.zeros(4, np.bool_)
+        has = np.zeros(N_MECH, np.bool_)
         first_saver = -1
         for j in range(sv_ptr[x], sv_ptr[x + 1]):
             has[pol[sv[j]]] = True
@@ -232,26 +211,24 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
             st = start[m[j]]
             if st >= 0 and st != own and st < seg_in:
                 seg_in = st
-        keep = has[KEEP] or seg_in < far
+        keep = has[M_KEEP] or seg_in < far
+        state = NONE               # the first mechanism (in MECHANISMS' order) any saver uses
         if keep:
-            state = KEEP
-        elif has[COMPRESS]:
-            state = COMPRESS
-        elif has[OFFLOAD]:
-            state = OFFLOAD
-        elif has[RECOMPUTE]:
-            state = RECOMPUTE
+            state = M_KEEP
         else:
-            state = NONE
-        held = state == COMPRESS or state == OFFLOAD
+            for k in range(N_MECH):
+                if has[k]:
+                    state = k
+                    break
+        held = state == M_COMPRESSED or state == M_HOST
         c = -1
         for j in range(sv_ptr[x], sv_ptr[x + 1]):
             if pol[sv[j]] == state and sv[j] > c:
                 c = sv[j]
-        go = A_COMPRESS if state == COMPRESS else A_OFFLOAD
-        back = A_DECOMP if state == COMPRESS else A_PREFETCH
+        go = A_COMPRESS if state == M_COMPRESSED else A_OFFLOAD
+        back = A_DECOMP if state == M_COMPRESSED else A_PREFETCH
         cc = max(c, 0)
-        row = 4 * x
+        row = NS * x
         b = nbytes[x]
         # main: the storage as produced (or copied), until the policy lets it go
         bytes_[row] = b
@@ -269,31 +246,31 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         if last_xfer[x, 0] >= 0:            # the original stays until every copy has left
             _set(free, row, 2, last_xfer[x, 0], last_xfer[x, 1], last_xfer[x, 2])
         # stored (compressed on the device, or offloaded to the host); restored before backward
-        bytes_[row + 1] = (b / ratio[cc] if state == COMPRESS else b) if held else 0.0
-        host[row + 1] = state == OFFLOAD
-        alloc[row + 1, 0], alloc[row + 1, 1], alloc[row + 1, 2] = go, cc, START
-        bytes_[row + 2] = b if held else 0.0
-        alloc[row + 2, 0], alloc[row + 2, 1], alloc[row + 2, 2] = back, cc, START
+        bytes_[row + STORED] = (b / ratio[cc] if state == M_COMPRESSED else b) if held else 0.0
+        host[row + STORED] = state == M_HOST
+        alloc[row + STORED, 0], alloc[row + STORED, 1], alloc[row + STORED, 2] = go, cc, START
+        bytes_[row + RESTORED] = b if held else 0.0
+        alloc[row + RESTORED, 0], alloc[row + RESTORED, 1], alloc[row + RESTORED, 2] = back, cc, START
         for j in range(3):
-            _set(free, row + 1, j, back, cc, END)
-            _set(free, row + 2, j, A_BWD, max(first_saver, 0), END)
+            _set(free, row + STORED, j, back, cc, END)
+            _set(free, row + RESTORED, j, A_BWD, max(first_saver, 0), END)
         # re-materialized by its segment's recomputation
-        remat = own >= 0 and (state == RECOMPUTE or state == NONE)
+        remat = own >= 0 and (state == M_RECOMPUTE or state == NONE)
         last_in = -1
         for j in range(r_ptr[x], r_ptr[x + 1]):
             if start[r[j]] == own and r[j] > last_in:
                 last_in = r[j]
-        bytes_[row + 3] = b if remat else 0.0
-        alloc[row + 3, 0], alloc[row + 3, 1], alloc[row + 3, 2] = A_RECOMP, max(p, 0), START
+        bytes_[row + REMAT] = b if remat else 0.0
+        alloc[row + REMAT, 0], alloc[row + REMAT, 1], alloc[row + REMAT, 2] = A_RECOMP, max(p, 0), START
         for j in range(3):
-            if state == RECOMPUTE:
-                _set(free, row + 3, j, A_BWD, max(first_saver, 0), END)
+            if state == M_RECOMPUTE:
+                _set(free, row + REMAT, j, A_BWD, max(first_saver, 0), END)
             else:
-                _set(free, row + 3, j, A_RECOMP, last_in if last_in >= 0 else max(p, 0), END)
+                _set(free, row + REMAT, j, A_RECOMP, last_in if last_in >= 0 else max(p, 0), END)
         carrier[x] = c if held else -1
-        compress[x] = state == COMPRESS
+        compress[x] = state == M_COMPRESSED
     for u in range(n_units):
-        bytes_[unit_row + 4 * u + 2] = recompute_tmp[u] if start[u] >= 0 else 0.0
+        bytes_[unit_row + NU * u + REC_TMP] = recompute_tmp[u] if start[u] >= 0 else 0.0
         offloaded[u] = 0.0
         compressed[u] = 0.0
     for x in range(R):        # summed in record order, whatever changed
@@ -355,39 +332,42 @@ class BlockTable:
         p_lay = layout[ga.param_owner]
         o_b = np.array([p_train[p_lay == lay].sum() if foreach
                         else 2 * p_train[p_lay == lay].max(initial=0.0) for lay in o_lay])
-        self.unit_row = 4 * R + G
-        k = self.unit_row + 4 * n + len(o_lay)
+        self.unit_row = NS * R + G
+        unit_slots = np.arange(NU)     # parameter gradients: one per step; the rest per micro-batch
+        k = self.unit_row + NU * n + len(o_lay)
         self.placed, self.n, self.microbatches = P, n, M
         self.saves = np.zeros(n, bool)
         self.saves[ga.savers_idx] = True
         self.static = {
-            "layout": np.concatenate([np.repeat(P.layout, 4), P.grad_layout, np.repeat(layout, 4),
+            "layout": np.concatenate([np.repeat(P.layout, NS), P.grad_layout, np.repeat(layout, NU),
                                       o_lay]).astype(np.int64),
-            "category": np.concatenate([np.full(4 * R, ACTIVATIONS), np.full(G, TRANSIENT),
-                                        np.tile([TRANSIENT, TRANSIENT, TRANSIENT, GRADIENTS], n),
+            "category": np.concatenate([np.full(NS * R, ACTIVATIONS), np.full(G, TRANSIENT),
+                                        np.tile(np.where(unit_slots == PARAM_GRAD, GRADIENTS, TRANSIENT), n),
                                         np.full(len(o_lay), TRANSIENT)]).astype(np.int64),
-            "per_mb": np.concatenate([np.full(4 * R + G, EVERY_MB),
-                                      np.tile([EVERY_MB, EVERY_MB, EVERY_MB, FIRST_MB], n),
+            "per_mb": np.concatenate([np.full(NS * R + G, EVERY_MB),
+                                      np.tile(np.where(unit_slots == PARAM_GRAD, FIRST_MB, EVERY_MB), n),
                                       np.full(len(o_lay), FIRST_MB)]).astype(np.int64)}
         self.bytes = np.zeros(k)
         self.host = np.zeros(k, bool)
         self.alloc = np.zeros((k, 3), np.int64)
         self.free = np.zeros((k, 3, 3), np.int64)
-        self.alloc[0:4 * R:4] = P.alloc
-        g = slice(4 * R, 4 * R + G)
+        self.alloc[PRODUCED:NS * R:NS] = P.alloc
+        g = slice(NS * R, NS * R + G)
         self.bytes[g], self.alloc[g] = P.grad_bytes, P.grad_alloc
         self.free[g] = P.grad_free[:, None, :]
         u = self.unit_row
         self.recompute_tmp = ga.fwd_tmp * per
         bwd_tmp = ga.bwd_tmp * per + _accumulated(ga, p)
-        self.bytes[u:u + 4 * n] = np.stack([ga.fwd_tmp * per, bwd_tmp, np.zeros(n), train],
-                                           1).ravel()
-        for slot, kind in enumerate((A_FWD, A_BWD, A_RECOMP)):
-            self.alloc[u + slot:u + 4 * n:4] = _anchor(kind, units, START, n)
-            self.free[u + slot:u + 4 * n:4] = _anchor(kind, units, END, n)[:, None, :]
-        self.alloc[u + 3:u + 4 * n:4] = _anchor(A_BWD, _gradient_unit(ga), START, n)
-        self.free[u + 3:u + 4 * n:4] = _anchor(A_OPT, layout, END, n)[:, None, :]
-        o = slice(u + 4 * n, k)
+        by_slot = {FWD_TMP: ga.fwd_tmp * per, BWD_TMP: bwd_tmp, REC_TMP: np.zeros(n),
+                   PARAM_GRAD: train}
+        self.bytes[u:u + NU * n] = np.stack([by_slot[j] for j in range(NU)], 1).ravel()
+        for slot, kind in ((FWD_TMP, A_FWD), (BWD_TMP, A_BWD), (REC_TMP, A_RECOMP)):
+            self.alloc[u + slot:u + NU * n:NU] = _anchor(kind, units, START, n)
+            self.free[u + slot:u + NU * n:NU] = _anchor(kind, units, END, n)[:, None, :]
+        grads = slice(u + PARAM_GRAD, u + NU * n, NU)
+        self.alloc[grads] = _anchor(A_BWD, _gradient_unit(ga), START, n)
+        self.free[grads] = _anchor(A_OPT, layout, END, n)[:, None, :]
+        o = slice(u + NU * n, k)
         self.bytes[o] = o_b.reshape(-1)
         self.alloc[o] = _anchor(A_OPT, o_lay, START, len(o_lay))
         self.free[o] = _anchor(A_OPT, o_lay, END, len(o_lay))[:, None, :]
@@ -404,7 +384,8 @@ class BlockTable:
         """The blocks of ``policy`` (per unit), ``segment`` (recompute segment per unit) and
         ``ratio`` (compression ratio per unit, used where the policy is compress)."""
         P = self.placed
-        pol = np.asarray(policy, np.int64)
+        # the kernel works on mechanisms: policies sharing one share its memory rule
+        pol = POLICIES.mechanism_codes[np.asarray(policy, np.int64)]
         segment = holding_segments(segment, self.saves)
         start = segment_starts(segment)
         ratio = np.asarray(ratio, np.float64)

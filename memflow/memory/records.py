@@ -18,14 +18,19 @@ import numpy as np
 from .arrays import GraphArrays
 from .rows import row_max, row_of
 
-__all__ = ["Placed", "Copy", "Copies", "placements", "anchors",
+__all__ = ["Placed", "Copy", "Copies", "placements", "anchors", "ANCHORS", "ANCHOR_KINDS",
            "A_FWD", "A_BWD", "A_RECOMP", "A_OFFLOAD", "A_PREFETCH", "A_COMPRESS", "A_DECOMP",
            "A_XFER", "A_GXFER", "A_OPT", "START", "END"]
 
+# the tasks whose start or end allocates or frees a block (see memflow.memory.blocks):
+# "transfer" is a copy's transfer to its readers' placement, "gradient-transfer" its gradient's
+# way back
+ANCHORS = ("forward", "backward", "recompute", "offload", "prefetch", "compress", "decompress",
+           "transfer", "gradient-transfer", "optimizer")
 A_FWD, A_BWD, A_RECOMP, A_OFFLOAD, A_PREFETCH, A_COMPRESS, A_DECOMP, A_XFER, A_GXFER, \
-    A_OPT = range(10)
+    A_OPT = range(len(ANCHORS))
+ANCHOR_KINDS = len(ANCHORS)
 START, END = 0, 1
-ANCHOR_KINDS = 10
 
 
 @dataclass(frozen=True)

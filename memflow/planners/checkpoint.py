@@ -26,10 +26,10 @@ kept units cut the chain into segments.
   kept, which holds their input as revolve holds the state. revolve's later sweeps, which
   recompute a step several times, cannot be expressed: each stretch between snapshots is
   recomputed once as one segment. ``c`` is searched.
-* ``"optimal"`` — :func:`memflow.search.optimal_checkpointing`: the least-time assignment of
-  keep and recompute that fits, over exactly the schedules above (an exact dynamic program
-  over segmentations, after rotor), for graphs that are chains (capture with
-  ``units="blocks"``); imported when asked for. Its smallest memory is found by bisection.
+* ``"optimal"`` — :func:`memflow.planners.checkpointing.optimal_checkpointing`: the least-time
+  assignment of keep and recompute that fits, over exactly the schedules above (an exact
+  dynamic program over segmentations, after rotor), for graphs that are chains (capture with
+  ``units="blocks"``). Its smallest memory is found by bisection.
 
 Units that the graph marks not recomputable (a ``recomputable`` column) are always kept.
 
@@ -41,7 +41,7 @@ Units that the graph marks not recomputable (a ``recomputable`` column) are alwa
 >>> checkpoint(g, "1xV100-16GB", "3GiB", method="sqrt")
 Traceback (most recent call last):
 ...
-memflow.planners.common.Infeasible: checkpoint: no 'sqrt' strategy fits memory_limit=3 GiB; the smallest peak found is 3.75 GiB; give memory_limit >= 3.75 GiB (4026728448 bytes)
+memflow.planners.common.Infeasible: checkpoint: no 'sqrt' strategy fits memory_limit=3.00 GiB; the smallest peak found is 3.75 GiB; give memory_limit >= 3.75 GiB (4026728448 bytes)
 """
 from __future__ import annotations
 
@@ -52,8 +52,10 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PlanError, SearchError
+from ..sim import Evaluator, Outcome
 from ..strategy import Strategy
-from .common import Evaluator, Infeasible, Outcome, as_cluster, as_limit, check_graph
+from .checkpointing import chain_violation, optimal_checkpointing
+from .common import Infeasible, as_cluster, as_limit, check_graph, fastest
 
 __all__ = ["checkpoint", "checkpoint_table", "chen_checkpoints", "revolve_snapshots", "METHODS"]
 
@@ -160,8 +162,6 @@ class _Planner:
 
     def _optimal_try(self, limit: float) -> Outcome | None:
         """The optimal schedule within ``limit``, or None when none fits."""
-        # the search is heavier: load it when asked
-        from ..search.checkpointing import chain_violation, optimal_checkpointing
         why = chain_violation(self.graph)
         if why is not None:
             raise PlanError(f"checkpoint: method 'optimal' applies to chains only, and here "
@@ -176,7 +176,7 @@ class _Planner:
 
     def plan(self, method: str) -> Outcome:
         if method != "optimal":
-            return self.ev.best(self.candidates(method), "checkpoint", method)
+            return fastest(self.ev, self.candidates(method), "checkpoint", method, self.limit)
         out = self._optimal_try(self.limit)
         if out is None:
             low = self._optimal_lowest()

@@ -1,5 +1,6 @@
-"""What every planner shares: input checks, the infeasible-answer convention, and a simulator
-wrapper that judges strategies against a memory limit.
+"""What every planner shares: input checks, the memory limit it plans for, and the
+infeasible-answer convention. Strategies are judged by :class:`~memflow.sim.Evaluator`, the
+search's judge too.
 
 **Convention.** A planner that returns a :class:`~memflow.Strategy` returns one that the
 simulator finds within the memory limit on every device it uses. When no strategy the planner
@@ -23,25 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PlanError
-from ..hardware import Cluster, parse_bytes
-from ..sim import Simulator
-from ..sim.expand import K_BWD, K_FWD
+from .._units import format_bytes
+from ..errors import ClusterError, PlanError
+from ..hardware import Cluster, memory_limits
+from ..sim import Evaluator, Outcome
+from ..sim.kinds import K_BWD, K_FWD
 from ..strategy import Strategy
 
-__all__ = ["Infeasible", "Outcome", "Evaluator", "Profile", "as_cluster", "as_limit",
-           "fmt_bytes", "check_graph"]
-
-
-def fmt_bytes(n: float) -> str:
-    """Bytes in GiB to three significant digits (MiB below 1 GiB).
-
-    >>> fmt_bytes(3 * 2**30), fmt_bytes(5 * 2**20)
-    ('3 GiB', '5 MiB')
-    """
-    if n >= 2 ** 30:
-        return f"{n / 2 ** 30:.3g} GiB"
-    return f"{n / 2 ** 20:.3g} MiB"
+__all__ = ["Infeasible", "Profile", "as_cluster", "as_limit", "fastest", "check_graph"]
 
 
 class Infeasible(PlanError):
@@ -55,11 +45,11 @@ class Infeasible(PlanError):
                  best: Strategy | None = None, detail: str = ""):
         self.planner, self.method = planner, method
         self.limit, self.min_memory, self.best = float(limit), float(min_memory), best
-        found = (f"the smallest peak found is {fmt_bytes(min_memory)}; give memory_limit >= "
-                 f"{fmt_bytes(min_memory)} ({int(math.ceil(min_memory))} bytes)"
+        found = (f"the smallest peak found is {format_bytes(min_memory)}; give memory_limit >= "
+                 f"{format_bytes(min_memory)} ({int(math.ceil(min_memory))} bytes)"
                  if math.isfinite(min_memory) else "no strategy could be built")
         super().__init__(f"{planner}: no {method!r} strategy fits memory_limit="
-                         f"{fmt_bytes(limit)}; {found}" + (f" ({detail})" if detail else ""))
+                         f"{format_bytes(limit)}; {found}" + (f" ({detail})" if detail else ""))
 
 
 def as_cluster(cluster: Any, what: str = "cluster") -> Cluster:
@@ -81,28 +71,25 @@ def as_cluster(cluster: Any, what: str = "cluster") -> Cluster:
 
 
 def as_limit(memory_limit: Any, cluster: Cluster, devices: list[str] | None = None) -> float:
-    """The memory limit in bytes: ``None`` means the smallest capacity among ``devices``
-    (all of the cluster's by default); a number of bytes or a string such as ``"2GiB"``.
+    """The bytes a planner may use on each of ``devices`` (all of the cluster's by default):
+    the least of :func:`~memflow.hardware.limits.memory_limits` over them, so ``None`` is the
+    smallest capacity; a limit the planner cannot read is its input error (a ``PlanError``).
 
     >>> c = Cluster.preset("1xV100-16GB")
-    >>> as_limit(None, c) / 2**30, as_limit("2GiB", c) / 2**30
-    (16.0, 2.0)
+    >>> as_limit(None, c) / 2**30, as_limit("2GiB", c) / 2**30, as_limit("25%", c) / 2**30
+    (16.0, 2.0, 4.0)
     >>> as_limit(-1, c)
     Traceback (most recent call last):
     ...
-    memflow.errors.PlanError: memory_limit must be a positive number of bytes or a size such as '4GiB', got -1
+    memflow.errors.PlanError: cannot read a size from -1: memory_limit must be a positive number of bytes, a size such as '16GB' or '8 GiB', a fraction of capacity such as 0.8 or '80%', or a mapping of device names to these
     """
-    if memory_limit is None:
-        mem = cluster.devices["memory_bytes"]
-        return float((mem if devices is None else mem.loc[devices]).min())
     try:
-        value = parse_bytes(memory_limit)
-    except (ValueError, TypeError):
-        value = float("nan")
-    if not value > 0 or not math.isfinite(value):
-        raise PlanError(f"memory_limit must be a positive number of bytes or a size such as "
-                        f"'4GiB', got {memory_limit!r}")
-    return value
+        limits = memory_limits(cluster, memory_limit)
+    except ClusterError as exc:
+        raise PlanError(str(exc)) from None
+    if devices is not None:
+        limits = limits[cluster.arrays.devices.get_indexer(devices)]
+    return float(limits.min())
 
 
 def check_graph(graph: Any, planner: str) -> None:
@@ -117,60 +104,17 @@ def check_graph(graph: Any, planner: str) -> None:
                         f"{batch!r}")
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """A strategy judged by the simulator against a memory limit."""
-
-    strategy: Strategy
-    time: float          # simulated iteration time (s)
-    peak: float          # bytes, worst device the strategy uses
-    fits: bool           # every device within min(capacity, limit), every host within its memory
-    peaks: np.ndarray    # bytes per device of the cluster, in its order (0 where unused)
-
-
-class Evaluator:
-    """A :class:`~memflow.sim.Simulator` for one graph and cluster, judging strategies against
-    ``memory_limit`` (bytes or a size string, per device; default each device's capacity).
-    Results are cached per strategy, since planners revisit candidates.
-    """
-
-    def __init__(self, graph, cluster: Cluster, memory_limit: float | str | None = None, *,
-                 optimizer: str = "sgd", precision: str | None = None):
-        self.graph, self.cluster = graph, cluster
-        self.sim = Simulator(graph, cluster, optimizer=optimizer, precision=precision)
-        cap = cluster.arrays.memory
-        if memory_limit is not None:
-            memory_limit = as_limit(memory_limit, cluster)
-        self.bound = cap if memory_limit is None else np.minimum(cap, memory_limit)
-        self.limit = float(self.bound.min()) if memory_limit is None else float(memory_limit)
-        self._seen: dict[Strategy, Outcome] = {}
-
-    def __call__(self, strategy: Strategy) -> Outcome:
-        out = self._seen.get(strategy)
-        if out is None:
-            run = self.sim.run(strategy)
-            used = run.devices_used
-            peak = run.device.peak[run.device_class[used]]
-            hosts = np.unique(self.cluster.arrays.host[used])
-            host_ok = np.all(run.host.peak[hosts] <= self.cluster.arrays.host_memory[hosts])
-            peaks = np.zeros(len(self.bound))
-            peaks[used] = peak
-            out = Outcome(strategy, run.iteration_time, float(peak.max()),
-                          bool(np.all(peak <= self.bound[used]) and host_ok), peaks)
-            self._seen[strategy] = out
-        return out
-
-    def best(self, strategies, planner: str, method: str) -> Outcome:
-        """The fastest fitting outcome (ties: least memory), or :class:`Infeasible`."""
-        outs = [self(s) for s in strategies]
-        if not outs:
-            raise Infeasible(planner, method, limit=self.limit, min_memory=math.inf)
-        fitting = [o for o in outs if o.fits]
-        if not fitting:
-            low = min(outs, key=lambda o: o.peak)
-            raise Infeasible(planner, method, limit=self.limit, min_memory=low.peak,
-                             best=low.strategy)
-        return min(fitting, key=lambda o: (o.time, o.peak))
+def fastest(ev: Evaluator, strategies, planner: str, method: str, limit: float) -> Outcome:
+    """The fastest fitting outcome (ties: least memory) of ``strategies`` on ``ev``, or
+    :class:`Infeasible` naming ``limit`` (the planner's, in bytes) and the least peak found."""
+    outs = [ev(s) for s in strategies]
+    if not outs:
+        raise Infeasible(planner, method, limit=limit, min_memory=math.inf)
+    fitting = [o for o in outs if o.fits]
+    if not fitting:
+        low = min(outs, key=lambda o: o.peak)
+        raise Infeasible(planner, method, limit=limit, min_memory=low.peak, best=low.strategy)
+    return min(fitting, key=lambda o: (o.time, o.peak))
 
 
 @dataclass(frozen=True)
@@ -194,7 +138,7 @@ class Profile:
     def of(cls, evaluator: Evaluator, base: Strategy) -> "Profile":
         """Profile ``base`` (its memory policies reset to keep) on ``evaluator``'s cluster."""
         keep = base.with_policy({u: "keep" for u in base.units})
-        run = evaluator.sim.run(keep)
+        run = evaluator.simulator.run(keep)
         kind, unit = np.asarray(run.tasks.kind), np.asarray(run.tasks.unit)
         n = len(base)
         fwd, bwd = np.zeros(n), np.zeros(n)

@@ -31,11 +31,11 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PlanError
-from ..memory import estimate
+from ..sim import Evaluator, estimate
 from ..sim.costs import compress_model
 from ..strategy import Strategy
 from .batch import graph_source
-from .common import Evaluator, Infeasible, as_cluster, as_limit, check_graph
+from .common import Infeasible, as_cluster, as_limit, check_graph, fastest
 
 __all__ = ["compress", "compress_strategy", "largest_batch", "ERROR_BOUNDS"]
 
@@ -61,8 +61,10 @@ def compress_strategy(graph, cluster: Any, *, error_bound: float = 1e-2,
     check_graph(graph, "compress")
     c = as_cluster(cluster)
     dev = str(c.devices.index[0])
-    ev = Evaluator(graph, c, as_limit(memory_limit, c, [dev]), optimizer=optimizer)
-    return ev.best([_policy(graph, dev, error_bound)], "compress", f"eb={error_bound:g}").strategy
+    limit = as_limit(memory_limit, c, [dev])
+    ev = Evaluator(graph, c, limit, optimizer=optimizer)
+    return fastest(ev, [_policy(graph, dev, error_bound)], "compress", f"eb={error_bound:g}",
+                   limit).strategy
 
 
 def largest_batch(source: Callable[[int], Any], cluster, make: Callable[[Any], Strategy],

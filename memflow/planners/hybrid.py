@@ -40,9 +40,9 @@ import pandas as pd
 from ..errors import PlanError
 from ..hardware import Cluster
 from ..hardware.presets import build
+from ..sim import Evaluator
 from ..strategy import Strategy
 from .batch import graph_source
-from .common import Evaluator
 from .convergence import DATASETS, CriticalBatch, convergence_model
 
 __all__ = ["hybrid_projection", "hybrid_strategies", "CriticalBatch", "MP_DEGREES", "SPLITS"]

@@ -56,8 +56,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from ..errors import PlanError
 from ..strategy import Strategy
-from ..sim.expand import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
-from .common import Evaluator, Infeasible, Outcome, Profile, as_cluster, as_limit, check_graph
+from ..sim import Evaluator, Outcome
+from ..sim.kinds import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
+from .common import Infeasible, Profile, as_cluster, as_limit, check_graph, fastest
 
 __all__ = ["offload", "offload_table", "knapsack_choice", "fluid_choice", "POLICIES"]
 
@@ -180,7 +181,7 @@ class _Planner:
         offload's end, if chosen) and their prefetch is not issued yet — for a unit not chosen,
         the prefetch vDNN's rule would issue at the start of the backward before its own.
         """
-        run = self.ev.sim.run(strategy)
+        run = self.ev.simulator.run(strategy)
         dev = run.device_class[run.devices_used]
         dev = dev[np.argmax(run.device.peak[dev])]
         when = run.device.time[run.device.peak_event[dev]]
@@ -212,7 +213,7 @@ class _Planner:
 
     def plan(self, policy: str) -> Outcome:
         if policy in ("none", "all", "conv"):
-            return self.ev.best([self.static(policy)], "offload", policy)
+            return fastest(self.ev, [self.static(policy)], "offload", policy, self.limit)
         if policy == "dynamic":
             tried = []
             for p in ("none", "conv", "all"):
@@ -254,8 +255,8 @@ class _Planner:
             if prof.saved[frees].sum() < peaks[-1][1]:
                 break       # offloading cannot lower that peak enough
         # offloading every unit is the choice both heuristics end at when nothing less fits
-        return self.ev.best([o.strategy for o in seen] + [self.static("all")], "offload",
-                            policy)
+        return fastest(self.ev, [o.strategy for o in seen] + [self.static("all")], "offload",
+                       policy, self.limit)
 
 
 def offload(graph, cluster: Any, policy: str = "dynamic", *, memory_limit: Any = None,

@@ -31,10 +31,11 @@ import pandas as pd
 
 from ..errors import PlanError
 from ..memory import OPTIMIZER_STATES
-from ..sim.expand import K_BWD, K_FWD
+from ..sim import Evaluator, Outcome
+from ..sim.kinds import K_BWD, K_FWD
 from ..strategy import SCHEDULES, Strategy
 from ..strategy.constructors import device_list
-from .common import Evaluator, Infeasible, Outcome, as_cluster, as_limit, check_graph
+from .common import Infeasible, as_cluster, as_limit, check_graph, fastest
 from .partition import Chain, in_flight, solve_dp, solve_milp, stage_memory
 
 __all__ = ["pipeline", "pipeline_table", "chain_of", "SOLVERS"]
@@ -65,7 +66,7 @@ def chain_of(ev: Evaluator, devices: list[str], microbatches: int) -> Chain:
     ``devices[0]`` (forward and backward of the first micro-batch of a one-device run)."""
     graph, M = ev.graph, microbatches
     one = Strategy.single_device(graph, devices[0]).with_schedule(microbatches=M)
-    run = ev.sim.run(one)
+    run = ev.simulator.run(one)
     kind, unit, mb = (np.asarray(a) for a in (run.tasks.kind, run.tasks.unit, run.tasks.mb))
     n = len(graph)
     time = np.zeros(n)
@@ -74,7 +75,7 @@ def chain_of(ev: Evaluator, devices: list[str], microbatches: int) -> Chain:
     u = graph.units
     train = u["trainable_bytes"].to_numpy(np.float64)
     weights = (u["param_bytes"] + u["buffer_bytes"]).to_numpy(np.float64) \
-        + train * (1 + OPTIMIZER_STATES[ev.sim.optimizer])
+        + train * (1 + OPTIMIZER_STATES[ev.simulator.optimizer])
     act = u["saved_bytes"].to_numpy(np.float64) / M
     tmp = (np.maximum(u["fwd_tmp_bytes"], u["bwd_tmp_bytes"]) + u["input_bytes"]
            + u["output_bytes"]).to_numpy(np.float64) / M
@@ -178,7 +179,8 @@ class _Planner:
             low = min(outs, key=lambda o: o.peak)
             raise Infeasible("pipeline", self.schedule, limit=self.limit, min_memory=low.peak,
                              best=low.strategy)
-        return self.ev.best([o.strategy for o in outs], "pipeline", self.schedule)
+        return fastest(self.ev, [o.strategy for o in outs], "pipeline", self.schedule,
+                       self.limit)
 
 
 def _least_memory(chain: Chain, flight: np.ndarray, rel: float = 0.01) -> np.ndarray:

@@ -22,7 +22,7 @@ from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import DEVICE_PALETTE, fmt_bytes, fmt_seconds, memory_scale
+from .style import DEVICE_PALETTE, format_bytes, fmt_seconds, memory_scale
 
 __all__ = ["ComparisonChart", "compare_table"]
 
@@ -96,7 +96,7 @@ class ComparisonChart:
         p_fig = figure(x_range=FactorRange(*factors), width=width - t_fig.width, height=height,
                        title=f"peak memory per GPU ({unit_name}); black ticks: capacity"
                        + ("" if len(shown) and np.isfinite(shown).all() else
-                          f" (off scale: {fmt_bytes(np.nanmax(cap))})"),
+                          f" (off scale: {format_bytes(np.nanmax(cap))})"),
                        tools="save", toolbar_location=None)
         p_fig.vbar(x="x", top="peak", width=0.8, color="color", source=self.peak_source)
         p_fig.scatter(x="x", y="capacity", marker="dash", size=18, line_width=3,
@@ -114,7 +114,7 @@ class ComparisonChart:
         table = compare_table(self.results)
         rows = "".join(
             f"<tr><td>{html.escape(n)}</td><td>{fmt_seconds(r.time)}</td>"
-            f"<td>{r.throughput:,.1f}</td><td>{fmt_bytes(r.max_peak)}</td>"
+            f"<td>{r.throughput:,.1f}</td><td>{format_bytes(r.max_peak)}</td>"
             f"<td>{'yes' if r.feasible else 'no'}</td></tr>" for n, r in table.iterrows())
         return ("<table><tr><th>strategy</th><th>step time</th><th>samples/s</th>"
                 f"<th>max peak</th><th>fits</th></tr>{rows}</table>")

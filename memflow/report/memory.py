@@ -24,7 +24,7 @@ from bokeh.models import ColumnDataSource, HoverTool, Range1d, Span
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import CATEGORIES, CATEGORY_COLORS, GIB, fmt_bytes, fmt_seconds, memory_scale
+from .style import CATEGORIES, CATEGORY_COLORS, GIB, format_bytes, fmt_seconds, memory_scale
 from .tasks import per_resource
 
 __all__ = ["MemoryChart", "memory_steps", "categories_of"]
@@ -139,7 +139,7 @@ def _scale(result: Any, devices: Iterable[str]) -> tuple[str, float, float]:
 
 def _title(device: str, peak: float, capacity: float) -> str:
     over = "  OUT OF MEMORY" if peak > capacity else ""
-    return f"{device}: peak {fmt_bytes(peak)} of {fmt_bytes(capacity)}{over}"
+    return f"{device}: peak {format_bytes(peak)} of {format_bytes(capacity)}{over}"
 
 
 class MemoryChart:
@@ -224,8 +224,8 @@ class MemoryChart:
         """Peak, capacity and fit per device as an HTML table."""
         r = self.result
         rows = "".join(
-            f"<tr><td>{d}</td><td>{fmt_bytes(r.peak_memory.get(d, 0.0))}</td>"
-            f"<td>{fmt_bytes(r.capacity[d])}</td>"
+            f"<tr><td>{d}</td><td>{format_bytes(r.peak_memory.get(d, 0.0))}</td>"
+            f"<td>{format_bytes(r.capacity[d])}</td>"
             f"<td>{'over' if r.peak_memory.get(d, 0.0) > r.capacity[d] else 'fits'}</td></tr>"
             for d in self.sources)
         return (f"<p>Memory over one step of {fmt_seconds(r.iteration_time)}.</p>"

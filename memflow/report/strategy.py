@@ -27,7 +27,8 @@ from bokeh.models import ColumnDataSource, HoverTool, LabelSet, TapTool
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import MULTI_DEVICE_COLOR, POLICY_COLORS, OTHER_COLOR, color_for, fmt_bytes
+from ..strategy import POLICIES
+from .style import MULTI_DEVICE_COLOR, OTHER_COLOR, color_for, format_bytes
 
 __all__ = ["StrategyGraph", "layout_positions", "unit_frame"]
 
@@ -84,7 +85,7 @@ def unit_frame(graph: Any, strategy: Any) -> pd.DataFrame:
                      key=lambda d: (len(d), d))
     df["device_color"] = [color_for(d, devices) if d in devices else MULTI_DEVICE_COLOR
                           for d in df["device"]]
-    df["policy_color"] = df["policy"].map(POLICY_COLORS).fillna(OTHER_COLOR)
+    df["policy_color"] = df["policy"].map(POLICIES.colors).fillna(OTHER_COLOR)
     return df
 
 
@@ -114,7 +115,7 @@ class StrategyGraph:
             "device": df["device"].to_numpy(str),
             "device_color": df["device_color"].to_numpy(str),
             "policy_color": df["policy_color"].to_numpy(str),
-            "memory": df["memory"].map(fmt_bytes).to_numpy(str),
+            "memory": df["memory"].map(format_bytes).to_numpy(str),
         })
         rows = int(np.ptp(xy[:, 1]) / 1.5) + 1 if len(xy) else 1
         fig = figure(width=width, height=height or min(900, 160 + 110 * rows),
@@ -161,7 +162,7 @@ class StrategyGraph:
             raise MemflowError(f"{unit!r} is not a unit of this graph")
         u = self.graph.units.loc[unit]
         plan = self.strategy.table.set_index("unit").loc[unit]
-        cells = [(c, fmt_bytes(u[c]) if c.endswith("bytes") else
+        cells = [(c, format_bytes(u[c]) if c.endswith("bytes") else
                   f"{u[c] / 1e9:,.3f} GFLOP" if c.endswith("flops") else u[c])
                  for c in _DETAIL_COLUMNS if c in u.index]
         cells += [(c, plan[c]) for c in _PLAN_COLUMNS if c in plan.index]

@@ -1,7 +1,7 @@
 """Colours and number formats shared by the report and the Jupyter views, so one category looks
 the same everywhere (``memflow_widgets.style`` is this module).
 
->>> fmt_bytes(3 * 2**30)
+>>> format_bytes(3 * 2**30)
 '3.00 GiB'
 >>> color_for("gpu3", ["gpu0", "gpu1", "gpu2", "gpu3"]) == DEVICE_PALETTE[3]
 True
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "POLICY_COLORS", "DEVICE_PALETTE",
-           "MULTI_DEVICE_COLOR", "GIB", "CAPACITY_IN_VIEW", "fmt_bytes", "fmt_seconds", "byte_unit",
+from .._units import byte_unit, format_bytes
+
+__all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "DEVICE_PALETTE",
+           "MULTI_DEVICE_COLOR", "GIB", "CAPACITY_IN_VIEW", "format_bytes", "fmt_seconds",
            "memory_scale", "color_for"]
 
 GIB = float(2**30)
@@ -43,13 +45,7 @@ KIND_COLORS = {
 }
 OTHER_COLOR = "#bbbbbb"
 
-# Memory policies of Strategy.table.
-POLICY_COLORS = {
-    "keep": "#4c72b0",
-    "recompute": "#c44e52",
-    "offload": "#55a868",
-    "compress": "#da8bc3",
-}
+# Memory policies: their colours are the policy table's (memflow.strategy.POLICIES.colors).
 
 DEVICE_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
                   "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
@@ -60,37 +56,6 @@ MULTI_DEVICE_COLOR = "#444444"  # a unit split over several devices
 def color_for(device: str, devices: Sequence[str]) -> str:
     """The colour of ``device`` among ``devices`` (cycling through the palette)."""
     return DEVICE_PALETTE[list(devices).index(device) % len(DEVICE_PALETTE)]
-
-
-def fmt_bytes(n: float) -> str:
-    """Bytes in binary units with three significant figures.
-
-    >>> fmt_bytes(1536 * 1024), fmt_bytes(100), fmt_bytes(20.5 * 2**40)
-    ('1.50 MiB', '100 B', '20.5 TiB')
-    """
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            break
-        n /= 1024
-    if unit == "B":
-        return f"{n:.0f} B"
-    return f"{n:.2f} {unit}" if abs(n) < 10 else f"{n:.1f} {unit}" if abs(n) < 100 else \
-        f"{n:,.0f} {unit}"
-
-
-def byte_unit(n: float) -> tuple[str, float]:
-    """The largest binary unit in which ``n`` bytes is at least 1, and its size.
-
-    >>> byte_unit(3 * 2**30), byte_unit(5000), byte_unit(0)
-    (('GiB', 1073741824.0), ('KiB', 1024.0), ('B', 1.0))
-    """
-    name, size = "B", 1.0
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < size * 1024:
-            break
-        name, size = unit, size * 1024
-    return name, size
 
 
 # A capacity far above the peak is left off a chart's scale (titles still give it): a 40 KiB

@@ -3,14 +3,17 @@
 * :class:`MCMCSearch` — Metropolis search over parallel configurations and memory policies,
   incremental (``step``/``run``), steerable (``pin``/``unpin``), resumable (``save``/``load``);
 * :func:`run_chains` — several chains in processes or on a Dask cluster, sharing their best;
-* :func:`optimal_checkpointing` — the optimal keep/recompute schedule of a chain (exact DP);
-* :func:`exhaustive` — every assignment of a small space, simulated.
+* :func:`exhaustive` — every assignment of a small space, simulated;
+* :func:`refine` — the search started from a planner's strategy, beside that strategy.
+
+The optimal keep/recompute schedule of a chain, which the search starts from and is checked
+against, is a planner: :func:`memflow.planners.optimal_checkpointing`.
 
 The names load on first use, so ``import memflow.search`` stays cheap.
 
 >>> from memflow import search
 >>> sorted(search.__all__)[:3]
-['ChainsResult', 'CheckpointResult', 'ExhaustiveResult']
+['ChainsResult', 'ExhaustiveResult', 'MCMCSearch']
 """
 from __future__ import annotations
 
@@ -20,11 +23,10 @@ _EXPORTS = {
     "MCMCSearch": "memflow.search.mcmc",
     "run_chains": "memflow.search.parallel",
     "ChainsResult": "memflow.search.parallel",
-    "optimal_checkpointing": "memflow.search.checkpointing",
-    "CheckpointResult": "memflow.search.checkpointing",
     "exhaustive": "memflow.search.enumeration",
     "ExhaustiveResult": "memflow.search.enumeration",
     "baselines": "memflow.search.initial",
+    "refine": "memflow.search.refinement",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..errors import SearchError
 from ..sim import Simulator
-from ..strategy import RECOMPUTE, Strategy, parse_policy
+from ..strategy import POLICIES, Strategy, parse_policy
 from .cost import CostModel
 from .space import policy_label
 
@@ -69,7 +69,7 @@ def exhaustive(graph, cluster, *, base: Strategy | None = None,
     sim = Simulator(graph, cluster, optimizer=optimizer, precision=precision)
     rec_ok = sim.ga.recomputable
     choices = [[lab for lab in labels
-                if rec_ok[pos[u]] or parse_policy(u, lab)[0] != RECOMPUTE] for u in names]
+                if rec_ok[pos[u]] or parse_policy(u, lab)[0] not in POLICIES.codes("recompute")] for u in names]
     size = math.prod(len(c) for c in choices)
     if size > max_strategies:
         shape = f"{len(labels)}^{len(names)}" if all(len(c) == len(labels) for c in choices) \

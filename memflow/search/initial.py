@@ -4,12 +4,11 @@ The baselines are the seeds' techniques as plain strategies: data parallelism (k
 everything; recompute everything, each unit its own checkpoint segment as in Chen et al.'s and
 Checkmate's "checkpoint every layer" baseline, so each unit's input is kept and the unit re-run
 alone just before its backward; or the optimal checkpointing schedule of one replica),
-hybrid data × model parallelism (Pal et al.) and the planners of :mod:`memflow.planners` where
-they exist. A chain started from the best of them can only improve on all of them.
+hybrid data × model parallelism (Pal et al.) and the planners of :mod:`memflow.planners`. A
+chain started from the best of them can only improve on all of them.
 """
 from __future__ import annotations
 
-import importlib.util
 from typing import Any, Callable
 
 from ..errors import MemflowError, SearchError
@@ -50,7 +49,7 @@ def _hybrids(graph, cluster) -> dict[str, Strategy]:
 
 
 def _checkpointed(graph, cluster, base: Strategy, memory_limit: Any) -> dict[str, Strategy]:
-    from .checkpointing import optimal_checkpointing   # the DP is heavier; load when needed
+    from ..planners.checkpointing import optimal_checkpointing   # heavier; load when needed
     try:
         res = optimal_checkpointing(graph, cluster, memory_limit, base=base)
     except SearchError:
@@ -59,18 +58,16 @@ def _checkpointed(graph, cluster, base: Strategy, memory_limit: Any) -> dict[str
 
 
 def _planned(graph, cluster, dp: Strategy, memory_limit: Any) -> dict[str, Strategy]:
-    """Strategies of :mod:`memflow.planners`'s planners (where that package is present): offload
-    on data parallelism, a pipeline, and √n checkpointing on one device. A planner that finds
-    nothing within the limit still offers the least-memory strategy it built."""
-    if importlib.util.find_spec("memflow.planners") is None:
-        return {}
-    plan = importlib.import_module("memflow.planners")
+    """Strategies of :mod:`memflow.planners`'s planners: offload on data parallelism, a
+    pipeline, and √n checkpointing on one device. A planner that finds nothing within the limit
+    still offers the least-memory strategy it built."""
+    from .. import planners     # heavier (torch, scipy's solvers); load when needed
     calls = {
-        "data parallel, offload (vDNN dynamic)": lambda: plan.offload(
+        "data parallel, offload (vDNN dynamic)": lambda: planners.offload(
             graph, cluster, "dynamic", memory_limit=memory_limit, base=dp),
-        "pipeline": lambda: plan.pipeline(graph, cluster, memory_limit=memory_limit,
-                                          solver="dp"),
-        "one device, sqrt checkpointing": lambda: plan.checkpoint(
+        "pipeline": lambda: planners.pipeline(graph, cluster, memory_limit=memory_limit,
+                                              solver="dp"),
+        "one device, sqrt checkpointing": lambda: planners.checkpoint(
             graph, cluster, memory_limit, method="sqrt"),
     }
     out: dict[str, Strategy] = {}
@@ -78,7 +75,7 @@ def _planned(graph, cluster, dp: Strategy, memory_limit: Any) -> dict[str, Strat
         try:
             s = call()
         except MemflowError as exc:
-            s = getattr(exc, "best", None)     # plan.Infeasible carries its least-memory try
+            s = getattr(exc, "best", None)     # planners.Infeasible carries its least-memory try
         if isinstance(s, Strategy):
             out[name] = s.with_schedule(name=name)
     return out

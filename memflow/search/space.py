@@ -17,11 +17,13 @@ import numpy as np
 
 from ..errors import SearchError
 from ..memory.arrays import graph_arrays
-from ..strategy import COMPRESS, POLICIES, RECOMPUTE, parse_policy
+from ..strategy import POLICIES, parse_policy
 
 __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label"]
 
-DEFAULT_POLICIES = ("keep", "recompute", "offload")
+DEFAULT_POLICIES = POLICIES.searched
+"""The built-in policies the search proposes when none are named (the policy table's
+``searched`` rows)."""
 """Lossy compression changes training numerics, so the search uses it only when asked."""
 
 
@@ -31,7 +33,8 @@ def policy_label(code: int, bound: float) -> str:
     >>> policy_label(3, 0.001), policy_label(0, float("nan"))
     ('compress:0.001', 'keep')
     """
-    return f"compress:{bound:g}" if code == COMPRESS else POLICIES[code]
+    name = POLICIES[code]
+    return f"{name}:{bound:g}" if POLICIES.with_parameter[code] else name
 
 
 @lru_cache(maxsize=None)
@@ -70,18 +73,18 @@ class SearchSpace:
             raise SearchError(f"policies={list(policies)}: "
                               + (f"{bad[0]!r} is not a memory policy" if bad else "none given")
                               + f"; valid: {', '.join(POLICIES)}")
-        if "compress" in policies and not error_bounds:
-            raise SearchError("policies include 'compress' but error_bounds is empty; give "
+        bounded = [p for p in policies if POLICIES[p].parameter]
+        if bounded and not error_bounds:
+            raise SearchError(f"policies include {bounded[0]!r} but error_bounds is empty; give "
                               "the error bounds the search may use, e.g. error_bounds=(1e-3,)")
         self.policies = tuple(policies)
-        self.error_bounds = tuple(float(parse_policy("", ("compress", e))[1])
-                                  for e in error_bounds)
+        self.error_bounds = tuple(float(parse_policy("", (bounded[0] if bounded else "compress",
+                                                          e))[1]) for e in error_bounds)
         self._choices: list[tuple[int, float]] = []
-        for p in self.policies:
-            if p == "compress":
-                self._choices += [(COMPRESS, e) for e in self.error_bounds]
-            else:
-                self._choices.append((POLICIES.index(p), float("nan")))
+        for p in self.policies:        # a policy with a parameter: one choice per error bound
+            code = POLICIES.index(p)
+            self._choices += ([(code, e) for e in self.error_bounds]
+                              if POLICIES[p].parameter else [(code, float("nan"))])
         self.pinned = np.zeros(self.n, bool)
 
     # ------------------------------------------------------------------ units
@@ -121,7 +124,8 @@ class SearchSpace:
         """``(policy code, error bound)`` pairs unit ``i`` may take."""
         if self.recomputable[i]:
             return self._choices
-        return [c for c in self._choices if c[0] != RECOMPUTE]
+        recompute = POLICIES.codes("recompute")
+        return [c for c in self._choices if c[0] not in recompute]
 
     def settings(self) -> dict[str, Any]:
         """The constructor arguments, for saving."""

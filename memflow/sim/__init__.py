@@ -15,10 +15,19 @@
 from __future__ import annotations
 
 from ..strategy import Strategy
+from .estimate import estimate
+from .evaluator import Evaluator, Outcome
+from .kinds import (K_ALLRED, K_BWD, K_COMPRESS, K_DECOMP, K_FWD, K_OFFLOAD, K_OPT, K_PREFETCH,
+                    K_RECOMP, K_XFER, R_COMM, R_COMPUTE, R_COPY, R_COPYBACK, R_D2H, R_H2D, ROLES,
+                    TASK_KINDS)
 from .result import SimResult
 from .simulator import Evaluation, Simulator
 
-__all__ = ["simulate", "SimResult", "Simulator", "Evaluation"]
+__all__ = ["simulate", "estimate", "SimResult", "Simulator", "Evaluation", "Evaluator", "Outcome",
+           "TASK_KINDS", "ROLES",
+           "K_FWD", "K_BWD", "K_RECOMP", "K_XFER", "K_ALLRED", "K_OFFLOAD", "K_PREFETCH",
+           "K_COMPRESS", "K_DECOMP", "K_OPT",
+           "R_COMPUTE", "R_COMM", "R_D2H", "R_H2D", "R_COPY", "R_COPYBACK"]
 
 
 def simulate(graph, strategy: Strategy, cluster, *, optimizer: str = "sgd",

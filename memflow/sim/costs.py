@@ -12,6 +12,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..strategy.policies import POLICIES
+
 __all__ = ["LayoutCost", "layout_cost", "copy_cost", "ring_time", "compress_model",
            "compression_ratios",
            "OPTIMIZER_TRAFFIC"]
@@ -169,11 +171,10 @@ def compress_model() -> tuple[Callable[..., float], Callable[..., float], Callab
 
 def compression_ratios(strategy, half: np.ndarray | None = None,
                        ratio_of: Callable[..., float] | None = None) -> np.ndarray:
-    """Compression ratio per unit (1 where the policy is not compress); ``half`` marks units
+    """Compression ratio per unit (1 where the policy's mechanism is not ``compressed``); ``half`` marks units
     whose saved maps are 16-bit (default: none)."""
-    from ..strategy.strategy import COMPRESS
     ratio = np.ones(len(strategy))
-    comp = np.flatnonzero(strategy.policy == COMPRESS)
+    comp = np.flatnonzero(np.isin(strategy.policy, POLICIES.codes("compressed")))
     if len(comp) and ratio_of is None:
         ratio_of = compress_model()[0]
     for i in comp:

@@ -11,9 +11,10 @@ Dependencies are task ids; ``-(j + 1)`` means "after task ``j`` *starts*" (a pre
 when the backward before it starts, one unit ahead, as vDNN does).
 
 What the placements decide (program order, reads, gradients, copies, DDP buckets) is a
-:class:`Structure`, made once per placement; :func:`expand` adds what the policies decide
-(offloads, prefetches, compressions, recomputations) in one compiled pass that also looks up
-each task's duration and channel set.
+:class:`~memflow.sim.structure.Structure`, made once per placement; :func:`expand` adds what
+the policies decide (offloads, prefetches, compressions, recomputations) in one compiled pass
+that also looks up each task's duration and channel set. Task kinds and channel roles are the
+codes of :mod:`memflow.sim.kinds`.
 """
 from __future__ import annotations
 
@@ -23,21 +24,15 @@ from functools import cached_property
 import numpy as np
 
 from ..memory.blocks import StepBlocks
-from ..memory.records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
-                              A_PREFETCH, A_RECOMP, A_XFER, Placed)
 from ..memory.jit import njit
-from .pipeline import program_order
+from ..memory.records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
+                              A_PREFETCH, A_RECOMP, A_XFER, ANCHOR_KINDS)
+from .kinds import (K_ALLRED, K_BWD, K_COMPRESS, K_DECOMP, K_FWD, K_OFFLOAD, K_OPT, K_PREFETCH,
+                    K_RECOMP, K_XFER, R_COMM, R_COMPUTE, R_COPY, R_COPYBACK, R_D2H, R_H2D)
+from .structure import Structure
 
-__all__ = ["Tasks", "Structure", "Timing", "structure", "expand", "KINDS", "ROLES"]
+__all__ = ["Tasks", "Timing", "expand"]
 
-KINDS = ("forward", "backward", "recompute", "transfer", "allreduce", "offload", "prefetch",
-         "compress", "decompress", "optimizer")
-K_FWD, K_BWD, K_RECOMP, K_XFER, K_ALLRED, K_OFFLOAD, K_PREFETCH, K_COMPRESS, K_DECOMP, K_OPT = \
-    range(len(KINDS))
-ROLES = ("compute", "comm", "to-host", "from-host", "copy", "copy-back")
-R_COMPUTE, R_COMM, R_D2H, R_H2D, R_COPY, R_COPYBACK = range(len(ROLES))
-BUCKET_CAP = 25 * 2 ** 20       # DDP's bucket_cap_mb
-FIRST_BUCKET = 2 ** 20          # DDP's first bucket is small so communication starts early
 _NONE = np.iinfo(np.int64).max
 
 
@@ -45,10 +40,11 @@ _NONE = np.iinfo(np.int64).max
 class Tasks:
     """Tasks in program order (arrays) and the task of each memory anchor.
 
-    ``table[kind, key, microbatch]`` is the task of anchor ``(kind, key)`` in a micro-batch
-    (-1: none), :attr:`first` its first task in program order. ``channel_set`` indexes
-    the channel sets of the :class:`Structure` (compute, comm, to-host, from-host per layout,
-    then copy and copy-back per copy).
+    ``kind`` and ``role`` are codes of :mod:`memflow.sim.kinds`. ``table[kind, key,
+    microbatch]`` is the task of anchor ``(kind, key)`` (``kind`` one of
+    :data:`~memflow.memory.records.ANCHORS`) in a micro-batch (-1: none), :attr:`first` its
+    first task in program order. ``channel_set`` indexes the channel sets of the placement
+    (compute, comm, to-host, from-host per layout, then copy and copy-back per copy).
     """
 
     kind: np.ndarray
@@ -83,31 +79,6 @@ class Tasks:
 
 
 @dataclass
-class Structure:
-    """What expansion needs from the placements: per unit, per copy, per bucket arrays."""
-
-    n_layouts: int
-    op_stage: np.ndarray       # program order of (stage, backward?, micro-batch)
-    op_back: np.ndarray
-    op_mb: np.ndarray
-    stage_units: tuple[np.ndarray, np.ndarray]    # CSR per stage, units ascending
-    final_mb: np.ndarray       # per stage: micro-batch of its last backward
-    reads: tuple[np.ndarray, np.ndarray]          # CSR per unit, anchors (kind, key)
-    grads_in: tuple[np.ndarray, np.ndarray]
-    copies_from: tuple[np.ndarray, np.ndarray]    # CSR per unit: copies after its forward
-    copies_back: tuple[np.ndarray, np.ndarray]    # CSR per unit: gradient copies after backward
-    copy_src: np.ndarray       # the copy waits for its producer's forward
-    copy_bytes: np.ndarray
-    layout: np.ndarray         # per unit
-    tp_out: np.ndarray         # per unit: bytes of the tensor-parallel all-reduce in forward
-    tp_in: np.ndarray          # ... and of the input gradient in backward
-    buckets: tuple[np.ndarray, np.ndarray]        # CSR per stage: bucket ids
-    bucket_layout: np.ndarray
-    bucket_bytes: np.ndarray
-    bucket_units: tuple[np.ndarray, np.ndarray]   # CSR per bucket
-
-
-@dataclass
 class Timing:
     """Durations the cluster gives: per unit, per bucket, per copy, per layout."""
 
@@ -118,6 +89,8 @@ class Timing:
     copy_back: np.ndarray
     d2h: np.ndarray            # per layout: (seconds per byte, latency)
     h2d: np.ndarray
+    host_scale: np.ndarray     # per unit: multiplies the seconds per byte of its offload and
+                               # prefetch (1: the host link's own rate)
     optimizer: np.ndarray      # per layout
     compress: np.ndarray       # per unit: bytes per second, launches included (1: none)
     decompress: np.ndarray
@@ -131,132 +104,50 @@ class Timing:
         return cls(forward=zeros(n_units), backward=zeros(n_units),
                    allreduce=zeros(len(S.bucket_layout)), copy=zeros(len(S.copy_src)),
                    copy_back=zeros(len(S.copy_src)), d2h=zeros(S.n_layouts, 2),
-                   h2d=zeros(S.n_layouts, 2), optimizer=zeros(S.n_layouts),
-                   compress=np.ones(n_units), decompress=np.ones(n_units))
-
-
-def _ptr(rows: np.ndarray, n_rows: int) -> np.ndarray:
-    ptr = np.zeros(n_rows + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=n_rows), out=ptr[1:])
-    return ptr
+                   h2d=zeros(S.n_layouts, 2), host_scale=np.ones(n_units),
+                   optimizer=zeros(S.n_layouts), compress=np.ones(n_units),
+                   decompress=np.ones(n_units))
 
 
 @njit
-def _bucketize(stage_ptr, stage_units, layout, replicated, part_bytes, first_cap, cap):
-    """DDP buckets per stage: per layout (ascending) its units in backward order, ~1 MiB
-    first, then ~25 MiB each. Returns (stage of bucket, layout, bytes, unit ptr, units)."""
-    n_st = len(stage_ptr) - 1
-    b_stage = np.empty(len(stage_units), np.int64)
-    b_lay = np.empty(len(stage_units), np.int64)
-    b_bytes = np.empty(len(stage_units))
-    b_ptr = np.zeros(len(stage_units) + 1, np.int64)
-    units = np.empty(len(stage_units), np.int64)
-    nb = 0
-    nu = 0
-    for s in range(n_st):
-        mine = stage_units[stage_ptr[s]:stage_ptr[s + 1]]
-        lays = np.unique(layout[mine])
-        for lay in lays:
-            if not replicated[lay]:
-                continue
-            size = 0.0
-            first = True
-            count = 0
-            for j in range(len(mine) - 1, -1, -1):
-                u = mine[j]
-                if layout[u] != lay or part_bytes[u] <= 0:
-                    continue
-                units[nu] = u
-                nu += 1
-                count += 1
-                size += part_bytes[u]
-                if size >= (first_cap if first else cap):
-                    b_stage[nb], b_lay[nb], b_bytes[nb] = s, lay, 0.0
-                    nb += 1
-                    b_ptr[nb] = nu
-                    first = False
-                    size = 0.0
-                    count = 0
-            if count:
-                b_stage[nb], b_lay[nb] = s, lay
-                nb += 1
-                b_ptr[nb] = nu
-    for b in range(nb):   # summed again in bucket order, as DDP's flat buffer is
-        total = 0.0
-        for k in range(b_ptr[b], b_ptr[b + 1]):
-            total += part_bytes[units[k]]
-        b_bytes[b] = total
-    return b_stage[:nb], b_lay[:nb], b_bytes[:nb], b_ptr[:nb + 1], units[:nu]
+def _count(S_ptr, S_units, rd_ptr, gi_ptr, cf_ptr, cb_ptr, seg_start, seg_last, op_stage,
+           op_back, n_buckets_units, n_buckets, n_layouts):
+    """Upper bounds of the number of tasks and of dependencies that :func:`_expand` emits.
 
-
-def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage: np.ndarray,
-              microbatches: int, schedule: str) -> Structure:
-    """The placement-only part of the expansion of one strategy."""
-    n, M = ga.n, int(microbatches)
-    stage = np.maximum(stage, 0)
-    stages = int(stage.max()) + 1
-    order = program_order(stages, M, schedule)
-    op_stage = np.array([s for s, _, _ in order], np.int64)
-    op_back = np.array([op == "B" for _, op, _ in order], bool)
-    op_mb = np.array([m for _, _, m in order], np.int64)
-    last_op = np.full(stages, -1)
-    np.maximum.at(last_op, op_stage[op_back], np.flatnonzero(op_back))
-    final_mb = op_mb[last_op]          # micro-batch of each stage's last backward
-    st_ptr = _ptr(stage, stages)
-    st_units = np.argsort(stage, kind="stable")
-    # bytes of each unit's outputs and of the gradients of its inputs (tensor parallelism)
-    p = degrees[layout, 1]
-    sa = degrees[layout, 0] * degrees[layout, 2]
-    size = ga.bytes / np.where(ga.per_sample, M, 1)
-    has_readers = np.diff(ga.readers_ptr) > 0
-    out = np.flatnonzero((ga.producer >= 0) & (has_readers | ga.is_output))
-    out_bytes = np.zeros(n)
-    np.add.at(out_bytes, ga.producer[out], size[out])
-    r_t = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.readers_ptr))
-    grad = ga.requires_grad[r_t]
-    in_grad = np.zeros(n)
-    np.add.at(in_grad, ga.readers_idx[grad], size[r_t[grad]])
-    cp = placed.copies
-    src_unit = np.where(ga.producer[cp.tensor] >= 0, ga.producer[cp.tensor], cp.first_reader)
-    c_ids = np.arange(len(cp))
-    back = np.flatnonzero(cp.grad)
-    replicated = (degrees[:, 0] * degrees[:, 2]) > 1
-    b_stage, b_lay, b_bytes, b_ptr, b_units = _bucketize(
-        st_ptr, st_units, layout, replicated, ga.trainable_bytes / p, float(FIRST_BUCKET),
-        float(BUCKET_CAP))
-    return Structure(
-        n_layouts=len(degrees), op_stage=op_stage, op_back=op_back, op_mb=op_mb,
-        stage_units=(st_ptr, st_units), final_mb=final_mb, reads=placed.reads,
-        grads_in=placed.grads_in,
-        copies_from=(_ptr(src_unit, n), c_ids[np.argsort(src_unit, kind="stable")]),
-        copies_back=(_ptr(cp.first_reader[back], n),
-                     back[np.argsort(cp.first_reader[back], kind="stable")]),
-        copy_src=ga.producer[cp.tensor] >= 0, copy_bytes=cp.bytes, layout=layout,
-        tp_out=np.where(p > 1, out_bytes / sa, 0.0), tp_in=np.where(p > 1, in_grad / sa, 0.0),
-        buckets=(_ptr(b_stage, stages), np.arange(len(b_stage))), bucket_layout=b_lay,
-        bucket_bytes=b_bytes, bucket_units=(b_ptr, b_units))
-
-
-@njit
-def _count(S_ptr, S_units, rd_ptr, gi_ptr, cf_ptr, cb_ptr, off, comp, seg_start, seg_last,
-           op_stage, op_back, n_buckets_units, n_buckets, n_layouts):
-    """Upper bounds of the number of tasks and of dependencies."""
+    ``_expand`` writes into arrays of these sizes unchecked, so each of its emissions must be
+    counted here, term by term as the comments below say; a change to one is a change to
+    both. Offloads, compressions and prefetches are counted whether the policies make them
+    or not (an upper bound; ``_expand`` returns the filled part).
+    """
     n_st = len(S_ptr) - 1
-    f_tasks = np.zeros(n_st, np.int64)
+    f_tasks = np.zeros(n_st, np.int64)     # per stage: in one forward of its units
     f_deps = np.zeros(n_st, np.int64)
-    b_tasks = np.zeros(n_st, np.int64)
+    b_tasks = np.zeros(n_st, np.int64)     # ... in one backward
     b_deps = np.zeros(n_st, np.int64)
     for s in range(n_st):
         for k in range(S_ptr[s], S_ptr[s + 1]):
             u = S_units[k]
+            reads = rd_ptr[u + 1] - rd_ptr[u]
             copies = cf_ptr[u + 1] - cf_ptr[u]
             back = cb_ptr[u + 1] - cb_ptr[u]
             waits = gi_ptr[u + 1] - gi_ptr[u]
-            seg = u - seg_start[u] + 1 if seg_last[u] else 0
+            seg = u - seg_start[u] + 1 if seg_last[u] else 0     # recomputed where it ends
+            # tasks: forward, offload, compress (3); a transfer per copy after its forward.
+            # deps: forward on its reads and on the previous unit's offload (reads + 1);
+            # offload and compress on the forward (2); each transfer on the forward (copies)
             f_tasks[s] += 3 + copies
-            f_deps[s] += rd_ptr[u + 1] - rd_ptr[u] + 3 + copies
+            f_deps[s] += reads + 3 + copies
+            # tasks: its own prefetch, decompress, backward, the prefetch of the unit before
+            # (4); the recomputations of its segment (seg); a gradient transfer per copy back.
+            # deps: each recomputation and the backward on its gradients in
+            # (waits * (seg + 1)); own prefetch on the offload (1); decompress on the
+            # compression (1); backward on forward, prefetch, decompress (3); the next
+            # prefetch on its offload and on the backward's start (2); each gradient
+            # transfer on the backward (back)
             b_tasks[s] += 4 + seg + back
             b_deps[s] += waits * (seg + 1) + 7 + back
+    # once per step: an all-reduce per bucket on the backward of each of its units; an
+    # optimizer step per layout on its last four backward or all-reduce tasks (last4)
     tasks = n_buckets + n_layouts
     deps = n_buckets_units + 4 * n_layouts
     for i in range(len(op_stage)):
@@ -270,26 +161,44 @@ def _count(S_ptr, S_units, rd_ptr, gi_ptr, cf_ptr, cb_ptr, off, comp, seg_start,
 
 
 @njit
+def _emit(out, t, d, kind, unit, mb, role, key, work, duration, anchor, row):
+    """Task ``t``, whose dependencies end at ``d`` in ``dep_idx``; it runs on the channel
+    set of ``role`` and ``key``, and is the task of anchor ``(anchor, row)`` in micro-batch
+    ``mb`` (anchor -1: none). Returns the next task's number."""
+    kinds, units, mbs, roles, keys, works, durations, sets, dep_ptr, table, set_base = out
+    kinds[t], units[t], mbs[t], roles[t], keys[t] = kind, unit, mb, role, key
+    works[t], durations[t], sets[t] = work, duration, set_base[role] + key
+    if anchor >= 0:
+        table[anchor, row, mb] = t
+    dep_ptr[t + 1] = d
+    return t + 1
+
+
+@njit
 def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units, final_mb,
             rd_ptr, rd_kind, rd_key, gi_ptr, gi_kind, gi_key, cf_ptr, cf_copy, cb_ptr,
             cb_copy, copy_src, copy_bytes, layout, tp_out, tp_in, off, comp, seg_start,
             seg_last, bk_ptr, bk_lay, bk_bytes, bu_ptr, bu_units, d_fwd, d_bwd, d_ar, d_cp,
-            d_cpb, d2h, h2d, d_opt, r_comp, r_decomp, n_tasks, n_deps):
-    kind = np.empty(n_tasks, np.int64)
-    unit = np.empty(n_tasks, np.int64)
-    mb = np.empty(n_tasks, np.int64)
-    role = np.empty(n_tasks, np.int64)
-    key = np.empty(n_tasks, np.int64)
-    work = np.empty(n_tasks)
-    dur = np.empty(n_tasks)
-    cset = np.empty(n_tasks, np.int64)
+            d_cpb, d2h, h2d, host_scale, d_opt, r_comp, r_decomp, n_tasks, n_deps):
+    """The tasks of one step in program order, in arrays of the sizes :func:`_count` gives.
+
+    In step with ``_count``: every task emitted and every dependency written here is one of
+    its terms (the writes are unchecked). A task's dependencies are written to ``dep_idx``
+    before :func:`_emit` closes its row; ``table`` gets one task per anchor and micro-batch,
+    and tasks are numbered in program order (what :attr:`Tasks.first` relies on).
+    """
     dep_ptr = np.zeros(n_tasks + 1, np.int64)
     dep_idx = np.empty(n_deps, np.int64)
     n_keys = max(n, n_copies, n_layouts, 1)
-    table = np.full((10, n_keys, M), -1, np.int64)
-    last4 = np.full((n_layouts, 4), -1, np.int64)   # last backward/all-reduce tasks per layout
+    table = np.full((ANCHOR_KINDS, n_keys, M), -1, np.int64)
+    # first channel set of each role (ROLES): compute, comm, to-host, from-host per layout,
+    # then copy, copy-back per copy
     set_base = np.array([0, n_layouts, 2 * n_layouts, 3 * n_layouts, 4 * n_layouts,
                          4 * n_layouts + n_copies])
+    out = (np.empty(n_tasks, np.int64), np.empty(n_tasks, np.int64), np.empty(n_tasks, np.int64),
+           np.empty(n_tasks, np.int64), np.empty(n_tasks, np.int64), np.empty(n_tasks),
+           np.empty(n_tasks), np.empty(n_tasks, np.int64), dep_ptr, table, set_base)
+    last4 = np.full((n_layouts, 4), -1, np.int64)   # last backward/all-reduce tasks per layout
     wait = np.empty(max(len(gi_kind), 1), np.int64)
     t = 0
     d = 0
@@ -310,41 +219,26 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                     dep_idx[d] = offloading
                     d += 1
                 f = t
-                kind[t], unit[t], mb[t], role[t], key[t] = K_FWD, u, m, R_COMPUTE, lay
-                work[t], dur[t], cset[t] = tp_out[u], d_fwd[u], set_base[R_COMPUTE] + lay
-                table[A_FWD, u, m] = t
-                t += 1
-                dep_ptr[t] = d
+                t = _emit(out, t, d, K_FWD, u, m, R_COMPUTE, lay, tp_out[u], d_fwd[u], A_FWD, u)
                 offloading = -1
                 if off[u] > 0:
                     dep_idx[d] = f
                     d += 1
-                    kind[t], unit[t], mb[t], role[t], key[t] = K_OFFLOAD, u, m, R_D2H, lay
-                    work[t], dur[t] = off[u], off[u] * d2h[lay, 0] + d2h[lay, 1]
-                    cset[t] = set_base[R_D2H] + lay
-                    table[A_OFFLOAD, u, m] = t
                     offloading = t
-                    t += 1
-                    dep_ptr[t] = d
+                    t = _emit(out, t, d, K_OFFLOAD, u, m, R_D2H, lay, off[u],
+                              off[u] * d2h[lay, 0] * host_scale[u] + d2h[lay, 1], A_OFFLOAD, u)
                 if comp[u] > 0:
                     dep_idx[d] = f
                     d += 1
-                    kind[t], unit[t], mb[t], role[t], key[t] = K_COMPRESS, u, m, R_COMPUTE, lay
-                    work[t], dur[t] = comp[u], comp[u] / r_comp[u]
-                    cset[t] = set_base[R_COMPUTE] + lay
-                    table[A_COMPRESS, u, m] = t
-                    t += 1
-                    dep_ptr[t] = d
+                    t = _emit(out, t, d, K_COMPRESS, u, m, R_COMPUTE, lay, comp[u],
+                              comp[u] / r_comp[u], A_COMPRESS, u)
                 for j in range(cf_ptr[u], cf_ptr[u + 1]):
                     c = cf_copy[j]
                     if copy_src[c]:
                         dep_idx[d] = f
                         d += 1
-                    kind[t], unit[t], mb[t], role[t], key[t] = K_XFER, u, m, R_COPY, c
-                    work[t], dur[t], cset[t] = copy_bytes[c], d_cp[c], set_base[R_COPY] + c
-                    table[A_XFER, c, m] = t
-                    t += 1
-                    dep_ptr[t] = d
+                    t = _emit(out, t, d, K_XFER, u, m, R_COPY, c, copy_bytes[c], d_cp[c],
+                              A_XFER, c)
             continue
         prev_compute = -1
         for k in range(hi - 1, lo - 1, -1):
@@ -357,32 +251,21 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
             if prev_compute < 0 and off[u] > 0:
                 dep_idx[d] = table[A_OFFLOAD, u, m]
                 d += 1
-                kind[t], unit[t], mb[t], role[t], key[t] = K_PREFETCH, u, m, R_H2D, lay
-                work[t], dur[t] = off[u], off[u] * h2d[lay, 0] + h2d[lay, 1]
-                cset[t] = set_base[R_H2D] + lay
-                table[A_PREFETCH, u, m] = t
-                t += 1
-                dep_ptr[t] = d
+                t = _emit(out, t, d, K_PREFETCH, u, m, R_H2D, lay, off[u],
+                          off[u] * h2d[lay, 0] * host_scale[u] + h2d[lay, 1], A_PREFETCH, u)
             if seg_last[u]:
                 for v in range(seg_start[u], u + 1):
                     for j in range(nw):
                         dep_idx[d] = wait[j]
                         d += 1
-                    kind[t], unit[t], mb[t], role[t], key[t] = K_RECOMP, v, m, R_COMPUTE, lay
-                    work[t], dur[t], cset[t] = tp_out[v], d_fwd[v], set_base[R_COMPUTE] + lay
-                    table[A_RECOMP, v, m] = t
                     prev_compute = t
-                    t += 1
-                    dep_ptr[t] = d
+                    t = _emit(out, t, d, K_RECOMP, v, m, R_COMPUTE, lay, tp_out[v], d_fwd[v],
+                              A_RECOMP, v)
             if comp[u] > 0:
                 dep_idx[d] = table[A_COMPRESS, u, m]
                 d += 1
-                kind[t], unit[t], mb[t], role[t], key[t] = K_DECOMP, u, m, R_COMPUTE, lay
-                work[t], dur[t] = comp[u], comp[u] / r_decomp[u]
-                cset[t] = set_base[R_COMPUTE] + lay
-                table[A_DECOMP, u, m] = t
-                t += 1
-                dep_ptr[t] = d
+                t = _emit(out, t, d, K_DECOMP, u, m, R_COMPUTE, lay, comp[u],
+                          comp[u] / r_decomp[u], A_DECOMP, u)
             # ... and its input gradient in backward
             for j in range(nw):
                 dep_idx[d] = wait[j]
@@ -394,59 +277,43 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                     dep_idx[d] = table[a, u, m]
                     d += 1
             b = t
-            kind[t], unit[t], mb[t], role[t], key[t] = K_BWD, u, m, R_COMPUTE, lay
-            work[t], dur[t], cset[t] = tp_in[u], d_bwd[u], set_base[R_COMPUTE] + lay
-            table[A_BWD, u, m] = t
             last4[lay, :3] = last4[lay, 1:].copy()
             last4[lay, 3] = t
             prev_compute = t
-            t += 1
-            dep_ptr[t] = d
+            t = _emit(out, t, d, K_BWD, u, m, R_COMPUTE, lay, tp_in[u], d_bwd[u], A_BWD, u)
             for j in range(cb_ptr[u], cb_ptr[u + 1]):
                 c = cb_copy[j]
                 dep_idx[d] = b
                 d += 1
-                kind[t], unit[t], mb[t], role[t], key[t] = K_XFER, u, m, R_COPYBACK, c
-                work[t], dur[t], cset[t] = copy_bytes[c], d_cpb[c], set_base[R_COPYBACK] + c
-                table[A_GXFER, c, m] = t
-                t += 1
-                dep_ptr[t] = d
+                t = _emit(out, t, d, K_XFER, u, m, R_COPYBACK, c, copy_bytes[c], d_cpb[c],
+                          A_GXFER, c)
             if k - 1 >= lo and off[S_units[k - 1]] > 0:
                 v = S_units[k - 1]
                 dep_idx[d] = table[A_OFFLOAD, v, m]
                 dep_idx[d + 1] = -(b + 1)
                 d += 2
-                kind[t], unit[t], mb[t], role[t], key[t] = K_PREFETCH, v, m, R_H2D, layout[v]
-                work[t], dur[t] = off[v], off[v] * h2d[layout[v], 0] + h2d[layout[v], 1]
-                cset[t] = set_base[R_H2D] + layout[v]
-                table[A_PREFETCH, v, m] = t
-                t += 1
-                dep_ptr[t] = d
+                t = _emit(out, t, d, K_PREFETCH, v, m, R_H2D, layout[v], off[v],
+                          off[v] * h2d[layout[v], 0] * host_scale[v] + h2d[layout[v], 1],
+                          A_PREFETCH, v)
         if m == final_mb[s]:   # DDP: all-reduce gradient buckets as backward produces them
             for bk in range(bk_ptr[s], bk_ptr[s + 1]):
                 for j in range(bu_ptr[bk], bu_ptr[bk + 1]):
                     dep_idx[d] = table[A_BWD, bu_units[j], m]
                     d += 1
                 lay = bk_lay[bk]
-                kind[t], unit[t], mb[t] = K_ALLRED, bu_units[bu_ptr[bk + 1] - 1], m
-                role[t], key[t], work[t], dur[t] = R_COMM, lay, bk_bytes[bk], d_ar[bk]
-                cset[t] = set_base[R_COMM] + lay
                 last4[lay, :3] = last4[lay, 1:].copy()
                 last4[lay, 3] = t
-                t += 1
-                dep_ptr[t] = d
+                t = _emit(out, t, d, K_ALLRED, bu_units[bu_ptr[bk + 1] - 1], m, R_COMM, lay,
+                          bk_bytes[bk], d_ar[bk], -1, 0)
     for lay in range(n_layouts):
         for j in range(4):
             if last4[lay, j] >= 0:
                 dep_idx[d] = last4[lay, j]
                 d += 1
-        kind[t], unit[t], mb[t], role[t], key[t] = K_OPT, -1, 0, R_COMPUTE, lay
-        work[t], dur[t], cset[t] = 0.0, d_opt[lay], set_base[R_COMPUTE] + lay
-        table[A_OPT, lay, 0] = t
-        t += 1
-        dep_ptr[t] = d
-    return (kind[:t], unit[:t], mb[:t], role[:t], key[:t], work[:t], dur[:t], cset[:t],
-            dep_ptr[:t + 1], dep_idx[:d], table)
+        t = _emit(out, t, d, K_OPT, -1, 0, R_COMPUTE, lay, 0.0, d_opt[lay], A_OPT, lay)
+    kinds, units, mbs, roles, keys, works, durations, sets = out[:8]
+    return (kinds[:t], units[:t], mbs[:t], roles[:t], keys[:t], works[:t], durations[:t],
+            sets[:t], dep_ptr[:t + 1], dep_idx[:d], table)
 
 
 def expand(S: Structure, timing: Timing, plan: StepBlocks) -> Tasks:
@@ -464,7 +331,7 @@ def expand(S: Structure, timing: Timing, plan: StepBlocks) -> Tasks:
     rd_ptr, rd = S.reads
     gi_ptr, gi = S.grads_in
     n_tasks, n_deps = _count(S.stage_units[0], S.stage_units[1], rd_ptr, gi_ptr,
-                             S.copies_from[0], S.copies_back[0], off, comp, seg_start, seg_last,
+                             S.copies_from[0], S.copies_back[0], seg_start, seg_last,
                              S.op_stage, S.op_back, len(S.bucket_units[1]),
                              len(S.bucket_layout), S.n_layouts)
     M = int(S.op_mb.max()) + 1
@@ -475,7 +342,6 @@ def expand(S: Structure, timing: Timing, plan: StepBlocks) -> Tasks:
                   S.tp_out, S.tp_in, off, comp, seg_start, seg_last, S.buckets[0],
                   S.bucket_layout, S.bucket_bytes, S.bucket_units[0], S.bucket_units[1],
                   timing.forward, timing.backward, timing.allreduce, timing.copy,
-                  timing.copy_back, timing.d2h, timing.h2d, timing.optimizer, timing.compress,
-                  timing.decompress, n_tasks, n_deps)
+                  timing.copy_back, timing.d2h, timing.h2d, timing.host_scale,
+                  timing.optimizer, timing.compress, timing.decompress, n_tasks, n_deps)
     return Tasks(*out)
-

@@ -7,18 +7,11 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from .._units import format_bytes
 from ..memory.blocks import CATEGORIES
-from .expand import KINDS, R_COMPUTE, R_COPY, R_COPYBACK, ROLES
+from .kinds import R_COMPUTE, R_COPY, R_COPYBACK, ROLES, TASK_KINDS
 
 __all__ = ["SimResult"]
-
-
-def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 class SimResult:
@@ -84,7 +77,7 @@ class SimResult:
                  for c, i in zip(sets, first)}
         return pd.DataFrame({
             "task": np.arange(len(T.kind)),
-            "kind": np.array(KINDS, dtype=object)[T.kind],
+            "kind": np.array(TASK_KINDS, dtype=object)[T.kind],
             "unit": names[T.unit],
             "microbatch": T.mb,
             "resource": [label[c] for c in T.channel_set.tolist()],
@@ -148,13 +141,13 @@ class SimResult:
         worst = self.peak_memory.max() if len(self.peak_memory) else 0.0
         state = "feasible" if self.feasible else f"OUT OF MEMORY on {', '.join(self.over_capacity[:4])}"
         return (f"<SimResult {self.strategy.name!r}: {self.iteration_time * 1e3:,.2f} ms/step, "
-                f"{self.throughput:,.1f} samples/s, peak {_fmt(worst)} on "
+                f"{self.throughput:,.1f} samples/s, peak {format_bytes(worst)} on "
                 f"{len(self.peak_memory)} devices, {state}>")
 
     def _repr_html_(self) -> str:
         s = self.summary().copy()
         for c in ("peak", "capacity", "headroom"):
-            s[c] = s[c].map(_fmt)
+            s[c] = s[c].map(format_bytes)
         s["compute_busy"] = (s["compute_busy"] * 1e3).map(lambda v: f"{v:,.2f} ms")
         s["utilization"] = s["utilization"].map(lambda v: f"{v:.0%}")
         color = "#2a7" if self.feasible else "#c33"

@@ -29,10 +29,12 @@ from ..errors import SimulationError
 from ..memory.arrays import GraphArrays, graph_arrays
 from ..memory.blocks import OPTIMIZER_STATES, BlockTable, StepBlocks
 from ..memory.records import Placed, placements
+from ..strategy.policies import POLICIES
 from ..strategy.strategy import Strategy
 from .costs import (OPTIMIZER_LAUNCHES, OPTIMIZER_TRAFFIC, compress_model, compression_ratios,
                     copy_cost, layout_cost, ring_time)
-from .expand import Structure, Tasks, Timing, expand, structure
+from .expand import Tasks, Timing, expand
+from .structure import Structure, structure
 from .folding import classes
 from .ledger import Ledger, LedgerPlan, ledger_plan, ledgers
 from .schedule import schedule
@@ -118,10 +120,6 @@ class Run:
         """Channel classes each task occupies."""
         ptr, idx = self.placement.sets
         return [tuple(idx[ptr[s]:ptr[s + 1]].tolist()) for s in self.tasks.channel_set]
-
-    def raw_channels(self, task: int) -> np.ndarray:
-        """Channel ids (devices' compute streams, then comm streams, then links) of a task."""
-        return self.placement.raw_sets[int(self.tasks.channel_set[task])]
 
 
 @dataclass
@@ -269,7 +267,8 @@ class Simulator:
                         copy_back=back,
                         d2h=np.array([lc.d2h[1:] for lc in lcs], np.float64).reshape(-1, 2),
                         h2d=np.array([lc.h2d[1:] for lc in lcs], np.float64).reshape(-1, 2),
-                        optimizer=optimizer, compress=np.ones(ga.n), decompress=np.ones(ga.n))
+                        host_scale=np.ones(ga.n), optimizer=optimizer,
+                        compress=np.ones(ga.n), decompress=np.ones(ga.n))
         # channel sets: compute, comm, to-host, from-host per layout, then copies, copies back
         raw = ([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
                + [2 * n + lc.d2h[0] for lc in lcs] + [2 * n + lc.h2d[0] for lc in lcs]
@@ -312,13 +311,17 @@ class Simulator:
             self._placements.popitem(last=False)
         return out
 
-    def _compress_rates(self, strategy: Strategy, P: Placement, plan: StepBlocks) -> Timing:
-        """``P.timing`` with the compression speed of the units that compress: the
+    def _policy_timing(self, strategy: Strategy, P: Placement, plan: StepBlocks) -> Timing:
+        """``P.timing`` with what the units' policies set: the policy table's host time factor
+        (``Policy.host_scale``) and the compression speed of the units that compress — the
         quantizer's memory-bound throughput on the unit's devices plus its kernel launches
         (at the code width of the unit's ratio), as one rate over the bytes it compresses."""
+        scale = POLICIES.host_scales[strategy.policy]
         units = np.flatnonzero(plan.compressed > 0)
         if not len(units):
-            return P.timing
+            if (scale == 1.0).all():
+                return P.timing
+            return Timing(**{**P.timing.__dict__, "host_scale": scale})
         comp, decomp = np.ones(self.ga.n), np.ones(self.ga.n)
         ratio = self._ratios(strategy)
         _, throughput, launches = self.compression
@@ -332,7 +335,8 @@ class Simulator:
                 if r is None:
                     r = self._rates[k] = throughput(k[0], decompress=back, error_bound=eb)
                 out[u] = nbytes / (nbytes / r + launches(bits, decompress=back) * P.launch[lay])
-        return Timing(**{**P.timing.__dict__, "compress": comp, "decompress": decomp})
+        return Timing(**{**P.timing.__dict__, "compress": comp, "decompress": decomp,
+                         "host_scale": scale})
 
     # ------------------------------------------------------------------ runs
     def _prepared(self, strategy: Strategy, fold: bool) -> _Prepared:
@@ -347,7 +351,7 @@ class Simulator:
             return hit
         P = self.placement(strategy, fold)
         plan = P.blocks.derive(strategy.policy, strategy.segment, self._ratios(strategy))
-        T = expand(P.structure, self._compress_rates(strategy, P, plan), plan)
+        T = expand(P.structure, self._policy_timing(strategy, P, plan), plan)
         if P.ledger is None:      # what the placement fixes of the ledger, once
             P.ledger = ledger_plan(plan, P.layout_classes, P.n_device_classes, P.layout_hosts,
                                    len(self.ca.host_memory))

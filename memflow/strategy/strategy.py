@@ -21,16 +21,13 @@ import pandas as pd
 
 from .._jsonio import dumps, read_json, write_json
 from ..errors import FileFormatError, StrategyError
+from .policies import KEEP, POLICIES, parse_policy
 
-__all__ = ["Strategy", "POLICIES", "SCHEDULES", "KEEP", "RECOMPUTE", "OFFLOAD", "COMPRESS"]
+__all__ = ["Strategy", "SCHEDULES"]
 
-POLICIES = ("keep", "recompute", "offload", "compress")
-"""Memory policies, in the order of their integer codes."""
-KEEP, RECOMPUTE, OFFLOAD, COMPRESS = range(4)
 SCHEDULES = ("gpipe", "1f1b")
 FORMAT = "memflow.strategy/1"
 _PLACEMENT_KEYS = ("pos", "layouts", "layout_ids")
-DEFAULT_ERROR_BOUND = 1e-3
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -38,42 +35,9 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def parse_policy(unit: str, spec: Any) -> tuple[int, float]:
-    """``(code, error_bound)`` of a policy given as a name, ``"compress:1e-3"``, a
-    ``("compress", 1e-3)`` pair or a ``{"policy": ..., "error_bound": ...}`` mapping.
-
-    >>> parse_policy("fc", "compress:1e-2")
-    (3, 0.01)
-    >>> parse_policy("fc", "swap")
-    Traceback (most recent call last):
-    ...
-    memflow.errors.StrategyError: unit 'fc': unknown memory policy 'swap'; valid: keep, recompute, offload, compress (optionally 'compress:<error bound>')
-    """
-    bound: Any = None
-    if isinstance(spec, Mapping):
-        spec, bound = spec.get("policy"), spec.get("error_bound")
-    elif isinstance(spec, (tuple, list)):
-        spec, bound = (spec[0], spec[1]) if len(spec) == 2 else (spec[0], None)
-    if isinstance(spec, str) and ":" in spec:
-        spec, bound = spec.split(":", 1)
-    if spec not in POLICIES:
-        raise StrategyError(f"unit {unit!r}: unknown memory policy {spec!r}; valid: "
-                            f"{', '.join(POLICIES)} (optionally 'compress:<error bound>')")
-    code = POLICIES.index(spec)
-    if code != COMPRESS:
-        return code, math.nan
-    try:
-        eb = DEFAULT_ERROR_BOUND if bound is None else float(bound)
-    except (TypeError, ValueError):
-        raise StrategyError(f"unit {unit!r}: error bound {bound!r} is not a number") from None
-    if not eb > 0:
-        raise StrategyError(f"unit {unit!r}: compress needs an error bound > 0, got {eb}")
-    return code, eb
-
-
 def _check_breaks(units: Sequence[str], policy: np.ndarray, brk: np.ndarray) -> np.ndarray:
     """``brk`` if segment breaks sit on recomputed units only; else a StrategyError naming one."""
-    stray = np.flatnonzero(brk & (policy != RECOMPUTE))
+    stray = np.flatnonzero(brk & ~POLICIES.recomputes(policy))
     if len(stray):
         i = int(stray[0])
         raise StrategyError(f"unit {units[i]!r}: a segment break on a unit whose policy is "
@@ -191,8 +155,9 @@ class Strategy:
         for i, (u, spec) in zip(pos, items):
             policy[i], bound[i] = parse_policy(u, spec)
         fields = dict(policy=_frozen(policy), error_bound=_frozen(bound))
-        if (self.segment_break & (policy != RECOMPUTE)).any():
-            fields["segment_break"] = _frozen(self.segment_break & (policy == RECOMPUTE))
+        rec = POLICIES.recomputes(policy)
+        if (self.segment_break & ~rec).any():
+            fields["segment_break"] = _frozen(self.segment_break & rec)
         new = self._replace(**fields)
         # placements did not change: keep what was derived from them
         new._cache.update({k: v for k, v in self._cache.items() if k in _PLACEMENT_KEYS})
@@ -219,7 +184,7 @@ class Strategy:
         ...
         memflow.errors.StrategyError: unit 'c': a segment break on a unit whose policy is 'keep'; breaks start a recompute segment, so they are valid only on recomputed units
         """
-        rec = self.policy == RECOMPUTE
+        rec = POLICIES.recomputes(self.policy)
         if isinstance(breaks, str) and breaks in ("each", "runs"):
             brk = rec.copy() if breaks == "each" else np.zeros(len(self), bool)
             brk[1:] &= rec[:-1]        # a run's first unit starts a segment anyway
@@ -272,10 +237,7 @@ class Strategy:
             microbatches=self.microbatches if microbatches is None else int(microbatches),
             schedule=schedule or self.schedule, name=self.name if name is None else str(name))
 
-    def validate(self, graph, cluster=None) -> "Strategy":
-        """Check this strategy against ``graph`` (and ``cluster``); see :func:`memflow.strategy.validate`."""
-        from .validate import validate
-        return validate(self, graph, cluster)
+    # Strategy.validate(graph, cluster=None) is memflow.strategy.validate, attached there.
 
     # ------------------------------------------------------------------ derived
     @property
@@ -299,7 +261,7 @@ class Strategy:
         seg = self._cache.get("segment")
         if seg is None:
             layout = self.layout_ids
-            rec = self.policy == RECOMPUTE
+            rec = POLICIES.recomputes(self.policy)
             start = rec.copy()
             start[1:] &= ~(rec[:-1] & (layout[1:] == layout[:-1])
                            & (self.stage[1:] == self.stage[:-1]) & ~self.segment_break[1:])

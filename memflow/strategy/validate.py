@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import StrategyError
-from .strategy import COMPRESS, RECOMPUTE, Strategy
+from .policies import POLICIES
+from .strategy import Strategy
 
 __all__ = ["validate"]
 
@@ -77,13 +78,18 @@ def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
                 f"{strategy.microbatches} micro-batches exceeds the batch of {batch}; "
                 f"valid: sample × microbatches <= {batch}")
     if "recomputable" in u.columns:
-        bad = np.flatnonzero((strategy.policy == RECOMPUTE) & ~u["recomputable"].to_numpy(bool))
+        recompute = POLICIES.codes("recompute")
+        bad = np.flatnonzero(np.isin(strategy.policy, recompute)
+                             & ~u["recomputable"].to_numpy(bool))
         if len(bad):
+            others = [p for p in POLICIES if POLICIES.index(p) not in recompute]
             raise StrategyError(f"unit {names[int(bad[0])]!r} cannot be recomputed (its forward "
-                                "is not replayable); valid policies: keep, offload, compress")
-    bad = np.flatnonzero((strategy.policy == COMPRESS) & ~(strategy.error_bound > 0))
+                                f"is not replayable); valid policies: {', '.join(others)}")
+    bad = np.flatnonzero(POLICIES.with_parameter[strategy.policy] & ~(strategy.error_bound > 0))
     if len(bad):
-        raise StrategyError(f"unit {names[int(bad[0])]!r}: compress needs an error bound > 0")
+        i = int(bad[0])
+        p = POLICIES[POLICIES[int(strategy.policy[i])]]
+        raise StrategyError(f"unit {names[i]!r}: {p.name} needs {p.wording} > 0")
     stage = strategy.stage
     if (stage >= 0).any():
         if (stage < 0).any():
@@ -97,3 +103,7 @@ def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
                                 f"{int(stage[i - 1])}; stages must not decrease along the units")
     return strategy
 
+
+# Also a method, strategy.validate(graph, cluster), where users look for it (as the constructors
+# are); defined here, above the Strategy it checks, so that strategy.py need not import this.
+Strategy.validate = validate

@@ -36,6 +36,11 @@ def test_search_by_seconds_and_memory_limit(tmp_path, capsys):
     assert "best after" in capsys.readouterr().out
 
 
+def test_a_memory_limit_may_be_a_share_of_every_gpu():
+    from memflow.cli.inputs import load_cluster
+    assert load_cluster("2xV100-16GB", "50%").devices["memory_bytes"].tolist() == [8 * 2**30] * 2
+
+
 def test_simulate_prints_the_summary(plan, capsys):
     assert main(["simulate", *SMALL, *CLUSTER, "--strategy", str(plan / "strategy.json")]) == 0
     out = capsys.readouterr().out

@@ -2,7 +2,7 @@
 import pytest
 
 import memflow
-from memflow.memory import estimate
+from memflow.sim import estimate
 from memflow.memory.measure import memtracker_peak
 
 MODELS = {"resnet50": dict(batch_size=2, image_size=32),

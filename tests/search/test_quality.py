@@ -5,7 +5,8 @@ block's backward alone needs a third of keep-all); benchmarks/bench_search.py ru
 units and more seeds."""
 import pytest
 
-from memflow.search import MCMCSearch, optimal_checkpointing
+from memflow.planners import optimal_checkpointing
+from memflow.search import MCMCSearch
 
 from .helpers import V100, chain, every_schedule, keep_all_peak, optimum
 

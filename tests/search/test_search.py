@@ -6,8 +6,9 @@ import pytest
 
 import memflow
 from memflow.errors import SearchError, StrategyError
+from memflow.hardware import memory_limits
 from memflow.search import MCMCSearch
-from memflow.search.cost import CostModel, memory_limits
+from memflow.search.cost import JUMP, CostModel
 from memflow.sim import Simulator
 
 from .helpers import FOUR, V100, chain
@@ -108,3 +109,13 @@ def test_cost_model_memoizes_and_limits_per_device():
     assert memory_limits(FOUR, {"gpu1": "1GB"})[1] == 1e9
     sc = cm.score(1.0, np.array([0.0, 2e9, 0.0, 0.0]))
     assert not sc.feasible and sc.cost == pytest.approx(1.0 + 0.05 + 4.0 * 1.0)
+
+
+def test_offloading_past_a_host_is_infeasible_as_for_the_planners():
+    # an edge board's host is the GPU's own memory: nothing can be offloaded into it
+    g = chain(4)
+    jetson = memflow.Cluster.preset("jetson-nano-4GB")
+    s = memflow.Strategy.single_device(g).with_policy(offload=["l1"])
+    score = CostModel(Simulator(g, jetson))(s)
+    assert not score.feasible and score.cost == pytest.approx((1 + JUMP) * score.time)
+    assert not Simulator(g, jetson).evaluate(s).feasible

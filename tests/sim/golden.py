@@ -98,7 +98,8 @@ def decode_strategy(d: dict, graph, devices: list[str]):
 
 def record(graph, strategy, cluster, optimizer: str, precision: str | None) -> dict:
     """What the simulator (and, for one device, ``memflow.estimate``) says of a case."""
-    from memflow.memory import CATEGORIES, estimate
+    from memflow.memory import CATEGORIES
+    from memflow.sim import estimate
     from memflow.sim import Simulator
 
     sim = Simulator(graph, cluster, optimizer=optimizer, precision=precision)

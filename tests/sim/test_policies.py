@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 
 from memflow.hardware.presets import build
-from memflow.memory import estimate
+from memflow.sim import estimate
 from memflow.memory.blocks import ACTIVATIONS
 from memflow.sim import Simulator, simulate
-from memflow.sim.expand import K_BWD
+from memflow.sim.kinds import K_BWD
 from memflow.strategy import Strategy
 
 from .graphs import chain, cluster

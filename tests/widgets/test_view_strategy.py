@@ -4,7 +4,8 @@ import pytest
 
 from memflow_widgets import StrategyView
 from memflow_widgets.strategy_view import layout_positions
-from memflow_widgets.style import MULTI_DEVICE_COLOR, POLICY_COLORS
+from memflow.strategy import POLICIES
+from memflow_widgets.style import MULTI_DEVICE_COLOR
 
 
 def test_nodes_are_units_sized_by_memory(graph, strategy):
@@ -24,7 +25,7 @@ def test_colour_toggle_switches_fill_and_legend(graph, strategy):
     assert view.nodes.glyph.fill_color.field == "policy_color"
     assert view.figure.legend[0].items[0].label.field == "policy"
     i = graph.names.index("layer2")
-    assert view.source.data["policy_color"][i] == POLICY_COLORS["recompute"]
+    assert view.source.data["policy_color"][i] == POLICIES.colors["recompute"]
     view.colour_by.value = "device"
     assert view.nodes.glyph.fill_color.field == "device_color"
 

@@ -1,7 +1,7 @@
 """PinTable: tick units to pin their memory policy in a paused search.
 
 One row per unit of the search's graph — a checkbox named after the unit (ticked = pinned), the
-policy to pin it to (``recompute`` by default; ``keep``, ``offload``, ``compress``), and the
+policy to pin it to (``recompute`` by default, or any other of the policy table's), and the
 unit's saved bytes and its policy in the best strategy so far. A tick calls
 ``search.pin([unit], policy=...)`` at once, an untick ``search.unpin([unit])``: the pins live in
 the search, never here. The rows are a page of ``page_size`` units, filtered by name, so a
@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 import ipywidgets
 
-from .style import fmt_bytes
+from memflow.strategy import POLICIES
 
-__all__ = ["PinTable", "POLICIES"]
+from .style import format_bytes
 
-POLICIES = ("recompute", "keep", "offload", "compress")
+__all__ = ["PinTable"]
 
 
 def pinned_policies(search: Any) -> dict[str, str]:
@@ -35,7 +35,7 @@ class _Row:
         self.unit: str | None = None
         self.pin = ipywidgets.Checkbox(value=False, indent=False,
                                        layout=ipywidgets.Layout(width="260px"))
-        self.policy = ipywidgets.Dropdown(options=POLICIES, value="recompute",
+        self.policy = ipywidgets.Dropdown(options=list(POLICIES), value="recompute",
                                           layout=ipywidgets.Layout(width="110px"))
         self.info = ipywidgets.HTML(layout=ipywidgets.Layout(width="300px"))
         self.box = ipywidgets.HBox([self.pin, self.policy, self.info])
@@ -102,7 +102,7 @@ class PinTable(ipywidgets.VBox):
                 row.pin.description = unit
                 row.pin.value = unit in pins
                 row.policy.value = pins.get(unit, "recompute")
-                saved = fmt_bytes(self.units.at[unit, "saved_bytes"])
+                saved = format_bytes(self.units.at[unit, "saved_bytes"])
                 row.info.value = (f"<span style='color:#666'>{html.escape(self.units.at[unit, 'kind'])}"
                                   f", saves {saved}; best: {html.escape(str(best.get(unit, '?')))}"
                                   "</span>")

@@ -2,7 +2,7 @@
 
 The step is replayed in program order (forward, backward with its recomputations, offloads,
 prefetches, optimizer step) against the blocks of :func:`memflow.memory.blocks.step_blocks` —
-the same blocks and the same ledger the simulator uses, without timing.
+the same blocks, tasks and ledger the simulator uses, without timing.
 """
 from __future__ import annotations
 
@@ -12,9 +12,16 @@ import numpy as np
 import pandas as pd
 
 from ..errors import MemflowError
-from .arrays import graph_arrays
-from .blocks import CATEGORIES, OPTIMIZER_STATES, step_blocks
-from .records import placements
+from ..hardware import Cluster
+from ..memory.arrays import graph_arrays
+from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, step_blocks
+from ..memory.records import placements
+from ..strategy import Strategy
+from .costs import compression_ratios
+from .expand import Timing, expand
+from .kinds import TASK_KINDS
+from .ledger import ledger_plan, ledgers
+from .structure import structure
 
 __all__ = ["estimate"]
 
@@ -26,7 +33,6 @@ def _capacity_and_foreach(graph, device: Any) -> tuple[float, bool, str]:
     if isinstance(device, str) and device in ("cpu", "cuda"):
         return float("nan"), device == "cuda", device
     if isinstance(device, str):
-        from ..hardware import Cluster
         device = Cluster.preset(device)
     if hasattr(device, "devices"):
         first = device.devices.iloc[0]
@@ -63,11 +69,6 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     >>> df.attrs["peak_task"]
     'optimizer'
     """
-    from ..sim.costs import compression_ratios
-    from ..sim.expand import KINDS, Timing, expand, structure
-    from ..sim.ledger import ledger_plan, ledgers
-    from ..strategy import Strategy
-
     if optimizer not in OPTIMIZER_STATES:
         raise MemflowError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZER_STATES)}")
     if precision not in (None, "fp32", "amp"):
@@ -106,8 +107,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     if ev >= 0:
         task = int(L.task[ev])
         unit = T.unit[task]
-        peak_task = KINDS[T.kind[task]] + (f" {ga.names[unit]}" if unit >= 0 else "")
-        phase = KINDS[T.kind[task]]
+        peak_task = TASK_KINDS[T.kind[task]] + (f" {ga.names[unit]}" if unit >= 0 else "")
+        phase = TASK_KINDS[T.kind[task]]
     else:
         peak_task = phase = "start"
     df = pd.DataFrame({"at_peak": at_peak, "max": cat_max}, index=list(CATEGORIES))

@@ -1,39 +1,52 @@
-"""The memory of one checkpoint block of a chain, from the simulator's own memory plan.
+"""The chain model: the per-unit numbers the checkpointing DP reads, from the simulator.
 
-:func:`memflow.search.optimal_checkpointing` cuts a chain into *blocks*: a kept unit, or a
-maximal run of recomputed units (a segment). Its dynamic program needs, for a block, the peak
-over the block's own forward, recompute and backward passes of everything allocated around
-them (the *local peak*), and the bytes that stay allocated through every later block (the
-*held* bytes). This module computes both, exactly as the simulator's ledger would:
+:func:`~memflow.planners.checkpointing.optimal_checkpointing` cuts a chain into *blocks*: a
+kept unit, an offloaded unit, or a maximal run of recomputed units (a segment). Its dynamic
+program needs, for a block, the peak over the block's own forward, recompute and backward
+passes of everything allocated around them (the *local peak*), the bytes that stay allocated
+through every later block (the *held* bytes), and the time the block adds. This module computes
+them, exactly as the simulator's ledger would:
 
 * the allocations and frees come from :func:`memflow.memory.blocks.step_blocks`, which is probed
   with patterns in which every unit meets every combination of policies of its neighbours (a
   de Bruijn sequence), and each block is credited to the unit whose task allocates it;
 * a block of unit ``v`` depends only on the policies of units ``v-1 … v+D``, where the *span*
   ``D`` is how far a tensor reaches beyond its producer (1 for a strict chain, 2 with in-place
-  activations or views). :func:`span` measures it;
+  activations or views). :func:`span` measures it and :func:`chain_violation` says when a
+  graph reaches too far (``MAX_SPAN``) to be planned as a chain;
 * on one stream time never decreases along program order, so the ledger's order of events is
-  the program order, which :class:`Order` numbers;
-* an offloaded unit's transfers follow the simulator's vDNN rule: the next forward waits for
-  the offload (so its device copy is gone before that forward starts), and the prefetch,
-  issued when the next unit's backward starts, must land before the unit's own backward. The
-  time an offload adds is therefore its offload plus whatever of its prefetch the next
-  backward does not cover (:meth:`ChainMemory.offload_time`), and the events keep their place
-  in program order.
+  the program order, which :class:`~memflow.planners.checkpointing.order.Order` numbers;
+* a recomputed unit adds its forward time (:func:`forward_times`); an offloaded unit's
+  transfers follow the simulator's vDNN rule: the next forward waits for the offload (so its
+  device copy is gone before that forward starts), and the prefetch, issued when the next
+  unit's backward starts, must land before the unit's own backward. The time an offload adds
+  is therefore its offload plus whatever of its prefetch the next backward does not cover
+  (:meth:`ChainMemory.offload_time`), and the events keep their place in program order.
+
+>>> import memflow
+>>> from memflow.search.synthetic import chain_graph
+>>> g = chain_graph(4)
+>>> sim = memflow.sim.Simulator(g, memflow.Cluster.preset("1xV100-16GB"))
+>>> chain = ChainMemory(sim, memflow.Strategy.single_device(g), span(sim.ga)[0])
+>>> local, held = chain.transition(1, 1, {v: KEEP_ for v in range(-1, 4)})
+>>> local > held > 0                 # unit 1 kept: what it saves is held through the rest
+True
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import SearchError
-from ..memory.arrays import GraphArrays
-from ..memory.blocks import A_BWD, A_FWD, A_OFFLOAD, A_OPT, A_PREFETCH, A_RECOMP
-from ..sim import Simulator
-from ..sim.expand import K_BWD, K_OFFLOAD, K_PREFETCH
-from ..strategy import Strategy
+from ...memory.arrays import GraphArrays, graph_arrays
+from ...memory.blocks import A_BWD, A_OPT, A_RECOMP
+from ...sim import Simulator
+from ...sim.kinds import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
+from ...strategy import Strategy
+from .order import Order
 
-__all__ = ["KEEP_", "REC_", "OFF_", "START_", "END_", "span", "Order", "ChainMemory"]
+__all__ = ["KEEP_", "REC_", "OFF_", "START_", "END_", "POLICY", "MAX_SPAN", "span",
+           "chain_violation", "forward_times", "ChainMemory"]
 
+# the DP's policy codes; START_ and END_ stand for the units before and after the chain
 KEEP_, REC_, OFF_, START_, END_ = 0, 1, 2, 3, 4
 POLICY = {KEEP_: "keep", REC_: "recompute", OFF_: "offload"}
 MAX_SPAN = 4
@@ -62,6 +75,37 @@ def span(ga: GraphArrays) -> tuple[int, str]:
     return max(widest, 1), why
 
 
+def chain_violation(graph) -> str | None:
+    """Why ``graph`` is too far from a chain for optimal checkpointing (a sentence naming the
+    tensor and units), or None: every tensor must be used within ``MAX_SPAN`` units of its
+    producer, and the model's outputs must come from the last units.
+
+    >>> from memflow.search.synthetic import chain_graph
+    >>> chain_violation(chain_graph(4)) is None
+    True
+    """
+    D, why = span(graph_arrays(graph))
+    return why if D > MAX_SPAN else None
+
+
+def forward_times(run, n: int) -> np.ndarray:
+    """Seconds of each of the ``n`` units' forward passes in a simulated run: what recomputing
+    the unit adds.
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(3)
+    >>> run = memflow.sim.Simulator(g, memflow.Cluster.preset("1xV100-16GB")).run(
+    ...     memflow.Strategy.single_device(g))
+    >>> bool((forward_times(run, 3) > 0).all())
+    True
+    """
+    fwd = np.zeros(n)
+    kinds = np.asarray(run.tasks.kind)
+    np.add.at(fwd, np.asarray(run.tasks.unit)[kinds == K_FWD], run.duration[kinds == K_FWD])
+    return fwd
+
+
 def de_bruijn(order: int, k: int = 2) -> list[int]:
     """A cyclic sequence over ``0 … k-1`` in which every window of ``order`` appears once.
 
@@ -84,52 +128,6 @@ def de_bruijn(order: int, k: int = 2) -> list[int]:
             db(t + 1, t)
     db(1, 1)
     return seq
-
-
-class Order:
-    """Program order of a schedule: forward passes, then per unit in reverse its segment's
-    recomputations and its backward, then the optimizer step. ``pos`` gives four places per
-    task: start ``4k``, a transfer event during it ``4k+1``, end ``4k+2``, a transfer start
-    after it ``4k+3``. ``seg_end`` gives each recomputed unit's segment end."""
-
-    def __init__(self, n: int, seg_end: np.ndarray):
-        self.n, self.seg_end = n, seg_end
-
-    def _slot(self, v: np.ndarray) -> np.ndarray:
-        """Where unit ``v``'s backward block (its segment's recomputations, then itself) sits."""
-        n = self.n
-        return 4 * n + (4 * n + 4) * (n - 1 - v)
-
-    def pos(self, anchor: np.ndarray) -> np.ndarray:
-        n = self.n
-        kind, unit, edge = anchor[..., 0], anchor[..., 1], anchor[..., 2]
-        known = (kind == A_FWD) | (kind == A_RECOMP) | (kind == A_BWD) | (kind == A_OPT) | (
-            kind == A_OFFLOAD) | (kind == A_PREFETCH)
-        if not known.all():
-            raise SearchError("optimal_checkpointing met a transfer between placements or a "
-                              "compression in the memory plan; it plans one placement's "
-                              "keep/recompute/offload only")
-        u = np.minimum(np.maximum(unit, 0), n - 1)
-        nxt = np.minimum(u + 1, n - 1)
-        last = (kind == A_PREFETCH) & (u == n - 1)     # prefetched right after its offload
-        return np.select(
-            [kind == A_FWD, kind == A_RECOMP, kind == A_BWD, kind == A_OFFLOAD, last,
-             kind == A_PREFETCH],
-            [4 * u + 2 * edge, self._slot(self.seg_end[u]) + 4 * u + 2 * edge,
-             self._slot(u) + 4 * n + 2 * edge,
-             4 * u + 3,                                  # before the next forward starts
-             self._slot(u) + 4 * n - 1,                  # before the first backward
-             self._slot(nxt) + 4 * n + 1],               # during the next unit's backward
-            4 * n + (4 * n + 4) * n + 2 * edge)
-
-    def bwd_end(self, u: int) -> int:
-        """Position of the end of unit ``u``'s backward."""
-        return int(self.pos(np.array([A_BWD, u, 1])))
-
-    def free(self, frees: np.ndarray, alloc: np.ndarray) -> np.ndarray:
-        """Where each block (candidate anchors ``(k, 3, 3)``) is freed: its latest anchor,
-        never before its allocating task ends (the ledger's rule)."""
-        return np.maximum(self.pos(frees).max(1), np.where(alloc % 4 == 0, alloc + 2, alloc))
 
 
 class _Blocks:

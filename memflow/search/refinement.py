@@ -1,4 +1,4 @@
-"""A planner's strategy as the starting point of memflow's MCMC search.
+"""Refinement: memflow's MCMC search started from a planner's strategy.
 
 ``refine`` runs :class:`memflow.MCMCSearch` from a strategy and reports the planner's and the
 search's best side by side, judged by the same simulator against the same limit. The search
@@ -26,8 +26,10 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PlanError
+from ..planners.common import as_cluster
+from ..sim import Evaluator
 from ..strategy import Strategy
-from .common import Evaluator, as_cluster
+from .mcmc import MCMCSearch
 
 __all__ = ["refine", "search_policies"]
 
@@ -60,8 +62,6 @@ def refine(graph, cluster: Any, strategy: Strategy, *, iterations: int = 300,
     search's best: ``plan_time``, ``plan_peak``, ``plan_fits``, ``search_time``,
     ``search_peak``, ``search_fits``, ``speedup`` (plan time / search time), ``iterations``,
     ``never_worse``. The series' ``attrs["best"]`` is the search's best strategy."""
-    from ..search import MCMCSearch   # the search is heavier; load it when used
-
     if not isinstance(strategy, Strategy):
         raise PlanError(f"refine: strategy must be a memflow Strategy (what a planner returns), "
                         f"got {type(strategy).__name__}")

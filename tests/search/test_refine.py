@@ -2,13 +2,13 @@
 import pytest
 
 from memflow.errors import PlanError
-from memflow.planners import (checkpoint, compress_strategy, hybrid_projection, offload, pipeline,
-                          refine)
-from memflow.planners.hybrid import hybrid_strategies
-from memflow.planners.refine import search_policies
+from memflow.planners import checkpoint, compress_strategy, offload, pipeline
 from memflow.planners.common import as_cluster
+from memflow.planners.hybrid import hybrid_strategies
+from memflow.search import refine
+from memflow.search.refinement import search_policies
 
-from .graphs import GIB, chain
+from planners.graphs import GIB, chain
 
 V100, C4 = "1xV100-16GB", "4xV100-16GB"
 

@@ -3,16 +3,15 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from search.helpers import FOUR, V100, chain, every_schedule, keep_all_peak, optimum
 from sim.graphs import graphs   # the simulator's random graphs (tests/sim/graphs.py)
 
 import memflow
 from memflow.errors import SearchError
-from memflow.search import exhaustive, optimal_checkpointing
-from memflow.search.checkpointing import chain_violation
+from memflow.planners import chain_violation, optimal_checkpointing
+from memflow.search import exhaustive
 from memflow.search.synthetic import chain_graph
 from memflow.strategy import Strategy
-
-from .helpers import FOUR, V100, chain, every_schedule, keep_all_peak, optimum
 
 
 @pytest.mark.parametrize("n, seed, activation", [(6, 0, "gelu"), (7, 1, "relu"), (8, 2, "gelu")])

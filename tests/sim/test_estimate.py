@@ -2,10 +2,10 @@
 import pytest
 
 from memflow.errors import MemflowError
-from memflow.memory import estimate
+from memflow.sim import estimate
 from memflow.strategy import Strategy
 
-from sim.graphs import chain
+from .graphs import chain
 
 
 def test_keep_all_peak_is_hand_checked():

@@ -1,0 +1,149 @@
+"""What the placements decide about the tasks of one training step, made once per placement.
+
+A :class:`Structure` holds, as arrays, what the expansion of a step's tasks
+(:func:`memflow.sim.expand.expand`) needs and no memory policy changes: the program order
+of (stage, forward or backward, micro-batch), each unit's stage, layout, reads and gradient
+waits, the copies between placements, the bytes of tensor-parallel all-reduces, and the DDP
+gradient buckets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..memory.jit import njit
+from ..memory.records import Placed
+from .pipeline import program_order
+
+__all__ = ["Structure", "structure", "BUCKET_CAP", "FIRST_BUCKET"]
+
+BUCKET_CAP = 25 * 2 ** 20       # DDP's bucket_cap_mb
+FIRST_BUCKET = 2 ** 20          # DDP's first bucket is small so communication starts early
+
+
+@dataclass
+class Structure:
+    """What expansion needs from the placements: per unit, per copy, per bucket arrays."""
+
+    n_layouts: int
+    op_stage: np.ndarray       # program order of (stage, backward?, micro-batch)
+    op_back: np.ndarray
+    op_mb: np.ndarray
+    stage_units: tuple[np.ndarray, np.ndarray]    # CSR per stage, units ascending
+    final_mb: np.ndarray       # per stage: micro-batch of its last backward
+    reads: tuple[np.ndarray, np.ndarray]          # CSR per unit, anchors (kind, key)
+    grads_in: tuple[np.ndarray, np.ndarray]
+    copies_from: tuple[np.ndarray, np.ndarray]    # CSR per unit: copies after its forward
+    copies_back: tuple[np.ndarray, np.ndarray]    # CSR per unit: gradient copies after backward
+    copy_src: np.ndarray       # the copy waits for its producer's forward
+    copy_bytes: np.ndarray
+    layout: np.ndarray         # per unit
+    tp_out: np.ndarray         # per unit: bytes of the tensor-parallel all-reduce in forward
+    tp_in: np.ndarray          # ... and of the input gradient in backward
+    buckets: tuple[np.ndarray, np.ndarray]        # CSR per stage: bucket ids
+    bucket_layout: np.ndarray
+    bucket_bytes: np.ndarray
+    bucket_units: tuple[np.ndarray, np.ndarray]   # CSR per bucket
+
+
+def _ptr(rows: np.ndarray, n_rows: int) -> np.ndarray:
+    ptr = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=n_rows), out=ptr[1:])
+    return ptr
+
+
+@njit
+def _bucketize(stage_ptr, stage_units, layout, replicated, part_bytes, first_cap, cap):
+    """DDP buckets per stage: per layout (ascending) its units in backward order, ~1 MiB
+    first, then ~25 MiB each. Returns (stage of bucket, layout, bytes, unit ptr, units)."""
+    n_st = len(stage_ptr) - 1
+    b_stage = np.empty(len(stage_units), np.int64)
+    b_lay = np.empty(len(stage_units), np.int64)
+    b_bytes = np.empty(len(stage_units))
+    b_ptr = np.zeros(len(stage_units) + 1, np.int64)
+    units = np.empty(len(stage_units), np.int64)
+    nb = 0
+    nu = 0
+    for s in range(n_st):
+        mine = stage_units[stage_ptr[s]:stage_ptr[s + 1]]
+        lays = np.unique(layout[mine])
+        for lay in lays:
+            if not replicated[lay]:
+                continue
+            size = 0.0
+            first = True
+            count = 0
+            for j in range(len(mine) - 1, -1, -1):
+                u = mine[j]
+                if layout[u] != lay or part_bytes[u] <= 0:
+                    continue
+                units[nu] = u
+                nu += 1
+                count += 1
+                size += part_bytes[u]
+                if size >= (first_cap if first else cap):
+                    b_stage[nb], b_lay[nb], b_bytes[nb] = s, lay, 0.0
+                    nb += 1
+                    b_ptr[nb] = nu
+                    first = False
+                    size = 0.0
+                    count = 0
+            if count:
+                b_stage[nb], b_lay[nb] = s, lay
+                nb += 1
+                b_ptr[nb] = nu
+    for b in range(nb):   # summed again in bucket order, as DDP's flat buffer is
+        total = 0.0
+        for k in range(b_ptr[b], b_ptr[b + 1]):
+            total += part_bytes[units[k]]
+        b_bytes[b] = total
+    return b_stage[:nb], b_lay[:nb], b_bytes[:nb], b_ptr[:nb + 1], units[:nu]
+
+
+def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage: np.ndarray,
+              microbatches: int, schedule: str) -> Structure:
+    """The placement-only part of the expansion of one strategy."""
+    n, M = ga.n, int(microbatches)
+    stage = np.maximum(stage, 0)
+    stages = int(stage.max()) + 1
+    order = program_order(stages, M, schedule)
+    op_stage = np.array([s for s, _, _ in order], np.int64)
+    op_back = np.array([op == "B" for _, op, _ in order], bool)
+    op_mb = np.array([m for _, _, m in order], np.int64)
+    last_op = np.full(stages, -1)
+    np.maximum.at(last_op, op_stage[op_back], np.flatnonzero(op_back))
+    final_mb = op_mb[last_op]          # micro-batch of each stage's last backward
+    st_ptr = _ptr(stage, stages)
+    st_units = np.argsort(stage, kind="stable")
+    # bytes of each unit's outputs and of the gradients of its inputs (tensor parallelism)
+    p = degrees[layout, 1]
+    sa = degrees[layout, 0] * degrees[layout, 2]
+    size = ga.bytes / np.where(ga.per_sample, M, 1)
+    has_readers = np.diff(ga.readers_ptr) > 0
+    out = np.flatnonzero((ga.producer >= 0) & (has_readers | ga.is_output))
+    out_bytes = np.zeros(n)
+    np.add.at(out_bytes, ga.producer[out], size[out])
+    r_t = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.readers_ptr))
+    grad = ga.requires_grad[r_t]
+    in_grad = np.zeros(n)
+    np.add.at(in_grad, ga.readers_idx[grad], size[r_t[grad]])
+    cp = placed.copies
+    src_unit = np.where(ga.producer[cp.tensor] >= 0, ga.producer[cp.tensor], cp.first_reader)
+    c_ids = np.arange(len(cp))
+    back = np.flatnonzero(cp.grad)
+    replicated = (degrees[:, 0] * degrees[:, 2]) > 1
+    b_stage, b_lay, b_bytes, b_ptr, b_units = _bucketize(
+        st_ptr, st_units, layout, replicated, ga.trainable_bytes / p, float(FIRST_BUCKET),
+        float(BUCKET_CAP))
+    return Structure(
+        n_layouts=len(degrees), op_stage=op_stage, op_back=op_back, op_mb=op_mb,
+        stage_units=(st_ptr, st_units), final_mb=final_mb, reads=placed.reads,
+        grads_in=placed.grads_in,
+        copies_from=(_ptr(src_unit, n), c_ids[np.argsort(src_unit, kind="stable")]),
+        copies_back=(_ptr(cp.first_reader[back], n),
+                     back[np.argsort(cp.first_reader[back], kind="stable")]),
+        copy_src=ga.producer[cp.tensor] >= 0, copy_bytes=cp.bytes, layout=layout,
+        tp_out=np.where(p > 1, out_bytes / sa, 0.0), tp_in=np.where(p > 1, in_grad / sa, 0.0),
+        buckets=(_ptr(b_stage, stages), np.arange(len(b_stage))), bucket_layout=b_lay,
+        bucket_bytes=b_bytes, bucket_units=(b_ptr, b_units))
