@@ -22,7 +22,7 @@ from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import DEVICE_PALETTE, format_bytes, fmt_seconds, memory_scale
+from .style import DEVICE_PALETTE, format_bytes, format_seconds, memory_scale
 
 __all__ = ["ComparisonChart", "compare_table"]
 
@@ -113,7 +113,7 @@ class ComparisonChart:
         """Time, throughput, largest peak and fit of each strategy as an HTML table."""
         table = compare_table(self.results)
         rows = "".join(
-            f"<tr><td>{html.escape(n)}</td><td>{fmt_seconds(r.time)}</td>"
+            f"<tr><td>{html.escape(n)}</td><td>{format_seconds(r.time)}</td>"
             f"<td>{r.throughput:,.1f}</td><td>{format_bytes(r.max_peak)}</td>"
             f"<td>{'yes' if r.feasible else 'no'}</td></tr>" for n, r in table.iterrows())
         return ("<table><tr><th>strategy</th><th>step time</th><th>samples/s</th>"

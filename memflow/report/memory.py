@@ -24,7 +24,7 @@ from bokeh.models import ColumnDataSource, HoverTool, Range1d, Span
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import CATEGORIES, CATEGORY_COLORS, GIB, format_bytes, fmt_seconds, memory_scale
+from .style import CATEGORIES, CATEGORY_COLORS, GIB, format_bytes, format_seconds, memory_scale
 from .tasks import per_resource
 
 __all__ = ["MemoryChart", "memory_steps", "categories_of"]
@@ -228,6 +228,6 @@ class MemoryChart:
             f"<td>{format_bytes(r.capacity[d])}</td>"
             f"<td>{'over' if r.peak_memory.get(d, 0.0) > r.capacity[d] else 'fits'}</td></tr>"
             for d in self.sources)
-        return (f"<p>Memory over one step of {fmt_seconds(r.iteration_time)}.</p>"
+        return (f"<p>Memory over one step of {format_seconds(r.iteration_time)}.</p>"
                 "<table><tr><th>device</th><th>peak</th><th>capacity</th><th></th></tr>"
                 f"{rows}</table>")

@@ -26,7 +26,7 @@ import pandas as pd
 
 from .._jsonio import write_text
 from ..errors import MemflowError
-from .style import format_bytes, fmt_seconds
+from .style import format_bytes, format_seconds
 
 __all__ = ["report_html", "write_report", "write_plan_report", "static_components",
            "strategy_table"]
@@ -76,13 +76,13 @@ def _numbers(result, summary: Mapping[str, Any], baseline) -> str:
         if summary.get(key) is not None:
             rows.append((label, html.escape(str(summary[key]))))
     rows += [("strategy", html.escape(result.strategy.name)),
-             ("step time", fmt_seconds(result.iteration_time)),
+             ("step time", format_seconds(result.iteration_time)),
              ("throughput", f"{result.throughput:,.1f} samples/s"),
              ("largest peak", f"{format_bytes(result.peak_memory[worst])} of "
                               f"{format_bytes(result.capacity[worst])} ({html.escape(worst)})"),
              ("memory", _fit(result))]
     if baseline is not None:
-        rows.append(("data parallel", f"{fmt_seconds(baseline.iteration_time)}, "
+        rows.append(("data parallel", f"{format_seconds(baseline.iteration_time)}, "
                                       f"{_fit(baseline)}"))
     if summary.get("iterations"):
         rows.append(("search", f"{summary['iterations']:,} proposals in "

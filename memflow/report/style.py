@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .._units import byte_unit, format_bytes
+from .._units import byte_unit, format_bytes, format_seconds
 
 __all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "DEVICE_PALETTE",
-           "MULTI_DEVICE_COLOR", "GIB", "CAPACITY_IN_VIEW", "format_bytes", "fmt_seconds",
+           "MULTI_DEVICE_COLOR", "GIB", "CAPACITY_IN_VIEW", "format_bytes", "format_seconds",
            "memory_scale", "color_for"]
 
 GIB = float(2**30)
@@ -74,17 +74,3 @@ def memory_scale(peak: float, capacity: float) -> tuple[str, float, float]:
     top = max(peak, capacity) if capacity <= CAPACITY_IN_VIEW * peak else peak
     name, size = byte_unit(top)
     return name, size, top
-
-
-def fmt_seconds(t: float) -> str:
-    """A duration in the unit that reads best: ``'12.3 ms'``, ``'1.25 s'``.
-
-    >>> fmt_seconds(0.0123), fmt_seconds(1.25), fmt_seconds(4e-6)
-    ('12.3 ms', '1.25 s', '4 µs')
-    """
-    t = float(t)
-    if abs(t) >= 1:
-        return f"{t:.3g} s"
-    if abs(t) >= 1e-3:
-        return f"{t * 1e3:.3g} ms"
-    return f"{t * 1e6:.3g} µs"
