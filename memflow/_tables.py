@@ -5,8 +5,8 @@ of its columns: ``"bytes"``, ``"seconds"`` or ``"share"`` (a fraction). Its valu
 numbers — bytes, seconds, fractions — for code (``df["peak"]``, ``to_numpy``, ``to_csv``,
 ``to_json``). What a person reads — ``print(df)``, ``repr``, ``to_string`` and the table a
 notebook shows — has them as ``"15.5 GiB"``, ``"12.3 ms"``, ``"87%"`` (``print`` and the
-notebook under ``attrs["caption"]`` when there is one). Frames derived from it (a selection, ``assign``) keep
-the units of the columns they keep.
+notebook under ``attrs["caption"]`` when there is one). Frames derived from it (a selection,
+``assign``) keep the units of the columns they keep.
 
 >>> df = ReadableFrame({"peak": [1.5 * 2**30], "busy": [0.0123], "used": [0.871]},
 ...                    index=["gpu0"], units={"peak": "bytes", "busy": "seconds", "used": "share"},

@@ -100,5 +100,5 @@ class GanttChart:
         """Busy time and utilisation of every row as an HTML table."""
         table = busy_table(self.result)
         return (f"<p>One step: {format_seconds(self.result.iteration_time)}.</p>"
-                + table.to_html(formatters={"busy": format_seconds,
-                                            "utilisation": "{:.0%}".format}))
+                + table.to_html(classes="numbers", border=0, formatters={
+                    "busy": format_seconds, "utilisation": "{:.0%}".format}))
