@@ -1,4 +1,5 @@
-"""Sizes in bytes as people write them: read ``"16GB"`` or ``"8 GiB"``, write ``"1.50 MiB"``.
+"""Sizes and durations as people write them: read ``"16GB"`` or ``"8 GiB"``, write
+``"1.50 MiB"`` and ``"12.3 ms"``.
 
 >>> format_bytes(parse_bytes("1.5 KiB"))
 '1.50 KiB'
@@ -9,7 +10,7 @@ import re
 
 from .errors import ClusterError
 
-__all__ = ["BINARY_UNITS", "parse_bytes", "format_bytes", "byte_unit"]
+__all__ = ["BINARY_UNITS", "parse_bytes", "format_bytes", "byte_unit", "format_seconds"]
 
 BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 """The units memflow writes sizes in, each 1024 times the one before."""
@@ -63,3 +64,17 @@ def byte_unit(n: float) -> tuple[str, float]:
             break
         name, size = unit, size * 1024
     return name, size
+
+
+def format_seconds(t: float) -> str:
+    """A duration in the unit that reads best: ``'12.3 ms'``, ``'1.25 s'``.
+
+    >>> format_seconds(0.0123), format_seconds(1.25), format_seconds(4e-6)
+    ('12.3 ms', '1.25 s', '4 µs')
+    """
+    t = float(t)
+    if abs(t) >= 1:
+        return f"{t:.3g} s"
+    if abs(t) >= 1e-3:
+        return f"{t * 1e3:.3g} ms"
+    return f"{t * 1e6:.3g} µs"

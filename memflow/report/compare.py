@@ -22,11 +22,29 @@ from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import DEVICE_PALETTE, format_bytes, fmt_seconds, memory_scale
+from .style import DEVICE_PALETTE, format_bytes, format_seconds, memory_scale
 
-__all__ = ["ComparisonChart", "compare_table"]
+__all__ = ["ComparisonChart", "compare_table", "strategy_colors", "STRATEGY_PALETTE"]
 
-_FEASIBLE, _OOM = "#4c72b0", "#d62728"
+_OOM = "#d62728"
+# one colour per strategy in both charts; red marks what does not fit, so no strategy is red
+STRATEGY_PALETTE = tuple(c for c in DEVICE_PALETTE if c != _OOM)
+
+
+def strategy_colors(names: Sequence[str]) -> dict[str, str]:
+    """The colour of each strategy, the same in the time and the memory chart.
+
+    >>> strategy_colors(["data parallel", "plan"])
+    {'data parallel': '#1f77b4', 'plan': '#ff7f0e'}
+    """
+    return {n: STRATEGY_PALETTE[i % len(STRATEGY_PALETTE)] for i, n in enumerate(names)}
+
+
+def _marks(colors: list[str], over: list[bool]) -> dict[str, list[str]]:
+    """The fill, outline and hatch columns of bars: outlined and cross-hatched in red when
+    over capacity."""
+    return {"color": colors, "line": [_OOM if o else c for c, o in zip(colors, over)],
+            "hatch": ["x" if o else " " for o in over]}
 
 
 def _named(results: Mapping[str, Any] | Sequence[Any]) -> dict[str, Any]:
@@ -58,21 +76,27 @@ def compare_table(results: Mapping[str, Any] | Sequence[Any]) -> pd.DataFrame:
 
 class ComparisonChart:
     """Two charts: step time per strategy, and peak memory per GPU per strategy against each
-    GPU's capacity (red: the strategy does not fit); ``root`` is the bokeh row of both."""
+    GPU's capacity; each strategy has one colour (:func:`strategy_colors`) in both, and a bar
+    that does not fit is outlined and cross-hatched in red. ``root`` is the bokeh row of both.
+    """
 
     def __init__(self, results: Mapping[str, Any] | Sequence[Any], *, width: int = 940,
                  height: int = 300) -> None:
         self.results = _named(results)
         table = compare_table(self.results)
         names = list(table.index)
-        colors = [_FEASIBLE if f else _OOM for f in table["feasible"]]
+        self.colors = strategy_colors(names)
         self.time_source = ColumnDataSource({
-            "strategy": names, "time": table["time"].to_numpy() * 1e3, "color": colors,
+            "strategy": names, "time": table["time"].to_numpy() * 1e3,
+            **_marks([self.colors[n] for n in names], [not f for f in table["feasible"]]),
             "throughput": table["throughput"].to_numpy(),
             "feasible": ["fits" if f else "OUT OF MEMORY" for f in table["feasible"]]})
         t_fig = figure(x_range=FactorRange(*names), width=max(260, width // 3), height=height,
-                       title="step time (ms)", tools="save", toolbar_location=None)
-        t_fig.vbar(x="strategy", top="time", width=0.7, color="color", source=self.time_source)
+                       title="step time (ms); red hatch: does not fit", tools="save",
+                       toolbar_location=None)
+        t_fig.vbar(x="strategy", top="time", width=0.7, fill_color="color", line_color="line",
+                   line_width=2, hatch_pattern="hatch", hatch_color=_OOM, hatch_alpha=0.8,
+                   source=self.time_source)
         t_fig.add_tools(HoverTool(tooltips=[("strategy", "@strategy"),
                                             ("time", "@time{0,0.00} ms"),
                                             ("samples/s", "@throughput{0,0.0}"),
@@ -86,19 +110,21 @@ class ComparisonChart:
         cap = [float(self.results[s].capacity.get(d, float("nan"))) for d, s in factors]
         unit_name, unit, top = memory_scale(max(peak), float(np.nanmax(cap)))
         shown = [c if c <= top else float("nan") for c in cap]   # capacity off scale: no tick
-        fill = [_OOM if p > c else DEVICE_PALETTE[names.index(s) % len(DEVICE_PALETTE)]
-                for p, c, (_, s) in zip(peak, cap, factors)]
+        marks = _marks([self.colors[s] for _, s in factors],
+                       [p > c for p, c in zip(peak, cap)])
         self.peak_source = ColumnDataSource({"x": factors, "peak": np.array(peak) / unit,
-                                             "capacity": np.array(shown) / unit,
-                                             "color": fill,
+                                             "capacity": np.array(shown) / unit, **marks,
                                              "strategy": [s for _, s in factors],
                                              "device": [d for d, _ in factors]})
         p_fig = figure(x_range=FactorRange(*factors), width=width - t_fig.width, height=height,
-                       title=f"peak memory per GPU ({unit_name}); black ticks: capacity"
+                       title=f"peak memory per GPU ({unit_name}); black ticks: capacity; "
+                       "red hatch: over capacity"
                        + ("" if len(shown) and np.isfinite(shown).all() else
                           f" (off scale: {format_bytes(np.nanmax(cap))})"),
                        tools="save", toolbar_location=None)
-        p_fig.vbar(x="x", top="peak", width=0.8, color="color", source=self.peak_source)
+        p_fig.vbar(x="x", top="peak", width=0.8, fill_color="color", line_color="line",
+                   line_width=2, hatch_pattern="hatch", hatch_color=_OOM, hatch_alpha=0.8,
+                   source=self.peak_source)
         p_fig.scatter(x="x", y="capacity", marker="dash", size=18, line_width=3,
                       color="#000000", source=self.peak_source)
         p_fig.add_tools(HoverTool(tooltips=[("strategy", "@strategy"), ("device", "@device"),
@@ -113,7 +139,7 @@ class ComparisonChart:
         """Time, throughput, largest peak and fit of each strategy as an HTML table."""
         table = compare_table(self.results)
         rows = "".join(
-            f"<tr><td>{html.escape(n)}</td><td>{fmt_seconds(r.time)}</td>"
+            f"<tr><td>{html.escape(n)}</td><td>{format_seconds(r.time)}</td>"
             f"<td>{r.throughput:,.1f}</td><td>{format_bytes(r.max_peak)}</td>"
             f"<td>{'yes' if r.feasible else 'no'}</td></tr>" for n, r in table.iterrows())
         return ("<table><tr><th>strategy</th><th>step time</th><th>samples/s</th>"

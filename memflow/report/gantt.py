@@ -21,7 +21,7 @@ from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import KIND_COLORS, OTHER_COLOR, fmt_seconds
+from .style import KIND_COLORS, OTHER_COLOR, format_seconds
 from .tasks import COMM_PREFIX, per_resource
 
 __all__ = ["GanttChart", "resource_order", "busy_table"]
@@ -69,7 +69,7 @@ class GanttChart:
         fig = figure(width=width, height=80 + row_height * len(resources),
                      y_range=FactorRange(*reversed(resources)), x_axis_label="time (ms)",
                      tools="xpan,xwheel_zoom,box_zoom,reset,save",
-                     title=f"one step: {fmt_seconds(result.iteration_time)}")
+                     title=f"one step: {format_seconds(result.iteration_time)}")
         self.sources: dict[str, ColumnDataSource] = {}
         renderers = []
         for kind, rows in tl.groupby("kind", sort=False):
@@ -99,6 +99,6 @@ class GanttChart:
     def summary_html(self) -> str:
         """Busy time and utilisation of every row as an HTML table."""
         table = busy_table(self.result)
-        return (f"<p>One step: {fmt_seconds(self.result.iteration_time)}.</p>"
-                + table.to_html(formatters={"busy": fmt_seconds,
-                                            "utilisation": "{:.0%}".format}))
+        return (f"<p>One step: {format_seconds(self.result.iteration_time)}.</p>"
+                + table.to_html(classes="numbers", border=0, formatters={
+                    "busy": format_seconds, "utilisation": "{:.0%}".format}))

@@ -26,12 +26,13 @@ from ..errors import MemflowError
 __all__ = ["HistoryChart", "COLUMNS"]
 
 COLUMNS = ("iteration", "cost", "best_cost", "feasible", "accepted")
-_FITS, _OOM, _BEST = "#4c72b0", "#d62728", "#222222"
+_FITS, _OOM, _BEST = "#4c72b0", "#d62728", "#2ca02c"
 
 
 class HistoryChart:
-    """Cost per proposal (blue: fits, red: out of memory; filled: accepted) with the best
-    cost so far, and the acceptance rate over a sliding ``window``; ``root`` is the bokeh row.
+    """Cost per proposal (blue: fits, red: out of memory; filled: accepted; a legend says so)
+    under a thick green line of the best cost so far, and the acceptance rate over a sliding
+    ``window``; ``root`` is the bokeh row.
     At most about ``max_points`` proposals are drawn (every k-th and every improvement).
     """
 
@@ -68,15 +69,23 @@ class HistoryChart:
         self.acceptance_source = ColumnDataSource({"iteration": h["iteration"].to_numpy(),
                                                    "rate": rate_all.to_numpy()[rows]})
 
-        cost = figure(width=width * 2 // 3, height=height, title="cost of each proposal (ms); "
-                      "line: best so far", x_axis_label="proposal", y_axis_label="ms",
+        cost = figure(width=width * 2 // 3, height=height, title="cost of each proposal (ms)",
+                      x_axis_label="proposal", y_axis_label="ms",
                       tools="xpan,xwheel_zoom,box_zoom,reset,save")
-        dots = cost.scatter("iteration", "cost", source=self.cost_source, size=4,
-                            line_color="line", fill_color="fill", alpha=0.7)
-        cost.step("iteration", "best", source=self.best_source, mode="after", color=_BEST,
-                  line_width=2)
+        # one legend item per kind of proposal (grouped in the browser by ``state``)
+        dots = cost.scatter("iteration", "cost", source=self.cost_source, size=5,
+                            line_color="line", fill_color="fill", alpha=0.6,
+                            legend_field="state")
+        best_line = cost.step("iteration", "best", source=self.best_source, mode="after",
+                              color=_BEST, line_width=3.5, legend_label="best so far")
+        cost.scatter("iteration", "best", source=self.best_source, size=7, color=_BEST,
+                     legend_label="best so far")
         cost.add_tools(HoverTool(renderers=[dots], tooltips=[
             ("proposal", "@iteration"), ("cost", "@cost{0,0.000} ms"), ("", "@state")]))
+        cost.add_tools(HoverTool(renderers=[best_line], tooltips=[
+            ("proposal", "@iteration"), ("best so far", "@best{0,0.000} ms")]))
+        cost.legend.label_text_font_size = "8pt"
+        cost.add_layout(cost.legend[0], "right")
         acc = figure(width=width - cost.width, height=height, x_range=cost.x_range,
                      y_range=Range1d(0, 1.02), title=f"acceptance (last {window} proposals)",
                      x_axis_label="proposal", tools="save")

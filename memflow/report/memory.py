@@ -24,7 +24,8 @@ from bokeh.models import ColumnDataSource, HoverTool, Range1d, Span
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import CATEGORIES, CATEGORY_COLORS, GIB, format_bytes, fmt_seconds, memory_scale
+from .style import (CATEGORIES, CATEGORY_COLORS, GIB, format_bytes, format_seconds,
+                    legend_columns, memory_scale)
 from .tasks import per_resource
 
 __all__ = ["MemoryChart", "memory_steps", "categories_of"]
@@ -112,11 +113,19 @@ def memory_steps(result: Any, *, max_points: int = 4000, devices: Iterable[str] 
     return out
 
 
+_LEGEND_FONT_PX = 12      # 9pt
+
+
 def _legend(cats: list[str], width: int) -> Any:
     """A strip holding only the legend of the categories, above the grid of devices (a legend
-    inside one device's chart would hide its data)."""
-    fig = figure(width=width, height=44, toolbar_location=None, outline_line_color=None,
-                 x_range=Range1d(0, 1), y_range=Range1d(0, 1))
+    inside one device's chart would hide its data); its items wrap into as many rows as the
+    width needs, so none is cut off."""
+    labels = [*cats, "capacity"]
+    ncols = legend_columns(labels, width, _LEGEND_FONT_PX)
+    rows = -(-len(labels) // ncols)
+    fig = figure(width=width, height=20 + 23 * rows, toolbar_location=None,
+                 outline_line_color=None, x_range=Range1d(0, 1), y_range=Range1d(0, 1),
+                 min_border=0)
     fig.axis.visible = False
     fig.grid.visible = False
     for c in cats:
@@ -125,7 +134,9 @@ def _legend(cats: list[str], width: int) -> Any:
     fig.line([-1, -1], [-1, -1], color="#d62728", line_dash="dashed", line_width=2,
              legend_label="capacity")
     fig.legend.orientation = "horizontal"
-    fig.legend.location = "center"
+    fig.legend.ncols = ncols
+    fig.legend.location = "top_center"
+    fig.legend.margin = 0
     fig.legend.border_line_color = None
     fig.legend.label_text_font_size = "9pt"
     return fig
@@ -228,6 +239,6 @@ class MemoryChart:
             f"<td>{format_bytes(r.capacity[d])}</td>"
             f"<td>{'over' if r.peak_memory.get(d, 0.0) > r.capacity[d] else 'fits'}</td></tr>"
             for d in self.sources)
-        return (f"<p>Memory over one step of {fmt_seconds(r.iteration_time)}.</p>"
+        return (f"<p>Memory over one step of {format_seconds(r.iteration_time)}.</p>"
                 "<table><tr><th>device</th><th>peak</th><th>capacity</th><th></th></tr>"
                 f"{rows}</table>")

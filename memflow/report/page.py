@@ -26,10 +26,10 @@ import pandas as pd
 
 from .._jsonio import write_text
 from ..errors import MemflowError
-from .style import format_bytes, fmt_seconds
+from .style import format_bytes, format_seconds
 
 __all__ = ["report_html", "write_report", "write_plan_report", "static_components",
-           "strategy_table"]
+           "strategy_table", "STRATEGY_CAPTION"]
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1000px; color: #222; }
@@ -49,17 +49,30 @@ def _devices(devs: Any) -> str:
 
 
 def strategy_table(strategy) -> pd.DataFrame:
-    """:attr:`memflow.Strategy.table` for people: long device lists shortened.
+    """:attr:`memflow.Strategy.table` for people: long device lists shortened, and ``—``
+    where a field does not apply (no pipeline stage, no recompute segment, no error bound).
 
     >>> from memflow.strategy import Strategy
-    >>> s = Strategy(["a"], devices=[[f"gpu{i}" for i in range(8)]], sample=[8])
-    >>> strategy_table(s)["devices"].tolist()
-    ['gpu0…gpu7 (8)']
+    >>> s = Strategy(["a", "b"], devices=[[f"gpu{i}" for i in range(8)]] * 2,
+    ...              sample=[8, 8]).with_policy(recompute=["b"])
+    >>> strategy_table(s)[["devices", "stage", "segment", "error_bound"]].values.tolist()
+    [['gpu0…gpu7 (8)', '—', '—', '—'], ['gpu0…gpu7 (8)', '—', '0', '—']]
     """
+    from .strategy import plan_cells
+
     table = strategy.table.copy()
     table["devices"] = table["devices"].map(_devices)
-    table["error_bound"] = table["error_bound"].map(lambda e: "" if pd.isna(e) else f"{e:g}")
+    for column in ("error_bound", "stage", "segment"):
+        table[column] = [plan_cells({column: v})[0][1] for v in table[column]]
     return table
+
+
+STRATEGY_CAPTION = (
+    "policy: what a unit does with what it saves for backward; error_bound: the error bound "
+    "of a compressed unit; segment_break: a new recompute segment starts here; sample, "
+    "parameter, attribute: how the unit is split over its devices; stage: its pipeline "
+    "stage; segment: its recompute segment (consecutive recomputed units run as one "
+    "checkpoint). — : does not apply (not compressed, no pipeline, not recomputed).")
 
 
 def _fit(result) -> str:
@@ -76,13 +89,13 @@ def _numbers(result, summary: Mapping[str, Any], baseline) -> str:
         if summary.get(key) is not None:
             rows.append((label, html.escape(str(summary[key]))))
     rows += [("strategy", html.escape(result.strategy.name)),
-             ("step time", fmt_seconds(result.iteration_time)),
+             ("step time", format_seconds(result.iteration_time)),
              ("throughput", f"{result.throughput:,.1f} samples/s"),
              ("largest peak", f"{format_bytes(result.peak_memory[worst])} of "
                               f"{format_bytes(result.capacity[worst])} ({html.escape(worst)})"),
              ("memory", _fit(result))]
     if baseline is not None:
-        rows.append(("data parallel", f"{fmt_seconds(baseline.iteration_time)}, "
+        rows.append(("data parallel", f"{format_seconds(baseline.iteration_time)}, "
                                       f"{_fit(baseline)}"))
     if summary.get("iterations"):
         rows.append(("search", f"{summary['iterations']:,} proposals in "
@@ -141,7 +154,8 @@ def report_html(result, *, graph=None, history: pd.DataFrame | None = None, base
     sections.append(("Memory over one step, per GPU", memory.summary_html(), memory))
     gantt = GanttChart(result)
     sections.append(("Compute streams and links", gantt.summary_html(), gantt))
-    units = strategy_table(result.strategy).to_html(index=False, classes="units", border=0)
+    units = (strategy_table(result.strategy).to_html(index=False, classes="units", border=0)
+             + f"<p class='note'>{html.escape(STRATEGY_CAPTION)}</p>")
     picture = (StrategyGraph(graph, result.strategy, colour_by="policy") if graph is not None
                else None)
     sections.append(("Strategy", f"<p class='note'>microbatches {result.strategy.microbatches} "

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .._units import byte_unit, format_bytes
+from .._units import byte_unit, format_bytes, format_seconds
 
 __all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "DEVICE_PALETTE",
-           "MULTI_DEVICE_COLOR", "GIB", "CAPACITY_IN_VIEW", "format_bytes", "fmt_seconds",
-           "memory_scale", "color_for"]
+           "MULTI_DEVICE_COLOR", "GIB", "CAPACITY_IN_VIEW", "format_bytes", "format_seconds",
+           "memory_scale", "color_for", "text_width", "legend_columns"]
 
 GIB = float(2**30)
 
@@ -76,15 +76,29 @@ def memory_scale(peak: float, capacity: float) -> tuple[str, float, float]:
     return name, size, top
 
 
-def fmt_seconds(t: float) -> str:
-    """A duration in the unit that reads best: ``'12.3 ms'``, ``'1.25 s'``.
+# Charts are laid out before a browser measures any text: widths are estimated, on the wide
+# side (0.62 em per character; DejaVu Sans, Debian's default, averages about 0.55 em on names).
+_EM_PER_CHAR = 0.62
 
-    >>> fmt_seconds(0.0123), fmt_seconds(1.25), fmt_seconds(4e-6)
-    ('12.3 ms', '1.25 s', '4 µs')
+
+def text_width(text: str, font_px: float) -> float:
+    """About how many pixels ``text`` takes in a sans-serif font of ``font_px`` pixels.
+
+    >>> text_width("layers.1", 10)
+    49.6
     """
-    t = float(t)
-    if abs(t) >= 1:
-        return f"{t:.3g} s"
-    if abs(t) >= 1e-3:
-        return f"{t * 1e3:.3g} ms"
-    return f"{t * 1e6:.3g} µs"
+    return _EM_PER_CHAR * font_px * len(text)
+
+
+def legend_columns(labels: Sequence[str], width: float, font_px: float) -> int:
+    """How many items of a bokeh legend (default glyph and padding, no margin) fit side by
+    side in ``width`` pixels: at least one.
+
+    >>> legend_columns(["weights", "activations", "capacity"], 940, 12)
+    3
+    >>> legend_columns(["weights", "activations", "capacity"], 200, 12)
+    1
+    """
+    item = 20 + 5 + max(text_width(t, font_px) for t in labels) + 3   # glyph, gap, text, spacing
+    return max(1, min(len(labels), int((width - 2 * 10) // item)))
+

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .._tables import ReadableFrame
+from .._units import format_bytes
 from ..errors import MemflowError
 from ..hardware import Cluster
 from ..memory.arrays import graph_arrays
@@ -52,8 +54,10 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
 
     Rows: the categories (``weights``, ``gradients``, ``optimizer``, ``activations``,
     ``transient``, ``communication``) and ``total``; columns ``at_peak`` (bytes when the
-    device peaks) and ``max`` (the category's own maximum over the step). ``df.attrs`` holds
-    ``peak``, ``peak_task`` (e.g. ``"backward fc"``), ``phase``, ``capacity``, ``fits``.
+    device peaks) and ``max`` (the category's own maximum over the step), in bytes; printed,
+    they read in KiB/MiB/GiB under a line naming the peak (a
+    :class:`~memflow._tables.ReadableFrame`). ``df.attrs`` holds ``peak``, ``peak_task``
+    (e.g. ``"backward fc"``), ``phase``, ``capacity``, ``fits``.
 
     >>> import pandas as pd
     >>> from memflow.graph import OpGraph
@@ -68,6 +72,17 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     {'weights': 800, 'gradients': 800, 'optimizer': 1600, 'activations': 0, 'transient': 800, 'communication': 0, 'total': 4000}
     >>> df.attrs["peak_task"]
     'optimizer'
+    >>> print(df)
+    peak 3.91 KiB during optimizer on cpu
+                    at_peak       max
+    category
+    weights           800 B     800 B
+    gradients         800 B     800 B
+    optimizer      1.56 KiB  1.56 KiB
+    activations         0 B     600 B
+    transient         800 B     800 B
+    communication       0 B       0 B
+    total          3.91 KiB  3.91 KiB
     """
     if optimizer not in OPTIMIZER_STATES:
         raise MemflowError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZER_STATES)}")
@@ -111,11 +126,16 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
         phase = TASK_KINDS[T.kind[task]]
     else:
         peak_task = phase = "start"
-    df = pd.DataFrame({"at_peak": at_peak, "max": cat_max}, index=list(CATEGORIES))
+    fits = bool(peak <= capacity) if capacity == capacity else None
+    caption = f"peak {format_bytes(peak)} during {peak_task} on {label}" + (
+        "" if fits is None else
+        f" of {format_bytes(capacity)}: {'fits' if fits else 'OUT OF MEMORY'}")
+    df = ReadableFrame({"at_peak": at_peak, "max": cat_max}, index=list(CATEGORIES),
+                       units={"at_peak": "bytes", "max": "bytes"}, caption=caption)
     df.loc["total"] = [peak, peak]
     df.index.name = "category"
     df.attrs.update(peak=peak, peak_task=peak_task, phase=phase, capacity=capacity,
-                    fits=bool(peak <= capacity) if capacity == capacity else None,
+                    fits=fits,
                     device=label, optimizer=optimizer)
     return df
 

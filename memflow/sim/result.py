@@ -7,6 +7,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from .._tables import ReadableFrame
 from .._units import format_bytes
 from ..memory.blocks import CATEGORIES
 from .kinds import R_COMPUTE, R_COPY, R_COPYBACK, ROLES, TASK_KINDS
@@ -122,7 +123,24 @@ class SimResult:
         return pd.DataFrame.from_dict(rows, orient="index", columns=list(CATEGORIES))
 
     def summary(self) -> pd.DataFrame:
-        """Per device: peak, capacity, headroom, busy time of its compute stream, utilization."""
+        """Per device: ``peak``, ``capacity``, ``headroom`` (bytes), ``compute_busy`` (seconds
+        its compute stream works) and ``utilization`` (busy / step time).
+
+        The numbers stay plain for code; printed, they read in GiB, ms and %, under this
+        result's one-line summary (a :class:`~memflow._tables.ReadableFrame`).
+
+        >>> import memflow
+        >>> g = memflow.zoo.graph("chain", batch_size=8, n=3, width=16)
+        >>> one = memflow.Cluster.preset("1xV100-16GB")
+        >>> s = memflow.simulate(g, memflow.Strategy.single_device(g), one).summary()
+        >>> print(s)
+        <SimResult 'single device': 0.14 ms/step, 59,239.4 samples/s, peak 7.38 KiB on 1 devices, feasible>
+                    peak  capacity  headroom compute_busy utilization
+        device
+        gpu0    7.38 KiB  16.0 GiB  16.0 GiB       135 µs        100%
+        >>> bool(s.loc["gpu0", "capacity"] == 16 * 2**30)
+        True
+        """
         r, sim = self._run, self._sim
         role, key = r.tasks.role, r.tasks.key
         compute = role == R_COMPUTE
@@ -132,10 +150,13 @@ class SimResult:
         for L, k in enumerate(self.strategy.layouts):
             busy[sim.ca.devices.get_indexer(list(k[3]))] += per_layout[L]
         busy = pd.Series(busy[r.devices_used], index=self.peak_memory.index)
-        return pd.DataFrame({"peak": self.peak_memory, "capacity": self.capacity,
-                             "headroom": self.capacity - self.peak_memory,
-                             "compute_busy": busy,
-                             "utilization": busy / self.iteration_time})
+        return ReadableFrame({"peak": self.peak_memory, "capacity": self.capacity,
+                              "headroom": self.capacity - self.peak_memory,
+                              "compute_busy": busy,
+                              "utilization": busy / self.iteration_time},
+                             units={"peak": "bytes", "capacity": "bytes", "headroom": "bytes",
+                                    "compute_busy": "seconds", "utilization": "share"},
+                             caption=repr(self))
 
     def __repr__(self) -> str:
         worst = self.peak_memory.max() if len(self.peak_memory) else 0.0
@@ -145,11 +166,7 @@ class SimResult:
                 f"{len(self.peak_memory)} devices, {state}>")
 
     def _repr_html_(self) -> str:
-        s = self.summary().copy()
-        for c in ("peak", "capacity", "headroom"):
-            s[c] = s[c].map(format_bytes)
-        s["compute_busy"] = (s["compute_busy"] * 1e3).map(lambda v: f"{v:,.2f} ms")
-        s["utilization"] = s["utilization"].map(lambda v: f"{v:.0%}")
+        s = self.summary().readable()
         color = "#2a7" if self.feasible else "#c33"
         return (f"<div><b style='color:{color}'>{html.escape(repr(self))}</b>"
                 f"{s.head(16).to_html()}"

@@ -89,3 +89,70 @@ def test_a_long_history_is_thinned_but_keeps_every_improvement():
     full_rate = pd.Series(history["accepted"].astype(float)).rolling(100, min_periods=1).mean()
     assert np.allclose(chart.acceptance_source.data["rate"], full_rate.to_numpy()[drawn])
     assert "50,000 proposals" in chart.summary_html()
+
+
+def test_each_strategy_has_one_colour_in_both_comparison_charts(plan):
+    from memflow.report import ComparisonChart
+    from memflow.report.compare import STRATEGY_PALETTE
+
+    search = memflow.MCMCSearch.load(plan / "search.json")
+    best = search.best_result
+    dp = memflow.simulate(search.graph, memflow.Strategy.data_parallel(search.graph,
+                                                                       search.cluster),
+                          search.cluster)
+    chart = ComparisonChart({"data parallel": dp, "plan": best})
+    time, peak = chart.time_source.data, chart.peak_source.data
+    for name, colour in zip(time["strategy"], time["color"]):
+        assert {c for s, c in zip(peak["strategy"], peak["color"]) if s == name} == {colour}
+    assert "#d62728" not in STRATEGY_PALETTE          # red only marks what does not fit
+    assert list(time["hatch"]) == ["x", " "] and list(peak["hatch"]) == ["x", " ", "x", " "]
+
+
+def test_strategy_labels_never_overlap_and_stay_inside():
+    from memflow.report.strategy import StrategyGraph, label_offsets
+
+    rng = np.random.default_rng(1)
+    for _ in range(20):                     # labels placed by label_offsets never overlap
+        xy = rng.uniform(0, 400, (30, 2))
+        sizes, widths = rng.uniform(8, 36, 30), rng.uniform(20, 80, 30)
+        dy = label_offsets(xy, sizes, widths)
+        shown = np.flatnonzero(np.isfinite(dy))
+        for i in shown:
+            for j in shown[shown > i]:
+                assert (abs(xy[i, 0] - xy[j, 0]) >= (widths[i] + widths[j]) / 2
+                        or abs(xy[i, 1] + dy[i] - xy[j, 1] - dy[j]) >= 9.33 + 2)
+    g = memflow.zoo.graph("chain", batch_size=8, n=24, width=16, units="blocks")
+    view = StrategyGraph(g, memflow.Strategy.single_device(g))
+    assert list(view.source.data["label"]) == list(g.names)      # every name fits
+    x, xr = np.asarray(view.source.data["x"]), view.figure.x_range
+    assert xr.start < x.min() - 0.3 and xr.end > x.max() + 0.3    # room for the end labels
+    assert "node area grows with the memory" in view.figure.below[-1].text
+    g = memflow.zoo.graph("resnet50", batch_size=8)               # 175 units: some by hover
+    view = StrategyGraph(g, memflow.Strategy.single_device(g))
+    assert "" in set(view.source.data["label"]) and "hover" in view.figure.below[-1].text
+
+
+def test_legends_say_what_the_marks_are(plan, graph):
+    from memflow.report import MemoryChart
+    from memflow.report.style import legend_columns
+
+    search = memflow.MCMCSearch.load(plan / "search.json")
+    chart = HistoryChart(search.history)
+    labels = [item.label for item in chart.cost_figure.legend[0].items]
+    # one entry per kind of proposal (grouped by "state" in the browser), one for the best
+    assert [getattr(lb, "field", None) or lb.value for lb in labels] == ["state", "best so far"]
+    best = [r for r in chart.cost_figure.renderers if r.data_source is chart.best_source]
+    assert best and max(r.glyph.line_width for r in best if hasattr(r.glyph, "mode")) >= 3
+    one = memflow.Cluster.preset("1xV100-16GB")
+    result = memflow.simulate(graph, memflow.Strategy.single_device(graph), one)
+    strip = MemoryChart(result, width=400).root.children[0]      # tutorial 1's chart
+    legend = strip.legend[0]
+    assert legend.ncols == legend_columns([i.label.value for i in legend.items], 400, 12) < 7
+    rows = -(-len(legend.items) // legend.ncols)
+    assert strip.height >= 20 + 23 * rows
+
+
+def test_strategy_table_says_what_does_not_apply(plan):
+    text = write_plan_report(plan, plan / "t.html").read_text()
+    assert "<td>-1</td>" not in text and "<td>—</td>" in text
+    assert "does not apply" in text and "node area grows" in text

@@ -62,3 +62,15 @@ def test_tied_weight_gradient_starts_at_its_last_reader():
     assert df.loc["weights", "at_peak"] == 1000
     assert df.loc["total", "at_peak"] == 1000 + 1000 + 1000
     assert df.attrs["peak_task"] == "backward a"
+
+
+def test_printed_in_units_with_plain_numbers_kept():
+    g = chain()
+    df = estimate(g, "V100-16GB")
+    text = repr(df)
+    assert text.splitlines()[0].startswith("peak 2.76 KiB during backward u1 on gpu0 of 16.0 GiB")
+    assert text.splitlines()[0].endswith(": fits")
+    assert "2.76 KiB" in df.to_string() and "e+" not in text
+    assert "2.76 KiB" in df._repr_html_() and "fits" in df._repr_html_()
+    assert df.loc["total", "at_peak"] == 2830 and df["max"].dtype.kind == "f"
+    assert df.to_csv().splitlines()[-1] == "total,2830.0,2830.0"   # files keep the numbers
