@@ -87,10 +87,12 @@ def _epilog(*examples: str, contract: bool = False) -> str:
     return text
 
 
-def _described(command: str) -> dict:
-    """The subparser's example epilog (and the factory contract where --model is taken)."""
-    return {"epilog": _epilog(*_EXAMPLES[command], contract=command in _WITH_MODEL),
-            "formatter_class": argparse.RawDescriptionHelpFormatter}
+def _command(sub, command: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` ends with its examples (and the factory contract where
+    it takes --model)."""
+    epilog = _epilog(*_EXAMPLES[command], contract=command in _WITH_MODEL)
+    return sub.add_parser(command, help=summary, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -98,12 +100,12 @@ def parser() -> argparse.ArgumentParser:
     from . import commands
 
     top = _Parser(prog="memflow", description="Plan how to train a deep network when GPU "
-                  "memory is the limit.", epilog=_epilog(*(lines[0] for lines in _EXAMPLES.values())),
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+                  "memory is the limit.", formatter_class=argparse.RawDescriptionHelpFormatter,
+                  epilog=_epilog(*(lines[0] for lines in _EXAMPLES.values())))
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser,
                              metavar="{search,simulate,export,report,zoo,presets,demo}")
 
-    p = sub.add_parser("search", **_described("search"), help="search for the fastest strategy that fits")
+    p = _command(sub, "search", "search for the fastest strategy that fits")
     _model_arguments(p)
     _cluster_arguments(p)
     budget = p.add_mutually_exclusive_group()
@@ -118,31 +120,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=commands.search)
 
-    p = sub.add_parser("simulate", **_described("simulate"), help="simulate one training step of a strategy")
+    p = _command(sub, "simulate", "simulate one training step of a strategy")
     _model_arguments(p)
     _cluster_arguments(p)
     p.add_argument("--strategy", required=True, help="a strategy JSON (plan/strategy.json)")
     p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
     p.set_defaults(run=commands.simulate)
 
-    p = sub.add_parser("export", **_described("export"), help="write a torchrun training script for a strategy")
+    p = _command(sub, "export", "write a torchrun training script for a strategy")
     _model_arguments(p, units=False)     # the strategy's units are the ones captured
     p.add_argument("--strategy", required=True, help="a strategy JSON (plan/strategy.json)")
     p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
     p.add_argument("--out", default="train.py", help="the script to write (default train.py)")
     p.set_defaults(run=commands.export)
 
-    p = sub.add_parser("report", **_described("report"), help="write one self-contained HTML report of a plan folder")
+    p = _command(sub, "report", "write one self-contained HTML report of a plan folder")
     p.add_argument("plan", help="a folder written by 'memflow search'")
     p.add_argument("--out", help="the HTML file (default PLAN/report.html)")
     p.set_defaults(run=commands.report)
 
-    p = sub.add_parser("zoo", **_described("zoo"), help="list the built-in models")
+    p = _command(sub, "zoo", "list the built-in models")
     p.set_defaults(run=commands.zoo)
-    p = sub.add_parser("presets", **_described("presets"), help="list the named clusters")
+    p = _command(sub, "presets", "list the named clusters")
     p.set_defaults(run=commands.presets)
 
-    p = sub.add_parser("demo", **_described("demo"), help="the whole job on a built-in model that needs planning")
+    p = _command(sub, "demo", "the whole job on a built-in model that needs planning")
     p.add_argument("--out", default="plan", help="the plan folder (default plan/)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--seconds", type=float, default=30.0, help="search time (default 30)")

@@ -78,7 +78,7 @@ def check_fit(strategy, graph, model: str, batch_size: int | None = None) -> int
     ...                    sample=[2, 2]), g, "chain", batch_size=8)
     Traceback (most recent call last):
     ...
-    memflow.errors.ExportError: strategy 'strategy' does not fit model 'chain': the graph was captured at batch 6, not 8; capture it at the batch to train
+    memflow.errors.ExportError: strategy 'strategy' does not fit model 'chain': the graph ...
     """
     captured = int(graph.meta.get("batch_size", batch_size or 0))
     if batch_size is not None and captured != batch_size:
@@ -104,7 +104,8 @@ def script(strategy, path: str | Path, *, model: str, model_options: Mapping[str
     """Write the training script ``path`` and the strategy JSON beside it (``.json``).
 
     ``model`` is a :mod:`memflow.zoo` name (``model_options`` are its options, e.g. a smaller
-    ``n_layer``) or ``"path/to/file.py:factory"`` (:data:`~memflow.export.factory.FACTORY_CONTRACT`).
+    ``n_layer``) or ``"path/to/file.py:factory"``
+    (:data:`~memflow.export.factory.FACTORY_CONTRACT`).
     ``batch_size`` is the global batch, split over the replicas (None: the model's own).
     ``devices`` maps the strategy's device names to torch devices (default: ``gpuK`` is
     ``cuda:K``, or ``cpu`` without GPUs). Nothing is written unless the strategy fits the
