@@ -5,6 +5,7 @@
     memflow search   --model resnet50 --batch 256 --cluster 4xV100-16GB --seconds 60 --out plan/
     memflow simulate --model resnet50 --batch 256 --cluster 4xV100-16GB --strategy plan/strategy.json
     memflow export   --model resnet50 --batch 256 --strategy plan/strategy.json --out plan/train.py
+                     # checks the strategy against the model, prints the torchrun line
     memflow report   plan/                     # plan/report.html, one self-contained file
     memflow zoo | memflow presets              # what --model and --cluster accept
     memflow demo     --out plan/               # the whole job on a model that needs planning
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import Sequence
 
 from ..errors import MemflowError
@@ -37,16 +39,18 @@ class _Parser(argparse.ArgumentParser):
         raise MemflowError(f"{message} (see '{self.prog} --help')")
 
 
-def _model_arguments(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    p.add_argument("--model", required=required,
-                   help="a zoo name (see 'memflow zoo') or path/to/file.py:factory")
-    p.add_argument("--batch", type=int, required=required, help="global batch size")
+def _model_arguments(p: argparse.ArgumentParser, *, units: bool = True) -> None:
+    p.add_argument("--model", required=True,
+                   help="a zoo name (see 'memflow zoo') or path/to/model.py:make (below)")
+    p.add_argument("--batch", type=int, help="global batch size (default: the model's own: "
+                   "the zoo's, or the batch of the inputs the factory returns)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="a zoo model option (e.g. n_layer=2) or a factory keyword; repeatable")
     p.add_argument("--input-shape", help="one sample's shape, for a factory returning a bare "
                    "model (e.g. 3,224,224)")
-    p.add_argument("--units", default="blocks",
-                   help="granularity of the graph: blocks (default), leaves or a module depth")
+    if units:
+        p.add_argument("--units", default="blocks",
+                       help="granularity of the graph: blocks (default), leaves or a module depth")
 
 
 def _cluster_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,16 +59,53 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-limit", help="cap every GPU's memory, e.g. 12GB or 80%%")
 
 
+_EXAMPLES = {
+    "search": ["memflow search --model resnet50 --batch 256 --cluster 4xV100-16GB --seconds 60 "
+               "--out plan/",
+               "memflow search --model path/to/model.py:make --option width=64 "
+               "--cluster 2xA100-40GB --iterations 500 --out myplan/"],
+    "simulate": ["memflow simulate --model resnet50 --batch 256 --cluster 4xV100-16GB "
+                 "--strategy plan/strategy.json"],
+    "export": ["memflow export --model resnet50 --batch 256 --strategy plan/strategy.json "
+               "--out plan/train.py"],
+    "report": ["memflow report plan/                 # writes plan/report.html"],
+    "zoo": ["memflow zoo"],
+    "presets": ["memflow presets"],
+    "demo": ["memflow demo --seconds 10 --out plan/",
+             "memflow demo --model vgg16 --batch 512 --cluster 2xV100-32GB --memory-limit 75%"],
+}
+"""An example command line of each subcommand, shown by its ``--help``."""
+
+_WITH_MODEL = ("search", "simulate", "export")
+
+
+def _epilog(*examples: str, contract: bool = False) -> str:
+    text = "examples:\n" + "".join(f"  {line}\n" for line in examples)
+    if contract:
+        from ..export.factory import FACTORY_CONTRACT
+        text += "\n" + textwrap.fill(FACTORY_CONTRACT, 88) + "\n"
+    return text
+
+
+def _command(sub, command: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` ends with its examples (and the factory contract where
+    it takes --model)."""
+    epilog = _epilog(*_EXAMPLES[command], contract=command in _WITH_MODEL)
+    return sub.add_parser(command, help=summary, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the ``memflow`` command."""
     from . import commands
 
     top = _Parser(prog="memflow", description="Plan how to train a deep network when GPU "
-                  "memory is the limit.")
+                  "memory is the limit.", formatter_class=argparse.RawDescriptionHelpFormatter,
+                  epilog=_epilog(*(lines[0] for lines in _EXAMPLES.values())))
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser,
                              metavar="{search,simulate,export,report,zoo,presets,demo}")
 
-    p = sub.add_parser("search", help="search for the fastest strategy that fits")
+    p = _command(sub, "search", "search for the fastest strategy that fits")
     _model_arguments(p)
     _cluster_arguments(p)
     budget = p.add_mutually_exclusive_group()
@@ -79,31 +120,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=commands.search)
 
-    p = sub.add_parser("simulate", help="simulate one training step of a strategy")
+    p = _command(sub, "simulate", "simulate one training step of a strategy")
     _model_arguments(p)
     _cluster_arguments(p)
     p.add_argument("--strategy", required=True, help="a strategy JSON (plan/strategy.json)")
     p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
     p.set_defaults(run=commands.simulate)
 
-    p = sub.add_parser("export", help="write a torchrun training script for a strategy")
-    _model_arguments(p)
+    p = _command(sub, "export", "write a torchrun training script for a strategy")
+    _model_arguments(p, units=False)     # the strategy's units are the ones captured
     p.add_argument("--strategy", required=True, help="a strategy JSON (plan/strategy.json)")
     p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
     p.add_argument("--out", default="train.py", help="the script to write (default train.py)")
     p.set_defaults(run=commands.export)
 
-    p = sub.add_parser("report", help="write one self-contained HTML report of a plan folder")
+    p = _command(sub, "report", "write one self-contained HTML report of a plan folder")
     p.add_argument("plan", help="a folder written by 'memflow search'")
     p.add_argument("--out", help="the HTML file (default PLAN/report.html)")
     p.set_defaults(run=commands.report)
 
-    p = sub.add_parser("zoo", help="list the built-in models")
+    p = _command(sub, "zoo", "list the built-in models")
     p.set_defaults(run=commands.zoo)
-    p = sub.add_parser("presets", help="list the named clusters")
+    p = _command(sub, "presets", "list the named clusters")
     p.set_defaults(run=commands.presets)
 
-    p = sub.add_parser("demo", help="the whole job on a built-in model that needs planning")
+    p = _command(sub, "demo", "the whole job on a built-in model that needs planning")
     p.add_argument("--out", default="plan", help="the plan folder (default plan/)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--seconds", type=float, default=30.0, help="search time (default 30)")

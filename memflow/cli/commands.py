@@ -13,21 +13,23 @@ resnet50 ...
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ..errors import MemflowError
 from ..report.style import format_bytes
-from .inputs import (is_file_model, load_cluster, load_graph, load_model, load_strategy,
-                     parse_options, parse_shape, parse_units)
+from .inputs import (load_cluster, load_graph, load_strategy, parse_options, parse_shape,
+                     parse_units)
 from .folder import FILES, run_search, write_plan
 
 __all__ = ["search", "simulate", "export", "report", "zoo", "presets", "demo", "DEMO"]
 
 DEMO = {"model": "resnet50", "batch": 1024, "cluster": "4xV100-16GB"}
 """The demo's defaults: data parallel needs ~21 GiB per V100-16GB at this batch."""
+
+DEMO_CPU_BATCH = 2
+"""Samples per replica in the training command the demo prints: small enough for a CPU."""
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
@@ -42,8 +44,10 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _graph(inputs: dict[str, Any]):
-    return load_graph(inputs["model"], inputs["batch"], units=inputs["units"],
-                      options=inputs["options"], input_shape=inputs["input_shape"])
+    graph = load_graph(inputs["model"], inputs["batch"], units=inputs["units"],
+                       options=inputs["options"], input_shape=inputs["input_shape"])
+    inputs["batch"] = graph.meta["batch_size"]     # the model's own when --batch is left out
+    return graph
 
 
 def _describe(result) -> str:
@@ -105,31 +109,22 @@ def simulate(args: argparse.Namespace) -> None:
             "compute_busy": lambda t: f"{t * 1e3:,.3f} ms", "utilization": "{:.0%}".format}))
 
 
-def _export(strategy, model: str, batch: int, options: dict, out: str | Path,
-            optimizer: str = "sgd") -> Path:
-    from ..export import script
-
-    return script(strategy, out, model=model if not is_file_model(model)
-                  else str(Path(model.rpartition(":")[0]).resolve()) + ":" +
-                  model.rpartition(":")[2],
-                  model_options=options, batch_size=batch, optimizer=optimizer)
-
-
 def export(args: argparse.Namespace) -> None:
-    """``memflow export``: the torchrun training script of a strategy."""
+    """``memflow export``: the torchrun training script of a strategy, checked against the
+    model before anything is written; prints the command that runs it."""
+    from ..export import script
+    from ..export.scripts import run_line
+
     inputs = _inputs(args)
-    if is_file_model(args.model):
-        # The script builds the model from the factory at run time, inputs included.
-        load_model(args.model, args.batch, options=inputs["options"],
-                   input_shape=inputs["input_shape"])
-        if inputs["input_shape"] is not None:
-            raise MemflowError(f"export: the training script calls {args.model} for the model "
-                               "and its example inputs; a factory returning a bare model "
-                               "(--input-shape) cannot be exported; return (model, inputs)")
+    if inputs["input_shape"] is not None:
+        raise MemflowError(f"export: the training script calls {args.model} for the model "
+                           "and its example inputs; a factory returning a bare model "
+                           "(--input-shape) cannot be exported; return (model, inputs)")
     strategy = load_strategy(args.strategy)
-    path = _export(strategy, args.model, args.batch, inputs["options"], args.out,
-                   args.optimizer)
-    print(f"wrote {path} and {path.with_suffix('.json').name} beside it")
+    path = script(strategy, args.out, model=args.model, model_options=inputs["options"],
+                  batch_size=args.batch, optimizer=args.optimizer)
+    print(f"wrote {path} and {path.with_suffix('.json').name} beside it; run it with\n"
+          f"  {run_line(strategy, path)}")
 
 
 def report(args: argparse.Namespace) -> None:
@@ -164,7 +159,8 @@ def demo(args: argparse.Namespace) -> None:
     """``memflow demo``: capture, show that data parallel does not fit, search, report,
     export — on resnet50 at a batch of 1024 over 4xV100-16GB unless told otherwise."""
     from .. import zoo as models
-    from ..export import replicas
+    from ..export import replicas, script
+    from ..export.scripts import run_line
     from ..report import write_plan_report
     from ..sim import simulate as run
     from ..strategy import Strategy
@@ -190,7 +186,10 @@ def demo(args: argparse.Namespace) -> None:
     print(f"   best: {_describe(found.best_result)}")
     print("3. writing the report and the training script ...", flush=True)
     html = write_plan_report(plan, search=found)
-    train = _export(found.best, args.model, batch, inputs["options"], plan / "train.py")
+    train = script(found.best, plan / "train.py", model=args.model,
+                   model_options=inputs["options"], batch_size=batch, graph=graph)
     n = replicas(found.best)
     print(f"done:\n  strategy  {plan / FILES['strategy']}\n  report    {html}\n"
-          f"  training  {train}  (run: torchrun --nproc_per_node {n} {train} --steps 10)")
+          f"  training  {train}, on this machine's CPU at a small batch:\n"
+          f"    {run_line(found.best, train, batch_size=DEMO_CPU_BATCH * n)}\n"
+          f"  (on {n} GPUs, leave out --batch-size to train at the planned {batch})")

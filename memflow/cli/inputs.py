@@ -1,10 +1,11 @@
 """What the command line is given, turned into memflow objects: model, graph, cluster, strategy.
 
 A model is a :mod:`memflow.zoo` name (``resnet50``; ``--option n_layer=2`` overrides its
-knobs) or ``path/to/file.py:factory``. The factory is called with ``batch_size=`` when it takes
-that keyword (and with the ``--option`` keywords) and returns ``(model, example_inputs)`` as
-:func:`memflow.zoo.get` does, or a bare model, whose inputs are then a random batch of
-``--input-shape`` (one sample's shape, the batch is put in front).
+knobs) or ``path/to/file.py:factory``, loaded by :mod:`memflow.export.factory` (the contract
+is its ``FACTORY_CONTRACT``: ``(model, example_inputs)``, ``batch_size=`` when it takes that
+keyword), or a bare model, whose inputs are then a random batch of ``--input-shape`` (one
+sample's shape, the batch is put in front). Without ``--batch`` the batch is the model's own:
+the zoo's (``memflow zoo``) or that of the inputs the factory returns.
 
 >>> parse_options(["n=3", "width=16", "act=relu"])
 {'n': 3, 'width': 16, 'act': 'relu'}
@@ -18,9 +19,6 @@ that keyword (and with the ``--option`` keywords) and returns ``(model, example_
 from __future__ import annotations
 
 import ast
-import importlib.util
-import inspect
-import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -28,9 +26,10 @@ import torch
 from torch import nn
 
 from ..errors import MemflowError
+from ..export.factory import call_factory, is_file_model
 
 __all__ = ["parse_options", "parse_units", "parse_shape", "load_model", "load_graph",
-           "load_cluster", "load_strategy", "is_file_model"]
+           "load_cluster", "load_strategy"]
 
 
 def parse_options(items: Sequence[str] | None) -> dict[str, Any]:
@@ -71,79 +70,39 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def is_file_model(spec: str) -> bool:
-    """Whether ``spec`` names a factory in a Python file rather than a zoo model."""
-    return ".py:" in spec
-
-
-def _factory(spec: str):
-    file, _, name = spec.rpartition(":")
-    path = Path(file)
-    if not path.is_file():
-        raise MemflowError(f"--model {spec!r}: no file {file!r}")
-    module_spec = importlib.util.spec_from_file_location(f"_memflow_model_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.path.insert(0, str(path.resolve().parent))   # so the file can import its neighbours
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:  # the user's file: any error it raises is theirs to fix
-        raise MemflowError(f"--model {spec!r}: importing {file} failed: "
-                           f"{type(exc).__name__}: {exc}") from None
-    finally:
-        sys.path.remove(str(path.resolve().parent))
-    factory = getattr(module, name, None)
-    if not callable(factory):
-        found = sorted(k for k, v in vars(module).items()
-                       if callable(v) and not k.startswith("_") and
-                       getattr(v, "__module__", None) == module.__name__)
-        raise MemflowError(f"--model {spec!r}: {file} has no function {name!r}; "
-                           f"functions there: {', '.join(found) or 'none'}")
-    return factory
-
-
-def load_model(spec: str, batch_size: int, *, options: Mapping[str, Any] | None = None,
+def load_model(spec: str, batch_size: int | None, *, options: Mapping[str, Any] | None = None,
                input_shape: Sequence[int] | None = None) -> tuple[nn.Module, Any]:
-    """``(model, example_inputs)`` on meta tensors for a zoo name, or from a file's factory.
+    """``(model, example_inputs)`` on meta tensors for a zoo name, or from a file's factory
+    (:mod:`memflow.export.factory`); ``batch_size`` None is the model's own.
 
     >>> model, (x,) = load_model("chain", 4, options={"n": 2, "width": 8})
     >>> tuple(x.shape), x.device.type
     ((4, 8), 'meta')
     """
-    options = dict(options or {})
     if not is_file_model(spec):
         from .. import zoo
         if input_shape is not None:
             raise MemflowError(f"--input-shape is for models from a file; zoo model {spec!r} "
                                "has its own inputs (change them with --option, e.g. seq_len=64)")
-        return zoo.get(spec, batch_size, **options)
-    factory = _factory(spec)
-    kwargs = dict(options)
-    if "batch_size" in inspect.signature(factory).parameters:
-        kwargs["batch_size"] = batch_size
-    try:
-        made = factory(**kwargs)
-    except Exception as exc:  # the user's factory
-        raise MemflowError(f"--model {spec!r}: the factory raised {type(exc).__name__}: "
-                           f"{exc}") from None
-    if isinstance(made, nn.Module):
-        if input_shape is None:
-            raise MemflowError(f"--model {spec!r} returned a model without inputs: give "
-                               "--input-shape (one sample's, e.g. 3,224,224) or return "
-                               "(model, example_inputs)")
-        return made.train(), torch.randn(batch_size, *input_shape, device="meta")
-    if (isinstance(made, (tuple, list)) and len(made) == 2 and isinstance(made[0], nn.Module)):
-        return made[0].train(), made[1]
-    raise MemflowError(f"--model {spec!r}: the factory must return (model, example_inputs) or "
-                       f"an nn.Module, got {type(made).__name__}")
+        return zoo.get(spec, batch_size, **dict(options or {}))
+    model, inputs = call_factory(spec, batch_size, options)
+    if inputs is not None:
+        return model, inputs
+    if input_shape is None or batch_size is None:
+        raise MemflowError(f"--model {spec!r} returned a model without inputs: give "
+                           "--input-shape (one sample's, e.g. 3,224,224) and --batch, or "
+                           "return (model, example_inputs)")
+    return model, torch.randn(batch_size, *input_shape, device="meta")
 
 
-def load_graph(spec: str, batch_size: int, *, units: str | int = "blocks",
+def load_graph(spec: str, batch_size: int | None, *, units: str | int = "blocks",
                options: Mapping[str, Any] | None = None,
                input_shape: Sequence[int] | None = None):
-    """Capture the model :func:`load_model` gives into an :class:`~memflow.OpGraph`."""
+    """Capture the model :func:`load_model` gives into an :class:`~memflow.OpGraph` (its
+    ``meta["batch_size"]`` is the batch, the model's own when ``batch_size`` is None)."""
     from ..graph.capture import from_torch
 
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise MemflowError(f"--batch {batch_size!r} must be a positive integer")
     model, inputs = load_model(spec, batch_size, options=options, input_shape=input_shape)
     name = Path(spec.rpartition(":")[0]).stem if is_file_model(spec) else spec

@@ -12,7 +12,8 @@ Anything PyTorch code cannot do as the strategy says raises
 :class:`~memflow.errors.ExportError` naming the unit. Modules: :mod:`~.spans` (units as
 stretches of the forward), :mod:`~.tracker` (following them at run time), :mod:`~.segment`
 (recompute), :mod:`~.saved` (offload, compress), :mod:`~.placement`, :mod:`~.sharding`, :mod:`~.exported`,
-:mod:`~.measure`, :mod:`~.validation`, :mod:`~.scripts` and its :mod:`~.train_template`.
+:mod:`~.measure`, :mod:`~.validation`, :mod:`~.scripts` and its :mod:`~.train_template`,
+:mod:`~.factory` (a model from a zoo name or the user's ``file.py:factory``).
 
 >>> import memflow
 >>> sorted(memflow.export.__all__)

@@ -4,7 +4,9 @@ The script is :mod:`memflow.export.train_template` with its configuration block 
 plain, editable PyTorch: ``torch.distributed`` (gloo on CPU, NCCL on GPUs),
 ``DistributedDataParallel`` over the strategy's data-parallel replicas, the strategy's
 policies and placement through :func:`memflow.export.apply`, a synthetic or user-supplied
-batch, a tqdm progress bar, ``--steps`` and the loss printed at every step. It imports memflow
+batch, a tqdm progress bar, ``--steps`` and the loss printed at every step. A strategy that
+does not fit the model (other units, a split its shapes or batch do not allow) is refused
+before anything is written. It imports memflow
 (a dependency of the training job, like torch) rather than copying it, so the exported code is
 the same code memflow tests. The strategy's JSON is written beside it.
 
@@ -14,7 +16,7 @@ the same code memflow tests. The strategy's JSON is written beside it.
 ...              sample=[2, 2]).with_policy(recompute=["layers.0", "layers.1"])
 >>> out = script(s, pathlib.Path(tempfile.mkdtemp()) / "train.py", model="chain",
 ...              model_options={"n": 2, "width": 16}, batch_size=8)
->>> sorted(p.name for p in out.parent.iterdir()), "torchrun --nproc_per_node 2" in out.read_text()
+>>> sorted(p.name for p in out.parent.iterdir()), "--nproc_per_node 2 train.py" in out.read_text()
 (['train.json', 'train.py'], True)
 """
 from __future__ import annotations
@@ -24,27 +26,92 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .._jsonio import write_text
-from ..errors import ExportError
+from ..errors import ExportError, MemflowError
+from .factory import build_model, is_file_model, load_callable, takes_batch_size
 from .placement import replicas
+from .validation import capture_units
 
-__all__ = ["script"]
+__all__ = ["script", "run_line", "check_fit"]
 
 _TEMPLATE = Path(__file__).with_name("train_template.py")
 _BLOCK = re.compile(r"# ---- configuration \(written by memflow\.export\.script\) ----\n.*?"
                     r"# ---- end of configuration ----\n", re.S)
 
 
+def run_line(strategy, path: str | Path, *, steps: int = 10,
+             batch_size: int | None = None) -> str:
+    """The ``torchrun`` command that runs the script ``path`` of ``strategy``: one process per
+    data-parallel replica; ``batch_size`` overrides the script's global batch.
+
+    >>> from memflow.strategy import Strategy
+    >>> run_line(Strategy(["a"], devices=[("gpu0", "gpu1")], sample=[2]), "plan/train.py",
+    ...          batch_size=4)
+    'torchrun --standalone --nproc_per_node 2 plan/train.py --steps 10 --batch-size 4'
+    """
+    line = f"torchrun --standalone --nproc_per_node {replicas(strategy)} {path} --steps {steps}"
+    return line if batch_size is None else f"{line} --batch-size {batch_size}"
+
+
+def _model_graph(strategy, model: str, options: Mapping[str, Any], batch_size: int | None):
+    """The model's graph at the strategy's units, on meta tensors where the model allows."""
+    try:
+        made, inputs = build_model(model, batch_size, options)
+        return capture_units(made, inputs, strategy)
+    except ExportError:
+        raise
+    except MemflowError as exc:     # a strategy unit that is no module of this model, ...
+        raise ExportError(f"strategy {strategy.name!r} does not fit model {model!r}: "
+                          f"{exc}") from None
+
+
+def check_fit(strategy, graph, model: str, batch_size: int | None = None) -> int:
+    """Raise :class:`~memflow.errors.ExportError` unless ``strategy`` runs ``graph`` (its
+    units, their shapes' splits, the batch over the replicas); the batch it trains.
+
+    >>> import memflow
+    >>> from memflow.strategy import Strategy
+    >>> g = memflow.zoo.graph("chain", batch_size=6, units="blocks", n=2, width=8)
+    >>> check_fit(Strategy(["layers.0", "layers.1"], devices=[("gpu0", "gpu1")] * 2,
+    ...                    sample=[2, 2]), g, "chain")
+    6
+    >>> check_fit(Strategy(["layers.0", "layers.1"], devices=[("gpu0", "gpu1")] * 2,
+    ...                    sample=[2, 2]), g, "chain", batch_size=8)
+    Traceback (most recent call last):
+    ...
+    memflow.errors.ExportError: strategy 'strategy' does not fit model 'chain': the graph ...
+    """
+    captured = int(graph.meta.get("batch_size", batch_size or 0))
+    if batch_size is not None and captured != batch_size:
+        raise ExportError(f"strategy {strategy.name!r} does not fit model {model!r}: the graph "
+                          f"was captured at batch {captured}, not {batch_size}; capture it at "
+                          "the batch to train")
+    try:
+        strategy.validate(graph)
+    except MemflowError as exc:
+        raise ExportError(f"strategy {strategy.name!r} does not fit model {model!r} at batch "
+                          f"{captured}: {exc}") from None
+    n = replicas(strategy)
+    if captured % n:
+        raise ExportError(f"batch {captured} does not split over the strategy's {n} "
+                          f"data-parallel replicas; use a multiple of {n}")
+    return captured
+
+
 def script(strategy, path: str | Path, *, model: str, model_options: Mapping[str, Any] | None = None,
-           batch_size: int = 8, optimizer: str = "sgd", lr: float = 0.01, loss: str = "auto",
-           devices: Mapping[str, str] | None = None) -> Path:
+           batch_size: int | None = None, optimizer: str = "sgd", lr: float = 0.01,
+           loss: str = "auto", devices: Mapping[str, str] | None = None,
+           graph=None) -> Path:
     """Write the training script ``path`` and the strategy JSON beside it (``.json``).
 
     ``model`` is a :mod:`memflow.zoo` name (``model_options`` are its options, e.g. a smaller
-    ``n_layer``) or ``"path/to/file.py:factory"`` with ``factory(batch_size=..., **options)``
-    returning ``(model, example_inputs)`` like :func:`memflow.zoo.get`. ``batch_size`` is
-    the global batch, split over the replicas. ``devices`` maps the strategy's device names to
-    torch devices (default: ``gpuK`` is ``cuda:K``, or ``cpu`` without GPUs). Returns the
-    script's path; run it with ``torchrun --nproc_per_node <replicas> <path> --steps N``.
+    ``n_layer``) or ``"path/to/file.py:factory"``
+    (:data:`~memflow.export.factory.FACTORY_CONTRACT`).
+    ``batch_size`` is the global batch, split over the replicas (None: the model's own).
+    ``devices`` maps the strategy's device names to torch devices (default: ``gpuK`` is
+    ``cuda:K``, or ``cpu`` without GPUs). Nothing is written unless the strategy fits the
+    model (:func:`check_fit`): ``graph`` is the graph the strategy was made for, else the
+    model is captured with the strategy's units. Returns the script's path; run it with
+    :func:`run_line`.
     """
     path = Path(path)
     if path.suffix != ".py":
@@ -53,22 +120,26 @@ def script(strategy, path: str | Path, *, model: str, model_options: Mapping[str
         raise ExportError(f"optimizer {optimizer!r} is unknown; valid: sgd, momentum, adam")
     if loss not in ("auto", "cross_entropy", "mse"):
         raise ExportError(f"loss {loss!r} is unknown; valid: auto, cross_entropy, mse")
-    n = replicas(strategy)
-    if batch_size % n:
-        raise ExportError(f"batch_size {batch_size} does not split over the strategy's {n} "
-                          f"data-parallel replicas; use a multiple of {n}")
-    if ".py:" in model:
+    options = dict(model_options or {})
+    if is_file_model(model):
         file, _, name = model.rpartition(":")
         if not Path(file).is_file():
             raise ExportError(f"model {model!r}: no file {file!r}")
         model = f"{Path(file).resolve()}:{name}"
+        if not takes_batch_size(load_callable(model)):
+            raise ExportError(f"model {model!r}: the training script gives each replica its "
+                              f"share of the batch as {name}(batch_size=...); add a "
+                              "batch_size keyword to the factory")
     else:
         from .. import zoo
-        zoo.spec_of(model).options(dict(model_options or {}))   # unknown names fail here
+        zoo.spec_of(model).options(options)   # unknown names fail here, before a capture
+    if graph is None:
+        graph = _model_graph(strategy, model, options, batch_size)
+    batch_size = check_fit(strategy, graph, model, batch_size)
     config = (
         "# ---- configuration (written by memflow.export.script) ----\n"
         f"MODEL = {model!r}\n"
-        f"MODEL_OPTIONS: dict = {dict(model_options or {})!r}\n"
+        f"MODEL_OPTIONS: dict = {options!r}\n"
         f"BATCH_SIZE = {int(batch_size)}\n"
         f"STRATEGY = {path.with_suffix('.json').name!r}\n"
         f"OPTIMIZER = {optimizer!r}\n"
@@ -76,7 +147,7 @@ def script(strategy, path: str | Path, *, model: str, model_options: Mapping[str
         f"LOSS = {loss!r}\n"
         f"DEVICES: dict = {dict(devices or {})!r}\n"
         "# ---- end of configuration ----\n")
-    usage = (f"\nRun: ``torchrun --nproc_per_node {n} {path.name} --steps 100`` "
+    usage = (f"\nRun: ``{run_line(strategy, path.name, steps=100)}`` "
              f"(strategy {strategy.name!r}, model {model!r}).\n")
     text = _BLOCK.sub(lambda _: config, _TEMPLATE.read_text(), count=1)
     text = text.replace('"""\nfrom __future__', usage + '"""\nfrom __future__', 1)

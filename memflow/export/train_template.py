@@ -14,8 +14,6 @@ factory, with fixed random targets, so the loss must fall — unless ``--data fi
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import inspect
 import itertools
 import json
 import os
@@ -29,6 +27,7 @@ from torch.utils import _pytree as pytree
 from tqdm import tqdm
 
 from memflow.export import apply, replicas
+from memflow.export.factory import build_model, load_callable
 from memflow.strategy import Strategy
 
 # ---- configuration (written by memflow.export.script) ----
@@ -57,27 +56,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--devices", default=json.dumps(DEVICES), help="JSON: device name -> torch")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
-
-
-def load_callable(spec: str):
-    """``path/to/file.py:name`` -> the object ``name`` of that file."""
-    path, _, name = spec.rpartition(":")
-    module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return getattr(module, name)
-
-
-def build_model(batch_size: int, seed: int):
-    """``(model, example_inputs)`` on CPU: from the zoo, or from the user's factory."""
-    if ".py:" not in MODEL:
-        from memflow import zoo
-        return zoo.get(MODEL, batch_size=batch_size, device="cpu", seed=seed, **MODEL_OPTIONS)
-    factory = load_callable(MODEL)
-    torch.manual_seed(seed)
-    if "batch_size" in inspect.signature(factory).parameters:
-        return factory(batch_size=batch_size, **MODEL_OPTIONS)
-    return factory(**MODEL_OPTIONS)
 
 
 def as_args(inputs) -> tuple[tuple, dict]:
@@ -121,7 +99,9 @@ def main(argv: list[str] | None = None) -> list[float]:
         raise SystemExit(f"the strategy has {replicas(strategy)} data-parallel replicas; run "
                          f"torchrun --nproc_per_node {replicas(strategy)} (got {world})")
     torch.manual_seed(args.seed)
-    model, example = build_model(args.batch_size // world, args.seed + rank)
+    # this replica's share of the global batch
+    model, example = build_model(MODEL, args.batch_size // world, MODEL_OPTIONS, device="cpu",
+                                 seed=args.seed + rank)
     model = apply(model, strategy, inplace=True, replica=rank,
                   devices=json.loads(args.devices))
     device = model.devices[0][0]

@@ -21,6 +21,7 @@ here (units that share a device share a placement, with no transfer between them
 from __future__ import annotations
 
 import gc
+import itertools
 from typing import Any, Mapping
 
 import numpy as np
@@ -38,7 +39,7 @@ from .measure import HOST, held_bytes
 from .placement import replica_devices, torch_devices
 from .spans import unit_spans
 
-__all__ = ["validate", "predicted_held", "local_strategy"]
+__all__ = ["validate", "predicted_held", "local_strategy", "capture_units"]
 
 
 def local_strategy(strategy: Strategy, replica: int = 0,
@@ -141,7 +142,7 @@ def validate(model: nn.Module, example_inputs: Any, strategy: Strategy, graph=No
     """
     local = local_strategy(strategy, replica, devices)
     if graph is None:
-        graph = _capture(model, example_inputs, strategy)
+        graph = capture_units(model, example_inputs, strategy)
     exported = apply(model, local, graph, devices={d: d for d in local.device_names})
     predicted = predicted_held(graph, local)
     measured = held_bytes(exported, example_inputs)
@@ -159,7 +160,7 @@ def validate(model: nn.Module, example_inputs: Any, strategy: Strategy, graph=No
     return df
 
 
-def _capture(model: nn.Module, example_inputs: Any, strategy: Strategy):
+def capture_units(model: nn.Module, example_inputs: Any, strategy: Strategy):
     """The graph of ``strategy``'s units: capture with its module units selected."""
     from ..graph.capture import from_torch
 
@@ -169,6 +170,14 @@ def _capture(model: nn.Module, example_inputs: Any, strategy: Strategy):
     graph = from_torch(model, example_inputs, units=selected,
                        backend="cuda" if device == "cuda" else "cpu")
     if graph.names != list(strategy.units):
-        raise ExportError("capturing the model with the strategy's units gave other units "
-                          f"({graph.names[:4]}...); pass the graph the strategy was made for")
+        missing = object()
+        pairs = list(itertools.zip_longest(strategy.units, graph.names, fillvalue=missing))
+        i, (ours, theirs) = next((i, p) for i, p in enumerate(pairs) if p[0] != p[1])
+        where = (f"the strategy has {len(strategy)} units, the model more from {theirs!r} on"
+                 if ours is missing else
+                 f"the model has {len(graph)} units, the strategy more from {ours!r} on"
+                 if theirs is missing else
+                 f"the strategy's unit {i} is {ours!r} but the model's is {theirs!r}")
+        raise ExportError(f"{where} (the model captured with the strategy's units): the "
+                          "strategy was made for another model or granularity")
     return graph

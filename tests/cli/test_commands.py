@@ -1,5 +1,6 @@
 """Each subcommand at small size: files written, valid JSON, readable output."""
 import json
+import shlex
 
 import pandas as pd
 import pytest
@@ -56,6 +57,9 @@ def test_export_writes_a_training_script(plan, tmp_path, capsys):
     assert memflow.Strategy.from_json(out.with_suffix(".json")) == \
         memflow.Strategy.from_json(plan / "strategy.json")
     compile(text, str(out), "exec")
+    n = memflow.export.replicas(memflow.Strategy.from_json(plan / "strategy.json"))
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        f"  torchrun --standalone --nproc_per_node {n} {out} --steps 10"
 
 
 def test_model_from_a_file(tmp_path, capsys):
@@ -129,3 +133,54 @@ def test_search_shows_a_progress_bar(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "search" in err and "8/8" in err
     assert "best=" in err and "feasible=yes" in err and "accept=" in err
+
+
+def test_a_factory_that_would_ignore_batch_is_an_error(tmp_path, capsys):
+    file = tmp_path / "fixed.py"
+    file.write_text("import torch\n"
+                    "def make(width=6):\n"
+                    "    return torch.nn.Linear(width, 3), torch.randn(5, width)\n")
+    assert main(["search", "--model", f"{file}:make", "--batch", "4", *CLUSTER]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "make() takes no batch_size keyword, so batch 4" in err
+    out = tmp_path / "p"                      # without --batch: the batch of its inputs
+    assert main(["search", "--model", f"{file}:make", *CLUSTER, "--iterations", "3",
+                 "--quiet", "--out", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["batch"] == 5
+
+
+def test_a_zoo_model_without_batch_takes_the_zoos(tmp_path, capsys):
+    out = tmp_path / "p"
+    assert main(["search", "--model", "chain", "--option", "n=2", *CLUSTER, "--iterations", "3",
+                 "--quiet", "--out", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["batch"] == \
+        memflow.zoo.spec_of("chain").batch_size
+
+
+@pytest.mark.parametrize("command", ["search", "simulate", "export", "report", "zoo",
+                                     "presets", "demo"])
+def test_every_help_shows_an_example_that_parses(command, capsys):
+    from memflow.cli import _EXAMPLES, parser
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    assert "examples:" in text and f"memflow {command}" in text
+    assert ("returns (model, example_inputs)" in text) == (command in ("search", "simulate",
+                                                                        "export"))
+    for line in _EXAMPLES[command]:
+        args = parser().parse_args(shlex.split(line, comments=True)[1:])
+        if getattr(args, "cluster", None):
+            memflow.Cluster.preset(args.cluster)
+
+
+def test_export_refuses_another_models_strategy_and_writes_nothing(plan, tmp_path, capsys):
+    out = tmp_path / "job" / "train.py"
+    assert main(["export", "--model", "mlp", "--strategy", str(plan / "strategy.json"),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memflow: error: strategy ") and "does not fit model 'mlp'" in err
+    assert "'layers.3' is not a module of MLP" in err and err.count("\n") == 1
+    assert not out.parent.exists()
+    assert main(["export", *SMALL[:-2], "--batch", "7", "--strategy",
+                 str(plan / "strategy.json"), "--out", str(out)]) == 2
+    assert "batch 7" in capsys.readouterr().err and not out.parent.exists()

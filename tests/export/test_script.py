@@ -70,10 +70,55 @@ def test_a_model_from_a_users_file(tmp_path):
 def test_bad_requests(tmp_path):
     s = Strategy.data_parallel(_graph(), 2)
     with pytest.raises(ExportError, match="does not split over the strategy's 2"):
-        script(s, tmp_path / "t.py", model="chain", batch_size=3)
+        script(s, tmp_path / "t.py", model="chain", model_options=CHAIN, batch_size=3)
     with pytest.raises(ExportError, match="must be a .py file"):
         script(s, tmp_path / "t.sh", model="chain")
     with pytest.raises(MemflowError, match="has no option 'depth'"):
         script(s, tmp_path / "t.py", model="chain", model_options={"depth": 2})
     with pytest.raises(ExportError, match="no file"):
         script(s, tmp_path / "t.py", model="missing.py:build")
+
+
+@pytest.mark.parametrize("make, options, message", [
+    # another model's strategy: its units are no modules of this model
+    (lambda: Strategy.data_parallel(memflow.zoo.graph("mlp", batch_size=8, units="blocks"), 2),
+     CHAIN, "does not fit model 'chain'.*is not a module of"),
+    # the same model at another size: five layers where the strategy has three
+    (lambda: Strategy.data_parallel(_graph(), 2), {"n": 5, "width": 16},
+     "the strategy has 3 units, the model more from 'layers.3.fc' on"),
+    # a split the units' shapes do not allow
+    (lambda: Strategy(_graph().names, devices=[tuple(f"gpu{i}" for i in range(64))] * 3,
+                      parameter=[64] * 3),
+     CHAIN, "does not fit model 'chain' at batch 8: unit 'layers.0': parameter degree 64 is"),
+])
+def test_a_strategy_that_does_not_fit_the_model_is_refused_before_writing(make, options,
+                                                                          message, tmp_path):
+    with pytest.raises(ExportError, match=message):
+        script(make(), tmp_path / "job" / "train.py", model="chain", model_options=options,
+               batch_size=8)
+    assert not (tmp_path / "job").exists()
+
+
+def test_a_graph_at_another_batch_is_refused(tmp_path):
+    s = Strategy.data_parallel(_graph(), 2)
+    with pytest.raises(ExportError, match="captured at batch 8, not 16"):
+        script(s, tmp_path / "train.py", model="chain", model_options=CHAIN, batch_size=16,
+               graph=_graph())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_factory_the_script_cannot_give_a_batch_is_refused(tmp_path):
+    (tmp_path / "fixed.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Linear(4, 3), torch.randn(4, 4)\n")
+    s = Strategy(["<root>"], devices=[("gpu0",)])
+    with pytest.raises(ExportError, match="add a batch_size keyword"):
+        script(s, tmp_path / "job" / "train.py", model=f"{tmp_path / 'fixed.py'}:build")
+    assert not (tmp_path / "job").exists()
+
+
+def test_the_batch_defaults_to_the_models_own(tmp_path):
+    s = Strategy.data_parallel(_graph(), 2)
+    path = script(s, tmp_path / "train.py", model="chain", model_options=CHAIN, graph=_graph())
+    assert "BATCH_SIZE = 8\n" in path.read_text()
