@@ -9,8 +9,10 @@
     memflow zoo | memflow presets              # what --model and --cluster accept
     memflow demo     --out plan/               # the whole job on a model that needs planning
 
-Bad input (an unknown model or preset, a missing file, a factory that fails) ends with one
-line ``memflow: error: ...`` and exit status 2, never a traceback.
+Bad input (an unknown model or preset, a missing or malformed file, a factory that fails)
+ends with one line ``memflow: error: ...`` and exit status 2, never a traceback; a search
+whose best strategy does not fit exits with status 3 after writing the plan, saying by how
+much it misses (:data:`memflow.cli.commands.EXIT_STATUS`).
 
 >>> main(["presets"]) == 0                      # doctest: +ELLIPSIS
 name ...
@@ -59,12 +61,17 @@ def parser() -> argparse.ArgumentParser:
     """The argument parser of the ``memflow`` command."""
     from . import commands
 
+    statuses = "\n".join(f"  {code:<4} {text}" for code, text in commands.EXIT_STATUS.items())
     top = _Parser(prog="memflow", description="Plan how to train a deep network when GPU "
-                  "memory is the limit.")
+                  "memory is the limit.", epilog=f"exit status:\n{statuses}",
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser,
                              metavar="{search,simulate,export,report,zoo,presets,demo}")
 
-    p = sub.add_parser("search", help="search for the fastest strategy that fits")
+    p = sub.add_parser("search", help="search for the fastest strategy that fits",
+                       epilog=f"exit status: 0 the best strategy fits; {commands.INFEASIBLE} "
+                       "none found fits (the plan is written anyway, and one line says by how "
+                       "much it misses); 2 bad input")
     _model_arguments(p)
     _cluster_arguments(p)
     budget = p.add_mutually_exclusive_group()
@@ -124,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``memflow`` command with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     try:
         args = parser().parse_args(argv)
-        args.run(args)
+        status = args.run(args)
     except (MemflowError, OSError) as exc:
         msg = str(exc) if isinstance(exc, MemflowError) else \
             f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
@@ -133,4 +140,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("memflow: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return status or 0
