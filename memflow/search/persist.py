@@ -119,7 +119,7 @@ def check_search(doc: Mapping[str, Any], source: str) -> None:
     saved search's descriptions, settings, history columns or pins have the wrong type (the
     chain's state is checked as it is read, by :meth:`ChainState.from_dict`).
 
-    >>> check_search({"graph": {"fingerprint": "ab"}, "cluster": {"fingerprint": "cd"},
+    >>> check_search({"graph": {"fingerprint": "ab"}, "cluster": {"fingerprint": "cd", "devices": 1},
     ...               "settings": {"seed": 0, "beta": "hot"}}, "s.json")
     Traceback (most recent call last):
     ...
@@ -128,6 +128,7 @@ def check_search(doc: Mapping[str, Any], source: str) -> None:
     f = Fields(doc, source)
     for what in ("graph", "cluster"):
         f.sub(what).str("fingerprint")
+    devices = f.sub("cluster").int("devices", least=1)
     settings = f.sub("settings")
     limit = settings.get("memory_limit", "a memory limit", None)
     if not (limit is None or isinstance(limit, (int, float, str, dict))
@@ -135,7 +136,7 @@ def check_search(doc: Mapping[str, Any], source: str) -> None:
         raise settings.fail("memory_limit", "null, a number of bytes, a size such as '16GB', "
                             "a fraction such as 0.8 or '80%' or a mapping of devices to these",
                             limit)
-    settings.int("seed")
+    settings.int("seed", least=0)
     settings.number("beta", positive=True)
     settings.bool("memory_aware")
     settings.str("optimizer")
@@ -150,7 +151,7 @@ def check_search(doc: Mapping[str, Any], source: str) -> None:
     settings.numbers("error_bounds", positive=True)
     settings.str("init")
     history = f.sub("history")
-    history.strs("devices")
+    history.strs("devices", length=devices)
     for column in ("iteration", "cost", "time", "elapsed"):
         history.numbers(column)
     history.numbers("best_cost", nullable=True)
@@ -158,7 +159,14 @@ def check_search(doc: Mapping[str, Any], source: str) -> None:
         history.bools(column)
     history.strs("move")
     history.list("unit", "unit names")
-    history.list("peaks", "lists of peak bytes, one per device")
+    valid = f"lists of {devices} numbers (peak bytes per device)"
+    for i, peaks in enumerate(history.list("peaks", valid)):
+        if not (isinstance(peaks, list) and len(peaks) == devices and all(
+                isinstance(p, (int, float)) and not isinstance(p, bool) for p in peaks)):
+            raise history.fail("peaks", f"a list of {valid}", peaks, f" at [{i}]")
+    chain = f.sub("chain")
+    for score in ("current_score", "best_score"):
+        chain.sub(score).numbers("peak", length=devices)
     pins = f.sub("pins")
     policies = pins.sub("policies")
     for unit in policies.doc:

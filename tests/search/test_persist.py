@@ -80,7 +80,7 @@ def _set(doc, dotted, value):
 
 WRONG = [  # field of search.json, wrong value, what the message must say
     ("settings.beta", "hot", "field 'settings.beta' must be a number > 0, got 'hot'"),
-    ("settings.seed", 1.5, "field 'settings.seed' must be an integer, got 1.5"),
+    ("settings.seed", 1.5, "field 'settings.seed' must be an integer >= 0, got 1.5"),
     ("settings.memory_aware", "yes", "field 'settings.memory_aware' must be true or false"),
     ("settings.restart_every", -1, "field 'settings.restart_every' must be an integer >= 0"),
     ("settings.policies", "keep", "field 'settings.policies' must be a list of strings"),
@@ -94,14 +94,17 @@ WRONG = [  # field of search.json, wrong value, what the message must say
     ("chain.best.microbatches", "x", "field 'chain.best.microbatches' must be an integer >= 1"),
     ("chain.current.units", None, "field 'chain.current.units' must be a list of strings, got null"),
     ("chain.current_score.time", "x", "field 'chain.current_score.time' must be a number >= 0"),
-    ("chain.best_score.peak", [None], "field 'chain.best_score.peak' must be a list of numbers"),
+    ("chain.best_score.peak", [None], "field 'chain.best_score.peak' must be a list of 1 numbers"),
+    ("chain.current_score.peak", [1.0, 2.0], "'chain.current_score.peak' must be a list of 1 "
+     "numbers, got a list of 2"),
+    ("history.peaks", [[1.0, 2.0]] * 5, "'history.peaks' must be a list of lists of 1 numbers"),
     ("chain.iteration", -3, "field 'chain.iteration' must be an integer >= 0"),
     ("chain.seen_feasible", 1, "field 'chain.seen_feasible' must be true or false, got 1"),
     ("chain.reference", None, "field 'chain.reference' must be a number > 0, got null"),
     ("chain.rng.state", "x", "field 'chain.rng' is not a PCG64 state"),
     ("history.time", ["x"], "field 'history.time' must be a list of numbers, got 'x' at [0]"),
     ("history.accepted", None, "field 'history.accepted' must be a list of booleans"),
-    ("history.devices", [0], "field 'history.devices' must be a list of strings"),
+    ("history.devices", [0], "field 'history.devices' must be a list of 1 strings"),
     ("pins.policies", {"l1": 3}, "field 'pins.policies.l1' must be a string, got 3"),
     ("pins.policies", {"l9": "keep"}, "field 'pins': 'l9' is not a unit"),
 ]
