@@ -10,8 +10,10 @@
     memflow zoo | memflow presets              # what --model and --cluster accept
     memflow demo     --out plan/               # the whole job on a model that needs planning
 
-Bad input (an unknown model or preset, a missing file, a factory that fails) ends with one
-line ``memflow: error: ...`` and exit status 2, never a traceback.
+Bad input (an unknown model or preset, a missing or malformed file, a factory that fails)
+ends with one line ``memflow: error: ...`` and exit status 2, never a traceback; a search
+whose best strategy does not fit exits with status 3 after writing the plan, saying by how
+much it misses (:data:`memflow.cli.commands.EXIT_STATUS`).
 
 >>> main(["presets"]) == 0                      # doctest: +ELLIPSIS
 name ...
@@ -87,10 +89,12 @@ def _epilog(*examples: str, contract: bool = False) -> str:
     return text
 
 
-def _command(sub, command: str, summary: str) -> argparse.ArgumentParser:
+def _command(sub, command: str, summary: str, note: str = "") -> argparse.ArgumentParser:
     """A subcommand whose ``--help`` ends with its examples (and the factory contract where
-    it takes --model)."""
+    it takes --model), then ``note``."""
     epilog = _epilog(*_EXAMPLES[command], contract=command in _WITH_MODEL)
+    if note:
+        epilog += "\n" + textwrap.fill(note, 88) + "\n"
     return sub.add_parser(command, help=summary, epilog=epilog,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
 
@@ -99,13 +103,18 @@ def parser() -> argparse.ArgumentParser:
     """The argument parser of the ``memflow`` command."""
     from . import commands
 
+    statuses = "\n".join(f"  {code:<4} {text}" for code, text in commands.EXIT_STATUS.items())
     top = _Parser(prog="memflow", description="Plan how to train a deep network when GPU "
                   "memory is the limit.", formatter_class=argparse.RawDescriptionHelpFormatter,
-                  epilog=_epilog(*(lines[0] for lines in _EXAMPLES.values())))
+                  epilog=_epilog(*(lines[0] for lines in _EXAMPLES.values()))
+                  + f"\nexit status:\n{statuses}")
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser,
                              metavar="{search,simulate,export,report,zoo,presets,demo}")
 
-    p = _command(sub, "search", "search for the fastest strategy that fits")
+    p = _command(sub, "search", "search for the fastest strategy that fits",
+                 note=f"exit status: 0 the best strategy fits; {commands.INFEASIBLE} none found "
+                 "fits (the plan is written anyway, and one line says by how much it misses); "
+                 "2 bad input")
     _model_arguments(p)
     _cluster_arguments(p)
     budget = p.add_mutually_exclusive_group()
@@ -165,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``memflow`` command with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     try:
         args = parser().parse_args(argv)
-        args.run(args)
+        status = args.run(args)
     except (MemflowError, OSError) as exc:
         msg = str(exc) if isinstance(exc, MemflowError) else \
             f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
@@ -174,4 +183,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("memflow: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return status or 0

@@ -13,6 +13,7 @@ resnet50 ...
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import pandas as pd
@@ -23,7 +24,8 @@ from .inputs import (load_cluster, load_graph, load_strategy, parse_options, par
                      parse_units)
 from .folder import FILES, run_search, write_plan
 
-__all__ = ["search", "simulate", "export", "report", "zoo", "presets", "demo", "DEMO"]
+__all__ = ["search", "simulate", "export", "report", "zoo", "presets", "demo", "DEMO",
+           "EXIT_STATUS", "INFEASIBLE", "shortfall"]
 
 DEMO = {"model": "resnet50", "batch": 1024, "cluster": "4xV100-16GB"}
 """The demo's defaults: data parallel needs ~21 GiB per V100-16GB at this batch."""
@@ -58,6 +60,37 @@ def _describe(result) -> str:
             f"peak {peak} of {capacity} on {worst}: {fit}")
 
 
+EXIT_STATUS = {0: "success",
+               2: "bad input: an unknown model or preset, a missing or malformed file, a bad "
+                  "argument (one line 'memflow: error: ...', never a traceback)",
+               3: "the search found no strategy that fits: the plan folder is written, and "
+                  "one line says by how much the best strategy misses",
+               130: "interrupted (Ctrl-C)"}
+"""The exit statuses of ``memflow``, shown in ``--help`` and the README."""
+INFEASIBLE = 3
+
+
+def shortfall(result) -> str:
+    """By how much ``result`` misses: the device or host furthest over its memory."""
+    peak = pd.concat([result.peak_memory, result.host_peak])
+    capacity = pd.concat([result.capacity, result.host_capacity])
+    over = (peak - capacity) / capacity
+    worst = over.idxmax()
+    return (f"{worst} needs {format_bytes(peak[worst])} of its {format_bytes(capacity[worst])}"
+            f", {format_bytes(peak[worst] - capacity[worst])} ({over[worst]:.1%}) too much")
+
+
+def _verdict(found, plan) -> int:
+    """0 if the best strategy fits; else one line on stderr and :data:`INFEASIBLE`."""
+    result = found.best_result
+    if result.feasible:
+        return 0
+    print(f"memflow: no strategy found fits: the best one's {shortfall(result)}; the plan in "
+          f"{plan}/ is that best. Search longer, use more GPUs or a larger --memory-limit "
+          f"(exit status {INFEASIBLE})", file=sys.stderr)
+    return INFEASIBLE
+
+
 MOVES = {"all": None, "memory": {"policy": 0.6, "segment": 0.4}}
 """``--moves``: the search's move weights (None: its defaults)."""
 
@@ -82,14 +115,16 @@ def _check_budget(iterations: int | None, seconds: float | None) -> None:
         raise MemflowError(f"--seconds {seconds} must be positive")
 
 
-def search(args: argparse.Namespace) -> None:
-    """``memflow search``: run the search, write the plan folder, print the best."""
+def search(args: argparse.Namespace) -> int:
+    """``memflow search``: run the search, write the plan folder, print the best; the exit
+    status (:data:`INFEASIBLE` when the best does not fit)."""
     _check_budget(args.iterations, args.seconds)
     found, plan = _search(_inputs(args), args.out, iterations=args.iterations,
                           seconds=args.seconds, seed=args.seed, optimizer=args.optimizer,
                           moves=args.moves, quiet=args.quiet)
     print(f"best after {found.iteration} proposals: {_describe(found.best_result)}")
     print(f"plan written to {plan}/ ({', '.join(FILES.values())})")
+    return _verdict(found, plan)
 
 
 def simulate(args: argparse.Namespace) -> None:
@@ -155,7 +190,7 @@ def presets(args: argparse.Namespace) -> None:
         print(table.to_string(index=False))
 
 
-def demo(args: argparse.Namespace) -> None:
+def demo(args: argparse.Namespace) -> int:
     """``memflow demo``: capture, show that data parallel does not fit, search, report,
     export — on resnet50 at a batch of 1024 over 4xV100-16GB unless told otherwise."""
     from .. import zoo as models
@@ -193,3 +228,4 @@ def demo(args: argparse.Namespace) -> None:
           f"  training  {train}, on this machine's CPU at a small batch:\n"
           f"    {run_line(found.best, train, batch_size=DEMO_CPU_BATCH * n)}\n"
           f"  (on {n} GPUs, leave out --batch-size to train at the planned {batch})")
+    return _verdict(found, plan)

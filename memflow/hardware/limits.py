@@ -5,8 +5,12 @@ they accept the same forms and answer a bad one with the same message:
 
 * ``None`` — each device's capacity;
 * a number of bytes (``12e9``) or a size (``"16GB"``, ``"16 GiB"``);
-* a fraction of each device's capacity: a number between 0 and 1 (``0.8``) or a percentage
-  (``"80%"``) — a limit under one byte means nothing else, so ``1`` is one byte;
+* a fraction of each device's capacity: a bare number between 0 and 1 (``0.8``) or a
+  percentage (``"80%"``) — a limit under one byte means nothing else, so ``1`` is one byte,
+  while a size with a unit is always bytes (``"0.5GB"``);
+
+A limit that allows less than one byte on a device (``"0.5B"``, ``"1e-12%"``) is an error,
+never a silent 0 B.
 * a mapping ``{device: any of the above}`` for some devices (the others keep their capacity).
 
 A limit never exceeds a device's capacity: the bytes allowed are the smaller of the two.
@@ -52,6 +56,10 @@ def memory_limits(cluster, limit: Any = None) -> np.ndarray:
     Traceback (most recent call last):
     ...
     memflow.errors.ClusterError: cannot read a size from -1 (for device 'gpu1'): memory_limit must be a positive number of bytes, a size such as '16GB' or '8 GiB', a fraction of capacity such as 0.8 or '80%', or a mapping of device names to these
+    >>> memory_limits(c, "0.5B")
+    Traceback (most recent call last):
+    ...
+    memflow.errors.ClusterError: memory_limit '0.5B' allows 0.5 bytes, less than one byte; memory_limit must be a positive number of bytes, a size such as '16GB' or '8 GiB', a fraction of capacity such as 0.8 or '80%', or a mapping of device names to these
     >>> memory_limits(c, {"gpu9": "8GB"})
     Traceback (most recent call last):
     ...
@@ -80,8 +88,12 @@ def _bytes(value: Any, capacity: float, device: str | None = None) -> float:
         size = float(percent.group(1)) / 100 if percent else parse_bytes(value)
     except (ValueError, TypeError):       # parse_bytes' own ClusterError is a ValueError
         size = math.nan
+    at = "" if device is None else f" (for device {device!r})"
     if isinstance(value, bool) or not size > 0:
-        at = "" if device is None else f" (for device {device!r})"
         raise ClusterError(f"cannot read a size from {value!r}{at}: {VALID}")
-    fraction = percent or size < 1
-    return float(min(capacity, size * capacity if fraction else size))
+    bare = not isinstance(value, str) or re.fullmatch(r"\s*[0-9.eE+-]+\s*", value)
+    allowed = size * capacity if percent or (bare and size < 1) else size
+    if allowed < 1:
+        raise ClusterError(f"memory_limit {value!r}{at} allows {allowed:.3g} bytes, less than "
+                           f"one byte; {VALID}")
+    return float(min(capacity, allowed))

@@ -24,8 +24,8 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from .._jsonio import write_text
-from ..errors import MemflowError
+from .._jsonio import Fields, read_json, write_text
+from ..errors import MemflowError, StrategyError
 from .style import format_bytes, format_seconds
 
 __all__ = ["report_html", "write_report", "write_plan_report", "static_components",
@@ -100,7 +100,7 @@ def _numbers(result, summary: Mapping[str, Any], baseline) -> str:
     if summary.get("iterations"):
         rows.append(("search", f"{summary['iterations']:,} proposals in "
                                f"{summary.get('search_seconds', 0):,.1f} s, "
-                               f"{summary.get('acceptance_rate', 0):.0%} accepted"))
+                               f"{summary.get('acceptance_rate') or 0:.0%} accepted"))
     cells = "".join(f"<tr><th>{k}</th><td style='text-align:left'>{v}</td></tr>"
                     for k, v in rows)
     return f"<table class='numbers'>{cells}</table>"
@@ -183,13 +183,25 @@ def write_report(path: str | os.PathLike, result, **options: Any) -> Path:
     return write_text(path, report_html(result, **options))
 
 
+def _read_summary(path: Path) -> dict[str, Any]:
+    """``summary.json`` (empty when absent), the fields the page shows type-checked."""
+    if not path.is_file():
+        return {}
+    f = Fields(read_json(path, kind="memflow.planners"), str(path))
+    f.int("iterations", least=0, default=None)
+    f.number("search_seconds", least=0, default=0)
+    f.number("acceptance_rate", least=0, nullable=True, default=0)
+    for key in ("model", "cluster_name"):
+        f.str(key, nullable=True, default=None)
+    return f.doc
+
+
 def write_plan_report(plan: str | os.PathLike, out: str | os.PathLike | None = None, *,
                       search=None) -> Path:
     """The report of a plan folder written by ``memflow search`` (``out`` defaults to
     ``plan/report.html``). The graph and cluster come from ``search.json`` (or ``search``,
     the :class:`~memflow.MCMCSearch` itself when at hand); the strategy from
     ``strategy.json``, so a hand-edited strategy is what the report shows."""
-    from .._jsonio import read_json
     from ..search import MCMCSearch
     from ..search.initial import data_parallel
     from ..sim import simulate
@@ -202,8 +214,16 @@ def write_plan_report(plan: str | os.PathLike, out: str | os.PathLike | None = N
     if search is None:
         search = MCMCSearch.load(plan / "search.json")
     graph, cluster = search.graph, search.cluster
-    strategy = Strategy.from_json(plan / "strategy.json").validate(graph, cluster)
-    summary = read_json(plan / "summary.json") if (plan / "summary.json").is_file() else {}
+    strategy = Strategy.from_json(plan / "strategy.json")
+    try:
+        strategy.validate(graph, cluster)
+    except StrategyError as exc:
+        raise StrategyError(
+            f"{plan / 'strategy.json'} does not fit the model of {plan / 'search.json'} "
+            f"({graph.meta.get('model')}, {len(graph)} units, batch "
+            f"{graph.meta.get('batch_size')}); the two files are from different runs: "
+            f"{exc}") from None
+    summary = _read_summary(plan / "summary.json")
     settings = {"optimizer": search.settings["optimizer"],
                 "precision": search.settings["precision"]}
     result = simulate(graph, strategy, cluster, **settings)

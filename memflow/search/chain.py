@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .._jsonio import Fields
 from ..errors import FileFormatError
 from ..strategy import Strategy
 from .cost import Score
@@ -99,18 +100,40 @@ class ChainState:
                 "elapsed": self.elapsed}
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "ChainState":
-        """Inverse of :meth:`to_dict`."""
+    def from_dict(cls, doc: Mapping[str, Any], *, source: str = "search document",
+                  at: str = "chain") -> "ChainState":
+        """Inverse of :meth:`to_dict`; every field type-checked, errors naming ``source`` and
+        the field (``chain.current.sample``).
+
+        >>> s = Strategy(["a"], devices=[("gpu0",)])
+        >>> doc = ChainState.start(s, Score(1.0, 1.0, np.array([5.0]), True), seed=0,
+        ...                        memory_aware=True).to_dict()
+        >>> ChainState.from_dict({**doc, "iteration": "x"}, source="s.json")
+        Traceback (most recent call last):
+        ...
+        memflow.errors.FileFormatError: s.json: field 'chain.iteration' must be an integer >= 0, got 'x'
+        """
+        f = Fields(doc, source, at)
+        rng = f.sub("rng")
+        name = rng.str("bit_generator")
+        kind = getattr(np.random, name, None)
+        if not (isinstance(kind, type) and issubclass(kind, np.random.BitGenerator)):
+            raise rng.fail("bit_generator", "a numpy bit generator such as 'PCG64'", name)
+        bitgen = kind()
         try:
-            state = doc["rng"]
-            bitgen = getattr(np.random, state["bit_generator"])()
-            bitgen.state = state
-            return cls(Strategy.from_dict(doc["current"]), Score.from_dict(doc["current_score"]),
-                       Strategy.from_dict(doc["best"]), Score.from_dict(doc["best_score"]),
-                       bool(doc["seen_feasible"]), bool(doc["memory_aware"]),
-                       float(doc["reference"]), np.random.Generator(bitgen),
-                       int(doc["iteration"]), int(doc["since_restart"]), float(doc["elapsed"]))
-        except KeyError as exc:
-            raise FileFormatError(f"search chain state lacks the field {exc}") from None
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise FileFormatError(f"search chain state is unreadable ({exc})") from None
+            bitgen.state = rng.doc
+        except (TypeError, ValueError, KeyError) as exc:
+            raise FileFormatError(f"{source}: field {f.name('rng')!r} is not a {name} "
+                                  f"state ({exc})") from None
+
+        def strategy(key: str) -> Strategy:
+            return Strategy.from_dict(f.get(key, "a strategy"), source=source, at=f.name(key))
+
+        def score(key: str) -> Score:
+            return Score.from_dict(f.get(key, "a score"), source=source, at=f.name(key))
+
+        return cls(strategy("current"), score("current_score"), strategy("best"),
+                   score("best_score"), f.bool("seen_feasible"), f.bool("memory_aware"),
+                   f.number("reference", positive=True), np.random.Generator(bitgen),
+                   f.int("iteration", least=0), f.int("since_restart", least=0),
+                   f.number("elapsed", least=0))

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .._jsonio import Fields
 from ..sim import Simulator
 from ..sim.evaluator import CACHE_SIZE, Evaluator, Memo
 from ..strategy import Strategy
@@ -47,10 +48,12 @@ class Score:
                 "feasible": self.feasible}
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "Score":
-        """Inverse of :meth:`to_dict`."""
-        return cls(float(doc["cost"]), float(doc["time"]), np.asarray(doc["peak"], np.float64),
-                   bool(doc["feasible"]))
+    def from_dict(cls, doc: Mapping[str, Any], *, source: str = "score document",
+                  at: str = "") -> "Score":
+        """Inverse of :meth:`to_dict`; errors name ``source`` and the field."""
+        f = Fields(doc, source, at)
+        return cls(f.number("cost", least=0), f.number("time", least=0),
+                   np.asarray(f.numbers("peak"), np.float64), f.bool("feasible"))
 
 
 class CostModel:

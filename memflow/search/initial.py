@@ -21,7 +21,8 @@ INITS = ("data_parallel", "baseline")
 
 
 def data_parallel(graph, cluster) -> Strategy:
-    """Every unit replicated on as many devices as the batch allows (a divisor of the count).
+    """Every unit replicated on as many devices as the batch allows (a divisor of both the
+    device count and the batch: replicas get equal shards).
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
@@ -30,7 +31,7 @@ def data_parallel(graph, cluster) -> Strategy:
     """
     devices = [str(d) for d in cluster.devices.index]
     batch = int(graph.meta.get("batch_size") or len(devices))
-    k = max(d for d in range(1, len(devices) + 1) if len(devices) % d == 0 and d <= batch)
+    k = max(d for d in range(1, len(devices) + 1) if len(devices) % d == 0 and batch % d == 0)
     return Strategy.data_parallel(graph, devices[:k])
 
 

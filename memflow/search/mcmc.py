@@ -32,7 +32,8 @@ from .cost import JUMP, WEIGHT, CostModel, Score
 from .history import History
 from .initial import INITS, best_baseline, data_parallel
 from .moves import DEFAULT_WEIGHTS, FLEXFLOW_WEIGHTS, MOVES, PARALLEL_MOVES, Proposal
-from .persist import FORMAT, check_match, describe_cluster, describe_graph, read_search
+from .persist import (FORMAT, check_match, describe_cluster, describe_graph, in_field,
+                      read_search)
 from .space import DEFAULT_POLICIES, SearchSpace, policy_label
 
 __all__ = ["MCMCSearch"]
@@ -335,16 +336,24 @@ class MCMCSearch:
                                   "(the file does not embed them; save with embed=True)")
             from ..graph import OpGraph
             from ..hardware import Cluster
-            graph = graph if graph is not None else OpGraph.from_dict(doc["graph_doc"])
-            cluster = cluster if cluster is not None else Cluster.from_dict(doc["cluster_doc"])
+            with in_field(source, "graph_doc"):
+                graph = graph if graph is not None else OpGraph.from_dict(doc["graph_doc"])
+            with in_field(source, "cluster_doc"):
+                cluster = cluster if cluster is not None else Cluster.from_dict(doc["cluster_doc"])
         check_match(doc, graph, cluster, source)
         self = cls.__new__(cls)
-        self._setup(graph, cluster, dict(doc["settings"]))
-        self._chain = ChainState.from_dict(doc["chain"])
-        self._history = History.from_dict(doc["history"])
+        with in_field(source, "settings"):
+            self._setup(graph, cluster, dict(doc["settings"]))
+        self._chain = ChainState.from_dict(doc["chain"], source=source)
+        for field in ("current", "best"):
+            with in_field(source, f"chain.{field}"):
+                getattr(self._chain, field).validate(graph, cluster)
+        with in_field(source, "history"):
+            self._history = History.from_dict(doc["history"])
         self._pins = dict(doc["pins"]["policies"])
         self._pin_configs = {k: dict(v) for k, v in doc["pins"]["configs"].items()}
-        self.space.pinned[self.space.index(list(self._pins))] = True
+        with in_field(source, "pins"):
+            self.space.pinned[self.space.index(list(self._pins))] = True
         return self
 
     @classmethod

@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
-from .._jsonio import dumps, read_json
-from ..errors import FileFormatError, SearchError
+from .._jsonio import Fields, dumps, read_json
+from ..errors import FileFormatError, MemflowError, SearchError
 
 __all__ = ["FORMAT", "describe_graph", "describe_cluster", "check_match", "read_search",
+           "check_search", "in_field",
            "graph_fingerprint", "cluster_fingerprint"]
 
 FORMAT = "memflow.search/1"
@@ -74,8 +76,32 @@ def check_match(doc: Mapping[str, Any], graph, cluster, source: str) -> None:
                               f"the {what} it ran on")
 
 
+@contextmanager
+def in_field(source: str, field: str) -> Iterator[None]:
+    """Re-raise a :class:`~memflow.errors.MemflowError` (or a type error from reading a
+    malformed part) raised inside as the same kind of error, prefixed with ``source`` and
+    ``field``, so that a check made deep inside names the file it read.
+
+    >>> with in_field("plan/search.json", "chain.current"):
+    ...     raise SearchError("unit 'fc9' is not a unit of the graph")
+    Traceback (most recent call last):
+    ...
+    memflow.errors.SearchError: plan/search.json: field 'chain.current': unit 'fc9' is not a unit of the graph
+    """
+    try:
+        yield
+    except MemflowError as exc:
+        if str(exc).startswith(f"{source}:"):
+            raise
+        raise type(exc)(f"{source}: field {field!r}: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise FileFormatError(f"{source}: field {field!r} is malformed "
+                              f"({type(exc).__name__}: {exc})") from None
+
+
 def read_search(path: str | Path) -> dict[str, Any]:
-    """Read a saved search, checking its format and fields; errors name the file."""
+    """Read a saved search, checking its format and the type of every field; errors name the
+    file and the field (see :func:`check_search`)."""
     doc = read_json(path, kind="memflow.search")
     if doc.get("format") != FORMAT:
         raise FileFormatError(f"{path}: search format {doc.get('format')!r} is not supported; "
@@ -84,4 +110,67 @@ def read_search(path: str | Path) -> dict[str, Any]:
     if missing:
         raise FileFormatError(f"{path}: saved search lacks the field {missing[0]!r}; the file "
                               "is truncated or was not written by MCMCSearch.save")
+    check_search(doc, str(path))
     return doc
+
+
+def check_search(doc: Mapping[str, Any], source: str) -> None:
+    """Raise :class:`~memflow.errors.FileFormatError` naming ``source`` and the field if a
+    saved search's descriptions, settings, history columns or pins have the wrong type (the
+    chain's state is checked as it is read, by :meth:`ChainState.from_dict`).
+
+    >>> check_search({"graph": {"fingerprint": "ab"}, "cluster": {"fingerprint": "cd", "devices": 1},
+    ...               "settings": {"seed": 0, "beta": "hot"}}, "s.json")
+    Traceback (most recent call last):
+    ...
+    memflow.errors.FileFormatError: s.json: field 'settings.beta' must be a number > 0, got 'hot'
+    """
+    f = Fields(doc, source)
+    for what in ("graph", "cluster"):
+        f.sub(what).str("fingerprint")
+    devices = f.sub("cluster").int("devices", least=1)
+    settings = f.sub("settings")
+    limit = settings.get("memory_limit", "a memory limit", None)
+    if not (limit is None or isinstance(limit, (int, float, str, dict))
+            and not isinstance(limit, bool)):
+        raise settings.fail("memory_limit", "null, a number of bytes, a size such as '16GB', "
+                            "a fraction such as 0.8 or '80%' or a mapping of devices to these",
+                            limit)
+    settings.int("seed", least=0)
+    settings.number("beta", positive=True)
+    settings.bool("memory_aware")
+    settings.str("optimizer")
+    settings.str("precision", nullable=True)
+    moves = settings.get("moves", "null or a mapping of move names to weights", None)
+    if moves is not None:
+        weights = settings.sub("moves")
+        for move in moves:
+            weights.number(move, least=0)
+    settings.int("restart_every", least=0)
+    settings.strs("policies")
+    settings.numbers("error_bounds", positive=True)
+    settings.str("init")
+    history = f.sub("history")
+    history.strs("devices", length=devices)
+    for column in ("iteration", "cost", "time", "elapsed"):
+        history.numbers(column)
+    history.numbers("best_cost", nullable=True)
+    for column in ("feasible", "accepted"):
+        history.bools(column)
+    history.strs("move")
+    history.list("unit", "unit names")
+    valid = f"lists of {devices} numbers (peak bytes per device)"
+    for i, peaks in enumerate(history.list("peaks", valid)):
+        if not (isinstance(peaks, list) and len(peaks) == devices and all(
+                isinstance(p, (int, float)) and not isinstance(p, bool) for p in peaks)):
+            raise history.fail("peaks", f"a list of {valid}", peaks, f" at [{i}]")
+    chain = f.sub("chain")
+    for score in ("current_score", "best_score"):
+        chain.sub(score).numbers("peak", length=devices)
+    pins = f.sub("pins")
+    policies = pins.sub("policies")
+    for unit in policies.doc:
+        policies.str(unit)
+    configs = pins.sub("configs")
+    for unit in configs.doc:
+        configs.sub(unit)

@@ -112,7 +112,8 @@ class SearchSpace:
         for k in self.part_counts:
             for s, p, a in _factorizations(k):
                 if p <= self.max_p[i] and a <= self.max_a[i] and (
-                        not self.batch or s * microbatches <= self.batch):
+                        not self.batch or (self.batch % s == 0
+                                           and s * microbatches <= self.batch)):
                     out.append((s, p, a))
         return out
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .._jsonio import dumps, read_json, write_json
+from .._jsonio import Fields, dumps, read_json, write_json
 from ..errors import FileFormatError, StrategyError
 from .policies import KEEP, POLICIES, parse_policy
 
@@ -89,20 +89,33 @@ class Strategy:
         n = len(units)
         self.units: tuple[str, ...] = tuple(str(u) for u in units)
 
-        def arr(v, default, dtype):
-            a = np.full(n, default, dtype) if v is None else np.array(v, dtype=dtype)
-            if a.shape != (n,):
-                raise StrategyError(f"expected one value per unit ({n}), got shape {a.shape}")
+        def arr(field, v, default, dtype):
+            if v is None:
+                return _frozen(np.full(n, default, dtype))
+            given = np.asarray(v)
+            if given.shape != (n,):
+                raise StrategyError(f"{field}: expected one value per unit ({n}), "
+                                    f"got shape {given.shape}")
+            try:
+                a = np.array(v, dtype=dtype)
+            except (TypeError, ValueError):
+                raise StrategyError(f"{field}: expected {np.dtype(dtype).name} values, one per "
+                                    f"unit, got {list(v)[:4]}") from None
+            # numpy truncates 2.5 to 2: a degree or stage that is not whole is an error
+            if a.dtype.kind == "i" and given.dtype.kind not in "iub" and (a != given).any():
+                i = int(np.flatnonzero(a != given)[0])
+                raise StrategyError(f"unit {self.units[i]!r}: {field} {given[i].item()!r} is not "
+                                    "an integer")
             return _frozen(a)
 
-        self.policy = arr(policy, KEEP, np.int8)
-        self.error_bound = arr(error_bound, np.nan, np.float64)
+        self.policy = arr("policy", policy, KEEP, np.int8)
+        self.error_bound = arr("error_bound", error_bound, np.nan, np.float64)
         self.segment_break = _check_breaks(self.units, self.policy,
-                                           arr(segment_break, False, np.bool_))
-        self.sample = arr(sample, 1, np.int64)
-        self.parameter = arr(parameter, 1, np.int64)
-        self.attribute = arr(attribute, 1, np.int64)
-        self.stage = arr(stage, -1, np.int64)
+                                           arr("segment_break", segment_break, False, np.bool_))
+        self.sample = arr("sample", sample, 1, np.int64)
+        self.parameter = arr("parameter", parameter, 1, np.int64)
+        self.attribute = arr("attribute", attribute, 1, np.int64)
+        self.stage = arr("stage", stage, -1, np.int64)
         if len(devices) != n:
             raise StrategyError(f"expected one device tuple per unit ({n}), got {len(devices)}")
         self.devices: tuple[tuple[str, ...], ...] = tuple(tuple(map(str, d)) for d in devices)
@@ -221,6 +234,9 @@ class Strategy:
         for i, (_, kw) in zip(pos, items):
             for k in arrays:
                 if kw.get(k) is not None:
+                    if int(kw[k]) != kw[k]:
+                        raise StrategyError(f"unit {self.units[i]!r}: {k} {kw[k]!r} is not an "
+                                            "integer")
                     arrays[k][i] = int(kw[k])
             if kw.get("devices") is not None:
                 devs[i] = tuple(map(str, kw["devices"]))
@@ -354,23 +370,53 @@ class Strategy:
         return doc
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "Strategy":
-        """Rebuild a strategy from :meth:`to_dict`'s output."""
-        if not isinstance(doc, Mapping) or not str(doc.get("format", "")).startswith("memflow.strategy"):
-            raise FileFormatError("not a memflow strategy document (its 'format' is not "
-                                  "'memflow.strategy/…')")
+    def from_dict(cls, doc: Mapping[str, Any], *, source: str = "strategy document",
+                  at: str = "") -> "Strategy":
+        """Rebuild a strategy from :meth:`to_dict`'s output.
+
+        Every field is type-checked; an error names ``source`` (the file), the field (under
+        ``at`` when the strategy sits inside another document) and what is valid.
+
+        >>> doc = Strategy(["a", "b"], devices=[("gpu0",)] * 2).to_dict()
+        >>> Strategy.from_dict({**doc, "sample": [1, 2.5]}, source="s.json")
+        Traceback (most recent call last):
+        ...
+        memflow.errors.FileFormatError: s.json: field 'sample' must be a list of 2 integers >= 1, got 2.5 at [1]
+        >>> Strategy.from_dict({**doc, "policy": ["keep"]}, source="s.json")
+        Traceback (most recent call last):
+        ...
+        memflow.errors.FileFormatError: s.json: field 'policy' must be a list of 2 policy names, got a list of 1
+        """
+        f = Fields(doc, source, at)
+        fmt = f.get("format", f"{FORMAT!r}")
+        if not (isinstance(fmt, str) and fmt.startswith("memflow.strategy")):
+            raise FileFormatError(f"{source}: not a memflow strategy document (its "
+                                  f"{f.name('format')!r} is {fmt!r}, not 'memflow.strategy/…')")
+        units = f.strs("units")
+        n = len(units)
+        codes = []
+        for u, p in zip(units, f.list("policy", "policy names", length=n)):
+            if not (isinstance(p, str) and p in POLICIES):
+                raise f.fail("policy", f"one of {', '.join(POLICIES)}", p, f" for unit {u!r}")
+            codes.append(POLICIES.index(p))
+        bounds = f.numbers("error_bound", length=n, positive=True, nullable=True)
+        devices = f.list("devices", "lists of device names", length=n)
+        for i, d in enumerate(devices):
+            if not (isinstance(d, list) and d and all(isinstance(x, str) for x in d)):
+                raise f.fail("devices", f"a list of {n} non-empty lists of device names", d,
+                             f" at [{i}] (unit {units[i]!r})")
         try:
-            units = doc["units"]
-            codes = [parse_policy(u, p)[0] for u, p in zip(units, doc["policy"])]
-            return cls(units, devices=doc["devices"], policy=codes,
-                       error_bound=[np.nan if x is None else x for x in doc["error_bound"]],
-                       segment_break=doc.get("segment_break"),
-                       sample=doc["sample"], parameter=doc["parameter"],
-                       attribute=doc["attribute"], stage=doc["stage"],
-                       microbatches=doc["microbatches"], schedule=doc["schedule"],
-                       name=doc["name"])
-        except KeyError as exc:
-            raise FileFormatError(f"strategy document lacks the field {exc}") from None
+            return cls(units, devices=devices, policy=codes,
+                       error_bound=[np.nan if x is None else x for x in bounds],
+                       segment_break=f.bools("segment_break", length=n, default=None),
+                       sample=f.ints("sample", length=n, least=1),
+                       parameter=f.ints("parameter", length=n, least=1),
+                       attribute=f.ints("attribute", length=n, least=1),
+                       stage=f.ints("stage", length=n, least=-1),
+                       microbatches=f.int("microbatches", least=1),
+                       schedule=f.str("schedule", choices=SCHEDULES), name=f.str("name"))
+        except StrategyError as exc:      # e.g. a segment break on a kept unit
+            raise StrategyError(f"{source}: {exc}") from None
 
     def to_json(self, path: str | Path | None = None) -> str | Path:
         """JSON text, or, given ``path``, the file written atomically (its path returned)."""
@@ -383,9 +429,10 @@ class Strategy:
         """Read a strategy from JSON text or from a file written by :meth:`to_json`."""
         text = str(source)
         if isinstance(source, Path) or not text.lstrip().startswith("{"):
-            return cls.from_dict(read_json(source, kind="memflow.strategy"))
+            return cls.from_dict(read_json(source, kind="memflow.strategy"), source=text)
         try:
-            return cls.from_dict(json.loads(text))
+            doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise FileFormatError(f"strategy JSON is not valid at line {exc.lineno}, column "
                                   f"{exc.colno} ({exc.msg})") from None
+        return cls.from_dict(doc, source="strategy JSON")

@@ -15,7 +15,10 @@ def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
 
     Checks: the units are the graph's, in order; each unit's degrees multiply to its number of
     devices, which are distinct (and, given ``cluster``, exist); degrees stay within the
-    unit's largest splits; the batch divides into sample parts × micro-batches; recompute only
+    unit's largest splits; each unit's sample degree divides the batch (every replica gets an
+    equal shard, as DistributedDataParallel and the exported script's ``batch_size // world``
+    need) and sample × micro-batches <= batch (micro-batches may be uneven: export splits a
+    shard with ``torch.tensor_split``, as pipelining does); recompute only
     where the graph allows it (a ``recomputable`` column, when capture provides one);
     compress has an error bound; pipeline stages are all set or all -1, and never decrease.
 
@@ -70,6 +73,14 @@ def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
                                 f"max_attribute_degree {int(max_a[i])}; valid: 1..{int(max_a[i])}")
     batch = graph.meta.get("batch_size")
     if batch:
+        uneven = np.flatnonzero(int(batch) % strategy.sample)
+        if len(uneven):
+            i = int(uneven[0])
+            s = int(strategy.sample[i])
+            raise StrategyError(
+                f"unit {names[i]!r}: sample degree {s} does not divide the batch of {batch}; "
+                f"the replicas need equal shards: use a sample degree that divides {batch}, "
+                f"or a batch that is a multiple of {s}")
         too = np.flatnonzero(strategy.sample * strategy.microbatches > int(batch))
         if len(too):
             i = int(too[0])
