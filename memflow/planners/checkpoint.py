@@ -29,7 +29,8 @@ kept units cut the chain into segments.
 * ``"optimal"`` — :func:`memflow.planners.checkpointing.optimal_checkpointing`: the least-time
   assignment of keep and recompute that fits, over exactly the schedules above (an exact
   dynamic program over segmentations, after rotor), for graphs that are chains (capture with
-  ``units="blocks"``). Its smallest memory is found by bisection.
+  ``units="blocks"``). Its smallest memory is the DP's own least-peak schedule, so the
+  ``Infeasible`` it raises gives the least memory any such schedule reaches.
 
 Units that the graph marks not recomputable (a ``recomputable`` column) are always kept.
 
@@ -160,26 +161,29 @@ class _Planner:
                             f"{', '.join(METHODS)}")
         return [self.strategy(k, name) for k, name in kept.items()]
 
-    def _optimal_try(self, limit: float) -> Outcome | None:
-        """The optimal schedule within ``limit``, or None when none fits."""
+    def _optimal(self, least: str) -> Outcome | None:
+        """The optimal schedule: the fastest within the limit (None when none fits), or for
+        ``least="memory"`` the fastest of least peak, fitting or not."""
         why = chain_violation(self.graph)
         if why is not None:
             raise PlanError(f"checkpoint: method 'optimal' applies to chains only, and here "
                             f"{why}; capture with units='blocks' or use another method")
         try:
-            res = optimal_checkpointing(self.graph, self.cluster, limit,
+            res = optimal_checkpointing(self.graph, self.cluster, self.limit, least=least,
                                         optimizer=self.optimizer, slots=self.slots)
-        except SearchError:      # nothing fits the limit
-            return None
+        except SearchError as exc:
+            if least == "time":      # nothing fits the limit
+                return None
+            raise PlanError(f"checkpoint: {exc}") from None
         out = self.ev(res.strategy)
-        return out if out.peak <= limit else None
+        return out if least == "memory" or out.fits else None
 
     def plan(self, method: str) -> Outcome:
         if method != "optimal":
             return fastest(self.ev, self.candidates(method), "checkpoint", method, self.limit)
-        out = self._optimal_try(self.limit)
+        out = self._optimal("time")
         if out is None:
-            low = self._optimal_lowest()
+            low = self.lowest(method)
             raise Infeasible("checkpoint", "optimal", limit=self.limit, min_memory=low.peak,
                              best=low.strategy)
         return out
@@ -187,25 +191,9 @@ class _Planner:
     def lowest(self, method: str) -> Outcome:
         """The candidate of ``method`` with the smallest peak (ties: fastest)."""
         if method == "optimal":
-            return self._optimal_lowest()
+            return self._optimal("memory")
         outs = [self.ev(s) for s in self.candidates(method)]
         return min(outs, key=lambda o: (o.peak, o.time))
-
-    def _optimal_lowest(self, rel: float = 0.005) -> Outcome:
-        """Bisect the limit down to the smallest one ``optimal`` still meets (within ``rel``)."""
-        best = self._optimal_try(self.ev(self.base).peak)
-        if best is None:   # pragma: no cover - keeping everything is one of its schedules
-            raise PlanError("checkpoint: optimal_checkpointing found no schedule at the "
-                            "keep-everything peak")
-        lo, hi = 0.0, best.peak
-        while hi - lo > rel * hi:
-            mid = (lo + hi) / 2
-            out = self._optimal_try(mid)
-            if out is None:
-                lo = mid
-            else:
-                best, hi = out, out.peak
-        return best
 
 
 def checkpoint(graph, device: Any, memory_limit: Any = None, method: str = "sqrt", *,

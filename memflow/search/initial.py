@@ -105,10 +105,12 @@ def baselines(graph, cluster, *, memory_limit: Any = None) -> dict[str, Strategy
 
 
 def best_baseline(graph, cluster, cost: CostModel, *, memory_limit: Any = None,
-                  pin: Callable[[Strategy], Strategy] = lambda s: s) -> Strategy:
-    """The baseline of least cost under ``cost`` (after ``pin`` fixes pinned units)."""
-    scored = []
-    for name, s in baselines(graph, cluster, memory_limit=memory_limit).items():
-        s = pin(s)
-        scored.append((cost(s).cost, name, s))
+                  pin: Callable[[Strategy], Strategy] = lambda s: s,
+                  admits: Callable[[Strategy], bool] = lambda s: True) -> Strategy:
+    """The baseline of least cost under ``cost`` (after ``pin`` fixes pinned units) among
+    those ``admits`` accepts (the search space's policies; all when it accepts none)."""
+    found = {name: pin(s) for name, s in baselines(graph, cluster,
+                                                   memory_limit=memory_limit).items()}
+    found = {name: s for name, s in found.items() if admits(s)} or found
+    scored = [(cost(s).cost, name, s) for name, s in found.items()]
     return min(scored, key=lambda x: (x[0], x[1]))[2]

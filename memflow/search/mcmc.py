@@ -126,7 +126,8 @@ class MCMCSearch:
             return data_parallel(self.graph, self.cluster)
         if init == "baseline":
             return best_baseline(self.graph, self.cluster, self._cost,
-                                 memory_limit=self.settings["memory_limit"])
+                                 memory_limit=self.settings["memory_limit"],
+                                 admits=self.space.admits)
         raise SearchError(f"init={init!r} is unknown; valid: {', '.join(INITS)} or a Strategy")
 
     # ------------------------------------------------------------------ state

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..strategy import KEEP, RECOMPUTE, Strategy
+from ..strategy import POLICIES, Strategy
 from .space import SearchSpace, policy_label
 
 __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGHTS",
@@ -67,7 +67,9 @@ NEW_SEGMENT_MAX = 4     # units in a segment made in one move
 
 def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
     """A recompute segment grows, shrinks or shifts by one unit at one of its ends, is
-    dropped whole, or a new one of 1–4 units appears at a random place.
+    dropped whole, or a new one of 1–4 units appears at a random place; units join with the
+    space's recompute policy and leave kept, so nothing when the space allows no recompute
+    (and no leaving when it allows no keep).
 
     The last two are the long jumps: moving a segment elsewhere one unit at a time crosses
     strategies that hold too much or recompute too much, which a cold chain rarely does.
@@ -81,11 +83,17 @@ def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propos
     >>> p.unit, p.strategy.policies
     ('l3', ['keep', 'keep', 'recompute', 'recompute', 'keep'])
     """
-    layout, stage, pinned = s.layout_ids, s.stage, space.pinned
+    if space.recompute is None:
+        return None         # the space has no recompute policy: no segment to make
+    rec, keep = space.recompute, space.keep
+    layout, stage = s.layout_ids, s.stage
+    # units that may not leave a segment: pinned ones, and all where keep is not allowed
+    fixed = space.pinned if keep is not None else np.ones(space.n, bool)
+    recomputes = POLICIES.recomputes(s.policy)
 
     def can_join(j: int, end: int) -> bool:
-        return (0 <= j < space.n and not pinned[j] and bool(space.recomputable[j])
-                and s.policy[j] != RECOMPUTE and layout[j] == layout[end]
+        return (0 <= j < space.n and not space.pinned[j] and bool(space.may_recompute[j])
+                and not recomputes[j] and layout[j] == layout[end]
                 and stage[j] == stage[end])
 
     ops: list[dict[int, int]] = []
@@ -95,19 +103,19 @@ def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propos
         members = np.flatnonzero(seg == int(_pick(rng, ids)))
         lo, hi = int(members[0]), int(members[-1])
         if can_join(lo - 1, lo):
-            ops.append({lo - 1: RECOMPUTE})                       # grow left
-            if not pinned[hi]:
-                ops.append({lo - 1: RECOMPUTE, hi: KEEP})          # shift left
+            ops.append({lo - 1: rec})                             # grow left
+            if not fixed[hi]:
+                ops.append({lo - 1: rec, hi: keep})                # shift left
         if can_join(hi + 1, hi):
-            ops.append({hi + 1: RECOMPUTE})                       # grow right
-            if not pinned[lo]:
-                ops.append({hi + 1: RECOMPUTE, lo: KEEP})          # shift right
-        if not pinned[lo]:
-            ops.append({lo: KEEP})                                # shrink left
-        if hi != lo and not pinned[hi]:
-            ops.append({hi: KEEP})                                # shrink right
-        if hi != lo and not pinned[members].any():
-            ops.append({int(j): KEEP for j in members})           # drop
+            ops.append({hi + 1: rec})                             # grow right
+            if not fixed[lo]:
+                ops.append({hi + 1: rec, lo: keep})                # shift right
+        if not fixed[lo]:
+            ops.append({lo: keep})                                # shrink left
+        if hi != lo and not fixed[hi]:
+            ops.append({hi: keep})                                # shrink right
+        if hi != lo and not fixed[members].any():
+            ops.append({int(j): keep for j in members})           # drop
     start = int(rng.integers(space.n))
     if can_join(start, start):                                    # new
         run = [start]
@@ -115,11 +123,11 @@ def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propos
             if not can_join(j, start):
                 break
             run.append(j)
-        ops.append({j: RECOMPUTE for j in run})
+        ops.append({j: rec for j in run})
     if not ops:
         return None
     op = _pick(rng, ops)
-    changed = {space.names[j]: ("recompute" if c == RECOMPUTE else "keep") for j, c in op.items()}
+    changed = {space.names[j]: POLICIES[c] for j, c in op.items()}
     return Proposal("segment", next(iter(changed)), s.with_policy(changed))
 
 

@@ -53,6 +53,9 @@ class SearchSpace:
     ((1, 2, 4), [('gpu0', 'gpu1'), ('gpu2', 'gpu3')])
     >>> len(sp.degrees(0, microbatches=1)) > 5, sp.policy_choices(0)
     (True, [(0, nan), (1, nan), (2, nan)])
+    >>> sp.recompute, SearchSpace(chain_graph(3), memflow.Cluster.preset("1xV100-16GB"),
+    ...                           policies=("keep", "offload")).may_recompute.tolist()
+    (1, [False, False, False])
     """
 
     def __init__(self, graph, cluster, *, policies: Sequence[str] = DEFAULT_POLICIES,
@@ -85,6 +88,12 @@ class SearchSpace:
             code = POLICIES.index(p)
             self._choices += ([(code, e) for e in self.error_bounds]
                               if POLICIES[p].parameter else [(code, float("nan"))])
+        # what segment moves give and give back: the space's first policy carried out by
+        # recomputation (None: segment moves have nothing to propose) and keep, if allowed
+        codes = [c for c, _ in self._choices]
+        self.recompute = next((c for c in codes if c in POLICIES.codes("recompute")), None)
+        self.keep = next((c for c in codes if c in POLICIES.codes("keep")), None)
+        self.may_recompute = self.recomputable & (self.recompute is not None)
         self.pinned = np.zeros(self.n, bool)
 
     # ------------------------------------------------------------------ units
@@ -127,6 +136,21 @@ class SearchSpace:
             return self._choices
         recompute = POLICIES.codes("recompute")
         return [c for c in self._choices if c[0] not in recompute]
+
+    def admits(self, s) -> bool:
+        """Whether every free unit of strategy ``s`` has one of its policy choices.
+
+        >>> import memflow
+        >>> from memflow.search.synthetic import chain_graph
+        >>> g = chain_graph(2)
+        >>> sp = SearchSpace(g, memflow.Cluster.preset("1xV100-16GB"), policies=("keep",))
+        >>> s = memflow.Strategy.single_device(g)
+        >>> sp.admits(s), sp.admits(s.with_policy(recompute=["l1"]))
+        (True, False)
+        """
+        return all(policy_label(int(s.policy[i]), float(s.error_bound[i]))
+                   in {policy_label(c, e) for c, e in self.policy_choices(i)}
+                   for i in self.free())
 
     def settings(self) -> dict[str, Any]:
         """The constructor arguments, for saving."""

@@ -67,6 +67,21 @@ def test_below_any_strategy_says_so():
     assert "smallest peak found" in str(err.value) and isinstance(err.value, PlanError)
 
 
+@pytest.mark.parametrize("method", ["optimal", "sqrt", "revolve", "all"])
+def test_does_not_fit_is_infeasible_even_above_capacity(method):
+    """Keeping everything (9 GiB) is over the board's capacity (3 GiB): every method says
+    Infeasible with the least memory it reaches and the strategy reaching it (issue 16)."""
+    g = chain(9)
+    table = checkpoint_table(g, "jetson-nano-4GB", [method])
+    with pytest.raises(Infeasible) as err:
+        checkpoint(g, "jetson-nano-4GB", method=method)
+    low = table.loc[method, "min_memory"]
+    assert err.value.min_memory == low > 3 * GIB and err.value.method == method
+    peak = memflow.simulate(g, err.value.best, memflow.Cluster.preset("jetson-nano-4GB")
+                            ).peak_memory.max()
+    assert peak == low
+
+
 def test_inputs_are_checked():
     g = chain(3)
     with pytest.raises(PlanError, match="unknown method 'best'.*valid: optimal, sqrt"):

@@ -50,6 +50,19 @@ def test_below_every_schedule_is_a_clear_error():
         optimal_checkpointing(chain(6), V100, 0.99 * table["peak"].min())
 
 
+@pytest.mark.parametrize("n, seed", [(6, 0), (8, 2)])
+def test_least_memory_matches_exhaustive(n, seed):
+    """``least="memory"``: the least peak of all 2^n schedules, and the fastest at it, whatever
+    the limit (here far below it)."""
+    table = every_schedule(n, seed)
+    low = float(table["peak"].min())
+    res = optimal_checkpointing(chain(n, seed), V100, 0.5 * low, least="memory")
+    assert res.peak == res.predicted_peak == low and not res.feasible
+    assert res.time == pytest.approx(optimum(table, low), rel=1e-12)
+    with pytest.raises(SearchError, match="least='most'; valid: time, memory"):
+        optimal_checkpointing(chain(n, seed), V100, least="most")
+
+
 def test_keep_all_when_memory_is_plenty():
     res = optimal_checkpointing(chain(6), V100)
     assert res.recomputed == () and res.strategy.policies == ["keep"] * 6

@@ -38,3 +38,36 @@ def test_random_walks_stay_valid_and_respect_pins(n, seed, pins, batch):
         prop.strategy.validate(g, FOUR)
         s = prop.strategy
         assert {i: _unit_state(s, i) for i in pinned} == frozen
+
+
+@settings(max_examples=25)
+@given(n=st.integers(2, 6), seed=st.integers(0, 2**16),
+       policies=st.lists(st.sampled_from(["keep", "recompute", "offload", "compress"]),
+                         min_size=1, max_size=4, unique=True),
+       fixed=st.sets(st.integers(0, 5), max_size=2), devices=st.sampled_from([1, 4]))
+def test_proposals_stay_within_the_space_policies(n, seed, policies, fixed, devices):
+    """With the search restricted to some policies (issue 16: ``("keep", "offload")`` still
+    grew recompute segments), no move gives a unit a policy outside them, from any start."""
+    g = chain_graph(n, batch=8, width=16, seed=seed)
+    g.units["recomputable"] = [i not in fixed for i in range(n)]
+    cluster = FOUR if devices == 4 else memflow.Cluster.preset("1xV100-16GB")
+    space = SearchSpace(g, cluster, policies=policies, error_bounds=(1e-3,))
+    rng = np.random.default_rng(seed)
+    # a start that holds every policy, recompute segments included, to leave or keep
+    start = rng.choice(["keep", "recompute", "offload"], n).tolist()
+    s = memflow.Strategy.single_device(g).with_policy(
+        {u: p if p != "recompute" or i not in fixed else "keep"
+         for i, (u, p) in enumerate(zip(g.names, start))})
+    for _ in range(60):
+        name = list(MOVES)[int(rng.integers(len(MOVES)))]
+        prop = MOVES[name](rng, s, space)
+        if prop is None:
+            continue
+        for i in range(n):
+            if _unit_state(prop.strategy, i)[:2] != _unit_state(s, i)[:2]:
+                got = prop.strategy.policies[i]
+                assert got in policies, (name, g.names[i], got, policies)
+                assert got != "recompute" or i not in fixed
+        s = prop.strategy
+    if "recompute" not in policies:
+        assert MOVES["segment"](rng, s, space) is None

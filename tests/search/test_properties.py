@@ -74,3 +74,20 @@ def test_seed_fixes_the_chain_and_save_load_resumes_it(problem, split, tmp_path_
     c = MCMCSearch.load(path, g, cluster).step(30 - split)
     pd.testing.assert_frame_equal(rows(a), rows(c))
     assert a.best == c.best and a.current == c.current
+
+
+@settings(max_examples=6)
+@given(problem=problems(), init=st.sampled_from(["data_parallel", "baseline"]),
+       policies=st.sampled_from([("keep", "offload"), ("keep",), ("keep", "recompute")]))
+def test_the_search_stays_within_its_policies(problem, init, policies):
+    """Every strategy the chain stands on, and its best, uses only the policies it was given
+    (issue 16: with ``("keep", "offload")`` the best held recompute units)."""
+    g, cluster, limit, seed = problem
+    search = MCMCSearch(g, cluster, memory_limit=limit, seed=seed, init=init,
+                        policies=policies)
+
+    def check(s):
+        for strat in (s.current, s.best):
+            assert set(strat.policies) <= set(policies), (strat.policies, policies)
+    check(search)
+    search.run(iterations=40, callback=check)

@@ -1,5 +1,6 @@
 """SearchRunner: chunks on the event loop, pause at a step boundary, resume, budget, failure."""
 import asyncio
+import threading
 import time
 
 import pytest
@@ -196,3 +197,79 @@ def test_a_slow_pause_does_not_slow_the_charts_after_resume():
 
     run(scenario())
     assert runner.flush_interval < 0.1
+
+
+def _wait_until(predicate, timeout: float = 20.0) -> None:
+    """Sleep (no event loop here) until ``predicate()`` holds; fail after ``timeout`` s."""
+    end = time.perf_counter() + timeout
+    while not predicate():
+        assert time.perf_counter() < end, f"condition not reached within {timeout} s"
+        time.sleep(0.005)
+
+
+class ThreadLog(CallLog):
+    """A CallLog that also records the thread of every step."""
+
+    def __init__(self, seconds_per_step: float = 0.0):
+        super().__init__(seconds_per_step)
+        self.threads: set[int] = set()
+
+    def step(self, n: int = 1) -> None:
+        self.threads.add(threading.get_ident())
+        super().step(n)
+
+
+def test_without_an_event_loop_it_runs_on_a_thread_of_its_own():
+    """Issue 16: Start where no event loop runs did nothing; with no_loop="thread" the runner
+    runs its own loop on a daemon thread, and pause, resume and call are handed to it."""
+    search = ThreadLog(seconds_per_step=0.0005)
+    runner = SearchRunner(search, chunk_seconds=0.01, no_loop="thread")
+    heard: set[int] = set()
+    runner.add_listener(lambda r: heard.add(threading.get_ident()))
+    runner.start()
+    assert runner.state == "running"                 # started when start() returns
+    _wait_until(lambda: runner.steps >= 100)
+    runner.pause()
+    _wait_until(lambda: runner.state == "paused")
+    done = runner.steps
+    assert sum(search.calls) == done                 # stopped at a step boundary
+    time.sleep(0.05)
+    assert sum(search.calls) == done                 # nothing runs while paused
+    ran = []
+    runner.call(lambda: ran.append(threading.get_ident()))
+    runner.resume()
+    _wait_until(lambda: runner.steps >= done + 50)
+    runner.pause()
+    _wait_until(lambda: runner.state == "paused")
+    main = threading.get_ident()
+    assert search.threads == heard == set(ran) and main not in search.threads
+    assert run(runner.wait()) == "paused"            # wait() from another loop polls
+
+
+def test_no_loop_is_checked():
+    with pytest.raises(ValueError, match="no_loop must be 'raise' or 'thread'"):
+        SearchRunner(CallLog(), no_loop="block")
+
+
+def test_dashboard_start_without_an_event_loop_runs_the_search(search):
+    """Clicking Start where no event loop runs (issue 16) runs the search; Pause stops it."""
+    from memflow_widgets import SearchDashboard
+    dash = SearchDashboard(search, flush_seconds=0.02)
+    dash.start_button.click()
+    _wait_until(lambda: search.iteration >= 20)
+    dash.pause_button.click()
+    _wait_until(lambda: dash.runner.state == "paused")
+    assert search.iteration == dash.runner.steps == len(search.history)
+    _wait_until(lambda: "paused" in dash.counters.value)
+    assert not dash.resume_button.disabled
+
+
+def test_dashboard_says_why_a_click_failed(search):
+    """A click whose action raises says so in the counters instead of doing nothing."""
+    from memflow_widgets import SearchDashboard
+    dash = SearchDashboard(search)
+    dash.runner.no_loop = "raise"
+    dash.start_button.click()
+    assert "Start failed" in dash.counters.value
+    assert "no asyncio event loop is running" in dash.counters.value
+    assert dash.runner.state == "idle" and search.iteration == 0

@@ -84,8 +84,10 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
                  best_seconds: float = 1.0, rollover: int = 50_000,
                  export_path: str = "best_strategy.json") -> None:
         self.search = search
+        # no_loop="thread": a click handled where no event loop runs still starts the search
         self.runner = SearchRunner(search, chunk_seconds=chunk_seconds,
-                                   flush_seconds=flush_seconds, max_iterations=max_iterations)
+                                   flush_seconds=flush_seconds, max_iterations=max_iterations,
+                                   no_loop="thread")
         self.feed = ProgressFeed(window=window)
         self.window = window
         self.rollover = rollover
@@ -101,9 +103,9 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         self.steps = ipywidgets.BoundedIntText(value=1, min=1, max=1_000_000,
                                                description="steps",
                                                layout=ipywidgets.Layout(width="150px"))
-        self.start_button.on_click(lambda _: self.runner.start())
-        self.pause_button.on_click(lambda _: self.runner.pause())
-        self.resume_button.on_click(lambda _: self.runner.resume())
+        self.start_button.on_click(lambda _: self._act("Start", self.runner.start))
+        self.pause_button.on_click(lambda _: self._act("Pause", self.runner.pause))
+        self.resume_button.on_click(lambda _: self._act("Resume", self.runner.resume))
         # Clicks may arrive on another thread (JupyterLab's comm subshells): everything that
         # touches the search runs on the runner's thread (see SearchRunner.call).
         self.step_button.on_click(lambda _: self.runner.call(self._step))
@@ -126,12 +128,17 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         self._on_flush(self.runner)
 
     # ------------------------------------------------------------------ actions
-    def _step(self) -> None:
+    def _act(self, what: str, action) -> None:
+        """Run a button's ``action``; what it raises is shown in the counters, since a click
+        must not raise into the void (the front end shows a callback's traceback nowhere)."""
         try:
-            self.runner.step(self.steps.value)
-        except Exception as exc:  # shown in the counters: a click must not raise into the void
-            self.counters.value = (f"<span style='color:#d62728'>Step failed: "
+            action()
+        except Exception as exc:
+            self.counters.value = (f"<span style='color:#d62728'>{what} failed: "
                                    f"{html.escape(str(exc))}</span>")
+
+    def _step(self) -> None:
+        self._act("Step", lambda: self.runner.step(self.steps.value))
 
     # ------------------------------------------------------------------ flush
     def _on_flush(self, runner: SearchRunner) -> None:

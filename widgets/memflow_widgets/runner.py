@@ -15,6 +15,11 @@ checkbox callbacks on another thread, each with its own loop; :meth:`SearchRunne
 runner's loop instead of touching the search (or the charts a listener redraws) while a chunk
 of steps runs.
 
+Where no event loop runs (a script, a test, a front end that calls widget callbacks outside
+any loop), :meth:`SearchRunner.start` raises, or with ``no_loop="thread"`` (what the dashboard
+asks for) starts the runner's own loop on a daemon thread, which then plays the kernel loop's
+part: steps, state changes and listeners run there, and calls from elsewhere are handed to it.
+
 States: ``idle`` → ``running`` ⇄ (``pausing`` →) ``paused``; ``done`` when the iteration budget
 is spent; ``failed`` when a step raised (the exception is in :attr:`SearchRunner.error`).
 
@@ -59,13 +64,21 @@ class SearchRunner:
         machine) they are told less often than ``flush_seconds``, so the search keeps its pace.
     max_iterations:
         stop (state ``done``) after this many steps run by this runner; None runs until paused.
+    no_loop:
+        what :meth:`start` does where no event loop runs: ``"raise"`` a RuntimeError, or run
+        on a ``"thread"`` of the runner's own (see the module docstring).
     """
 
     def __init__(self, search: Any, *, chunk_seconds: float = 0.03, flush_seconds: float = 0.2,
-                 max_overhead: float = 0.03, max_iterations: int | None = None) -> None:
+                 max_overhead: float = 0.03, max_iterations: int | None = None,
+                 no_loop: Literal["raise", "thread"] = "raise") -> None:
         if not callable(getattr(search, "step", None)):
             raise TypeError(f"SearchRunner: search must have a step(n) method; "
                             f"got {type(search).__name__}")
+        if no_loop not in ("raise", "thread"):
+            raise ValueError(f"SearchRunner: no_loop must be 'raise' or 'thread', got "
+                             f"{no_loop!r}")
+        self.no_loop = no_loop
         self.search = search
         self.chunk_seconds = chunk_seconds
         self.flush_seconds = flush_seconds
@@ -111,8 +124,8 @@ class SearchRunner:
         """Start (or resume) the search on the runner's event loop; returns at once.
 
         The runner's loop is the one running where the runner was made, else where ``start``
-        is first called; from another thread the call is handed to that loop (see
-        :meth:`call`).
+        is first called, else (``no_loop="thread"``) a loop of its own on a daemon thread; from
+        another thread the call is handed to that loop (see :meth:`call`).
         """
         if self._elsewhere():
             self._loop.call_soon_threadsafe(self.start)
@@ -127,8 +140,12 @@ class SearchRunner:
             self._set_state("done")
             return
         if not self._adopt_running_loop():
+            if self.no_loop == "thread":
+                self._start_on_own_thread()
+                return
             raise RuntimeError("SearchRunner.start: no asyncio event loop is running here; "
-                               "call it from a notebook cell or a coroutine")
+                               "call it from a notebook cell or a coroutine, or make the "
+                               "runner with no_loop='thread'")
         self._pause_requested = False
         self.error = None
         self._set_state("running")
@@ -167,9 +184,10 @@ class SearchRunner:
         """Wait until the search task has ended (paused, done or failed); return the state."""
         while self.running:
             task = self._task
-            if task is not None and not task.done():
+            if (task is not None and not task.done()
+                    and task.get_loop() is asyncio.get_running_loop()):
                 await asyncio.shield(task)
-            else:                              # scheduled by start() but not yet created
+            else:      # scheduled by start() but not yet created, or on the runner's thread
                 await asyncio.sleep(0.001)
         return self.state
 
@@ -188,6 +206,25 @@ class SearchRunner:
             return False
         self._loop, self._thread = loop, threading.get_ident()
         return True
+
+    def _start_on_own_thread(self) -> None:
+        """Run a loop of the runner's own on a daemon thread and start the search there;
+        return once it runs (so the state is ``running`` or later when this returns)."""
+        loop, ready = asyncio.new_event_loop(), threading.Event()
+
+        def main() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()       # idle between runs; the thread dies with the process
+
+        thread = threading.Thread(target=main, name="memflow-search-runner", daemon=True)
+        thread.start()
+        ready.wait()
+        self._loop, self._thread = loop, thread.ident
+
+        async def start_there() -> None:
+            self.start()
+        asyncio.run_coroutine_threadsafe(start_there(), loop).result()
 
     def _elsewhere(self) -> bool:
         """True when called off the thread of the runner's loop while that loop runs."""

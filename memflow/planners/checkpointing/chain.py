@@ -221,20 +221,24 @@ class ChainMemory:
         def through(c: int) -> np.ndarray:
             return (alloc <= 4 * c) & (free >= order.bwd_end(c))
 
-        keep = ~(((which == 0) & through(a)) | ((which == 2) & tail))
+        before = (which == 0) & through(a)     # held since before the block: in the DP's bytes
+        keep = ~(before | ((which == 2) & tail))
         # every allocation of the block's tasks: forward, recomputation and backward starts,
         # and a prefetch during each backward
-        bwd = [int(order.pos(np.array([A_BWD, u, 0]))) for u in range(a, b + 1)]
-        pts = [4 * u for u in range(a, b + 1)] + bwd + [p + 1 for p in bwd]
-        if t[a] == REC_:
-            pts += [int(order.pos(np.array([A_RECOMP, u, 0]))) for u in range(a, b + 1)]
-        at = np.array(pts)
+        units = np.arange(a, b + 1)
+
+        def starts(kind: int) -> np.ndarray:      # one call for the block's units: pos is costly
+            return order.pos(np.stack([np.full_like(units, kind), units,
+                                       np.zeros_like(units)], 1))
+        bwd = starts(A_BWD)
+        at = np.concatenate([4 * units, bwd, bwd + 1] +
+                            ([starts(A_RECOMP)] if t[a] == REC_ else []))
         live = (alloc[None, keep] <= at[:, None]) & (free[None, keep] >= at[:, None])
         cover = live @ nbytes[keep] + np.where(at >= 4 * n, self.tail_after[b], 0.0)
         held = 0.0
         if b + 1 < n:
             now = through(b + 1)
-            new = ((which == 1) & now) | ((which == 0) & now & ~through(a))
+            new = ((which == 1) & now) | ((which == 0) & now & ~before)
             held = float(nbytes[new].sum())
         return float(cover.max(initial=0.0)), held
 

@@ -16,6 +16,7 @@ time. :class:`CheckpointResult` carries both what the DP predicted and what the 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -27,9 +28,10 @@ from ..common import as_cluster
 from .chain import KEEP_, OFF_, POLICY, REC_, ChainMemory, chain_violation, forward_times, span
 from .solver import solve
 
-__all__ = ["optimal_checkpointing", "CheckpointResult", "CHECKPOINT"]
+__all__ = ["optimal_checkpointing", "CheckpointResult", "CHECKPOINT", "LEAST"]
 
 CHECKPOINT = ("keep", "recompute")
+LEAST = ("time", "memory")      # what optimal_checkpointing minimizes first
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,10 @@ class CheckpointResult:
 def optimal_checkpointing(graph, device: Any, memory_limit: Any = None, *,
                           base: Strategy | None = None, policies: Sequence[str] = CHECKPOINT,
                           optimizer: str = "sgd", precision: str | None = None,
-                          slots: int | None = None) -> CheckpointResult:
-    """The least-time keep/recompute schedule of a chain that fits ``memory_limit``.
+                          slots: int | None = None, least: str = "time") -> CheckpointResult:
+    """The least-time keep/recompute schedule of a chain that fits ``memory_limit``; with
+    ``least="memory"``, the least-time one among those of the least peak memory, whether or
+    not it fits (``feasible`` says).
 
     ``device`` is a :class:`memflow.Cluster` or a preset name: the chain runs on its first
     device, or on ``base``'s placement (one placement for every unit, e.g. data parallel).
@@ -59,8 +63,9 @@ def optimal_checkpointing(graph, device: Any, memory_limit: Any = None, *,
     ``policies=("keep", "recompute", "offload")`` adds offloading as a third choice per unit,
     its time being what the simulator's transfers add
     (:meth:`~memflow.planners.checkpointing.chain.ChainMemory.offload_time`). ``slots`` rounds
-    memory to ``limit / slots`` as rotor does (see :mod:`.solver`).
-    Raises :class:`~memflow.errors.SearchError` when the graph is not a chain or nothing fits.
+    memory to ``limit / slots`` as rotor does (see :mod:`.solver`); ``least="memory"`` is
+    exact and ignores it. Raises :class:`~memflow.errors.SearchError` when the graph is not a
+    chain or (``least="time"``) nothing fits.
 
     >>> from memflow.search.synthetic import chain_graph
     >>> g = chain_graph(8, batch=16384, width=64)       # keeping everything peaks at 107 MB
@@ -69,7 +74,12 @@ def optimal_checkpointing(graph, device: Any, memory_limit: Any = None, *,
     (True, True, True)
     >>> abs(res.time - res.predicted_time) < 1e-12, res.recomputed
     (True, ('l0', 'l1'))
+    >>> low = optimal_checkpointing(g, "1xV100-16GB", 10e6, least="memory")
+    >>> low.feasible, low.peak == low.predicted_peak < res.peak
+    (False, True)
     """
+    if least not in LEAST:
+        raise SearchError(f"optimal_checkpointing: least={least!r}; valid: {', '.join(LEAST)}")
     cluster = as_cluster(device, "device")
     bad = [p for p in policies if p not in POLICY.values()]
     if bad or "keep" not in policies:
@@ -94,8 +104,12 @@ def optimal_checkpointing(graph, device: Any, memory_limit: Any = None, *,
     chain = ChainMemory(sim, base, span(sim.ga)[0], offload="offload" in policies)
     allowed = [[KEEP_] + ([REC_] if "recompute" in policies and sim.ga.recomputable[v] else [])
                + ([OFF_] if "offload" in policies else []) for v in range(len(graph))]
-    T, P, types = solve(chain, forward_times(run, len(graph)), allowed,
-                        limit - chain.persistent, slots)
+    fwd = forward_times(run, len(graph))
+    if least == "memory":       # the least peak, then the fastest schedule within it
+        budget, slots = solve(chain, fwd, allowed, math.inf, least="memory")[1], None
+    else:
+        budget = limit - chain.persistent
+    T, P, types = solve(chain, fwd, allowed, budget, slots)
     if types is None:
         raise SearchError(f"no {'/'.join(policies)} schedule of "
                           f"{graph.meta.get('model', 'the chain')} fits memory_limit="

@@ -33,14 +33,19 @@ __all__ = ["solve"]
 
 
 def solve(chain: ChainMemory, fwd: np.ndarray, allowed: list[list[int]], budget: float,
-          slots: int | None = None) -> tuple[float, float, list[int] | None]:
-    """The DP: (extra time, peak above the persistent bytes, policy per unit) of the best
-    schedule within ``budget``; ``None`` policies when nothing fits.
+          slots: int | None = None, least: str = "time"
+          ) -> tuple[float, float, list[int] | None]:
+    """The DP: (extra time, peak above the persistent bytes, policy per unit) of the fastest
+    schedule within ``budget`` (``least="memory"``: of one of least peak); ``None`` policies
+    when nothing fits.
 
     ``fwd`` is each unit's forward time (what recomputing it adds), ``allowed`` each unit's
     policy codes, ``budget`` the bytes above the persistent ones. States are (first unit of the
     next block, policies of the ``D+1`` units before it, the committed policies of it and the
-    ``D-1`` after); each keeps a Pareto front of (held bytes, time, peak so far, back pointer).
+    ``D-1`` after); each keeps a Pareto front of (held bytes, time, peak so far, back pointer),
+    front over held bytes and time, or over held bytes and peak for ``least="memory"`` (what
+    is still to come depends on the held bytes only, so the least peak is exact; its time is
+    not the least at that peak: solve again with that peak as the budget).
 
     >>> import math, memflow
     >>> from memflow.search.synthetic import chain_graph
@@ -57,8 +62,11 @@ def solve(chain: ChainMemory, fwd: np.ndarray, allowed: list[list[int]], budget:
     (True, 51497792.0, [1, 0, 0, 0])
     >>> solve(chain, fwd, allowed, 50e6)[2] is None      # below every schedule
     True
+    >>> solve(chain, fwd, allowed, math.inf, least="memory")[1:]   # the least peak there is
+    (51497792.0, [1, 0, 0, 0])
     """
     n, D = chain.n, chain.D
+    by = {"time": 1, "memory": 2}[least]
     quantum = budget / slots if slots else 0.0
     fronts: dict[tuple, list] = {}
     for com in _assignments(0, D, allowed, {}):
@@ -68,7 +76,7 @@ def solve(chain: ChainMemory, fwd: np.ndarray, allowed: list[list[int]], budget:
     for a in range(n):
         for key in sorted(k for k in fronts if k[0] == a):
             _, hist, com = key
-            front = _pareto(fronts.pop(key))
+            front = _pareto(fronts.pop(key), by)
             known = {v: x for v, x in zip(range(a - D - 1, a + D), hist + com) if 0 <= v < n}
             kind = com[0]
             for b in _block_ends(a, com, allowed):
@@ -96,7 +104,7 @@ def solve(chain: ChainMemory, fwd: np.ndarray, allowed: list[list[int]], budget:
     finals = [f for f in finals if opt_peak <= budget]
     if not finals:
         return math.inf, math.inf, None
-    _, T, P, back = min(finals, key=lambda f: (f[1], f[2]))
+    _, T, P, back = min(finals, key=lambda f: (f[by], f[3 - by]))
     return T, max(P, opt_peak), _reconstruct(back, n)
 
 
@@ -156,12 +164,13 @@ def _block_ends(a: int, com: tuple[int, ...], allowed: list[list[int]]) -> list[
     return out
 
 
-def _pareto(entries: list) -> list:
-    """Entries not beaten in both held bytes and time, sorted by held bytes."""
+def _pareto(entries: list, by: int = 1) -> list:
+    """Entries not beaten in both held bytes and entry ``by`` (1: time, 2: peak so far),
+    sorted by held bytes."""
     out = []
-    best_t = math.inf
-    for e in sorted(entries, key=lambda e: (e[0], e[1], e[2])):
-        if e[1] < best_t:
+    best = math.inf
+    for e in sorted(entries, key=lambda e: (e[0], e[by], e[3 - by])):
+        if e[by] < best:
             out.append(e)
-            best_t = e[1]
+            best = e[by]
     return out
