@@ -31,7 +31,8 @@ HERE = Path(__file__).resolve().parent.parent
 # (script, its arguments, the RESULTS.md section it writes, the columns to compare: rates)
 CASES = (
     ("bench_sim.py", ["--quick"], "bench_sim", ("re-sim/s cpu", "new/s cpu")),
-    ("bench_search.py", ["--quick", "--only", "speed"], "search_speed", None),
+    # bench_search writes its table only when not --quick (a 60 s search per row)
+    ("bench_search.py", ["--only", "speed"], "search_speed", None),
 )
 
 
@@ -45,16 +46,35 @@ def read_section(results: Path, name: str) -> pd.DataFrame:
     rows = [ln for ln in m.group(1).splitlines() if ln.startswith("|")]
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in rows]
     head, body = cells[0], [c for c in cells[2:] if len(c) == len(cells[0])]
-    df = pd.DataFrame(body, columns=head).set_index(head[0])
-    return df.apply(pd.to_numeric, errors="coerce")
+    df = pd.DataFrame(body, columns=head)
+    # a row is named by its leading text columns (model, units, …): as many as make it unique
+    k = 1
+    while df.iloc[:, :k].duplicated().any() and k < len(head):
+        k += 1
+    df.index = df.iloc[:, :k].agg(", ".join, axis=1)
+    df.index.name = "case"
+    return df.iloc[:, k:].apply(pd.to_numeric, errors="coerce")
+
+
+def stamp(results: Path, name: str) -> str:
+    """The section's text (its first line carries the command and the time it was written)."""
+    text = results.read_text() if results.exists() else ""
+    m = re.search(rf"<!-- begin {re.escape(name)} -->(.*?)<!-- end {re.escape(name)} -->",
+                  text, re.S)
+    return m.group(1) if m else ""
 
 
 def run(tree: Path, script: str, args: list[str], section: str) -> pd.DataFrame:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = f"{tree}{os.pathsep}{tree / 'widgets'}"
+    results = tree / "benchmarks" / "RESULTS.md"
+    before = stamp(results, section)
     subprocess.run([sys.executable, str(tree / "benchmarks" / script), *args], cwd=tree,
                    env=env, check=True, stdout=subprocess.DEVNULL)
-    return read_section(tree / "benchmarks" / "RESULTS.md", section)
+    if stamp(results, section) == before:    # a stale table is a wrong figure
+        raise SystemExit(f"{tree}: {script} {' '.join(args)} did not rewrite section "
+                         f"{section!r}")
+    return read_section(results, section)
 
 
 def main() -> None:
