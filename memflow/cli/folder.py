@@ -10,18 +10,20 @@
 
 The four files are one set: ``search.json`` must be the chain that found ``strategy.json``, or
 :meth:`~memflow.MCMCSearch.load` continues another chain. So the folder is never written file
-by file in place. :class:`PlanFolder` is opened *before* the search, so that a bad ``--out``
+by file in place (nor checked against a manifest, which would only find a mixed folder where
+this never makes one). :class:`PlanFolder` is opened *before* the search, so that a bad ``--out``
 costs nothing: the path must not be a file or a mount point, a folder already there must be
 empty or hold only memflow's files (a new plan replaces it whole), and a staging folder
 ``.NAME.new-XXXX`` is made beside it, which proves the place writable. The files go into the
 staging folder, flushed to disk; then the staging folder takes the plan's place in one step:
-Linux's ``renameat2(RENAME_EXCHANGE)`` swaps the two folders atomically, and where the file
-system cannot, the old folder is renamed to ``.NAME.old-XXXX`` and the staging folder to
-``NAME`` (two renames). Last, the old folder is deleted. A ``kill -9`` at any moment thus
-leaves at ``NAME`` the old complete set or the new one (or nothing, where there was no plan
-before), so readers need no check. What a killed run leaves is a hidden sibling: the next
-run for the same folder deletes it, or puts back an old folder caught between the two renames.
-A run holds a lock (``flock``) on its staging folder, so that a second run does not delete it.
+Linux's ``renameat2(RENAME_EXCHANGE)`` swaps the two folders atomically; where the system or
+file system cannot (macOS, NFS), the old folder is renamed to ``.NAME.old-XXXX`` and the staging
+folder to ``NAME``. Last, the old folder is deleted. A ``kill -9`` at any moment thus leaves at
+``NAME`` the old complete set or the new one (or nothing, where there was no plan before), so
+readers need no check; only with the two renames is there an instant with no ``NAME``, and the
+next run puts the old folder back. Whatever a killed run leaves is a hidden sibling, which the
+next run for the same folder deletes; a run holds a lock (``flock``) on its staging folder, so
+that a second run at the same time leaves it alone. POSIX only (Linux, macOS).
 
 >>> import tempfile, memflow
 >>> g = memflow.zoo.graph("chain", batch_size=8, n=3, width=16, units="blocks")
