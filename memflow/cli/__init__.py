@@ -125,7 +125,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--moves", choices=("all", "memory"), default="all",
                    help="memory: change memory policies only, keeping data parallelism (the "
                    "plan then exports as DistributedDataParallel)")
-    p.add_argument("--out", default="plan", help="the plan folder (default plan/)")
+    p.add_argument("--out", default="plan", help="the plan folder (default plan/), checked "
+                   "before the search; a plan already there is replaced whole")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=commands.search)
 

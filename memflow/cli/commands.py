@@ -22,7 +22,7 @@ from ..errors import MemflowError
 from ..report.style import format_bytes
 from .inputs import (load_cluster, load_graph, load_strategy, parse_options, parse_shape,
                      parse_units)
-from .folder import FILES, run_search, write_plan
+from .folder import DERIVED, FILES, PlanFolder, run_search
 
 __all__ = ["search", "simulate", "export", "report", "zoo", "presets", "demo", "DEMO",
            "EXIT_STATUS", "INFEASIBLE", "shortfall"]
@@ -95,16 +95,16 @@ MOVES = {"all": None, "memory": {"policy": 0.6, "segment": 0.4}}
 """``--moves``: the search's move weights (None: its defaults)."""
 
 
-def _search(inputs: dict[str, Any], out: str, *, iterations=None, seconds=None, seed=0,
-            optimizer="sgd", moves="all", quiet=False, graph=None, cluster=None):
+def _search(inputs: dict[str, Any], folder: PlanFolder, *, iterations=None, seconds=None,
+            seed=0, optimizer="sgd", moves="all", quiet=False, graph=None, cluster=None):
     # the cluster first: a wrong preset is reported before a capture that may take a while
     cluster = cluster if cluster is not None else load_cluster(inputs["cluster"],
                                                                inputs["memory_limit"])
     graph = graph if graph is not None else _graph(inputs)
     search = run_search(graph, cluster, iterations=iterations, seconds=seconds, seed=seed,
                         optimizer=optimizer, moves=MOVES[moves], progress=not quiet)
-    plan = write_plan(out, search, {**inputs, "optimizer": optimizer, "seed": seed,
-                                    "moves": moves})
+    plan = folder.write(search, {**inputs, "optimizer": optimizer, "seed": seed,
+                                 "moves": moves})
     return search, plan
 
 
@@ -119,9 +119,11 @@ def search(args: argparse.Namespace) -> int:
     """``memflow search``: run the search, write the plan folder, print the best; the exit
     status (:data:`INFEASIBLE` when the best does not fit)."""
     _check_budget(args.iterations, args.seconds)
-    found, plan = _search(_inputs(args), args.out, iterations=args.iterations,
-                          seconds=args.seconds, seed=args.seed, optimizer=args.optimizer,
-                          moves=args.moves, quiet=args.quiet)
+    inputs = _inputs(args)
+    with PlanFolder(args.out) as folder:    # a bad --out is reported before the search
+        found, plan = _search(inputs, folder, iterations=args.iterations,
+                              seconds=args.seconds, seed=args.seed, optimizer=args.optimizer,
+                              moves=args.moves, quiet=args.quiet)
     print(f"best after {found.iteration} proposals: {_describe(found.best_result)}")
     print(f"plan written to {plan}/ ({', '.join(FILES.values())})")
     return _verdict(found, plan)
@@ -208,20 +210,21 @@ def demo(args: argparse.Namespace) -> int:
               "input_shape": None, "units": "blocks", "cluster": args.cluster,
               "memory_limit": args.memory_limit}
     cluster = load_cluster(args.cluster, args.memory_limit)
-    print(f"memflow demo: {args.model} at batch {batch} on {cluster.name}")
-    print(f"1. capturing {args.model} (blocks as units) on meta tensors ...", flush=True)
-    graph = _graph(inputs)
-    dp = run(graph, Strategy.data_parallel(graph, cluster), cluster)
-    print(f"   {len(graph)} units; data parallel: {_describe(dp)}")
-    budget = f"{seconds:g} s" if seconds is not None else f"{args.iterations} proposals"
-    print(f"2. searching memory policies for {budget} ...", flush=True)
-    # Memory policies over data parallelism: a plan DistributedDataParallel can run as exported.
-    found, plan = _search(inputs, args.out, iterations=args.iterations, seconds=seconds,
-                          moves="memory", quiet=args.quiet, graph=graph, cluster=cluster)
+    with PlanFolder(args.out) as folder:    # a bad --out is reported before the capture
+        print(f"memflow demo: {args.model} at batch {batch} on {cluster.name}")
+        print(f"1. capturing {args.model} (blocks as units) on meta tensors ...", flush=True)
+        graph = _graph(inputs)
+        dp = run(graph, Strategy.data_parallel(graph, cluster), cluster)
+        print(f"   {len(graph)} units; data parallel: {_describe(dp)}")
+        budget = f"{seconds:g} s" if seconds is not None else f"{args.iterations} proposals"
+        print(f"2. searching memory policies for {budget} ...", flush=True)
+        # Memory policies over data parallelism: a plan DistributedDataParallel runs as exported.
+        found, plan = _search(inputs, folder, iterations=args.iterations, seconds=seconds,
+                              moves="memory", quiet=args.quiet, graph=graph, cluster=cluster)
     print(f"   best: {_describe(found.best_result)}")
     print("3. writing the report and the training script ...", flush=True)
-    html = write_plan_report(plan, search=found)
-    train = script(found.best, plan / "train.py", model=args.model,
+    html = write_plan_report(plan, plan / DERIVED["report"], search=found)
+    train = script(found.best, plan / DERIVED["train"], model=args.model,
                    model_options=inputs["options"], batch_size=batch, graph=graph)
     n = replicas(found.best)
     print(f"done:\n  strategy  {plan / FILES['strategy']}\n  report    {html}\n"
