@@ -15,8 +15,8 @@ and runs one command in a process of its own. A case is
 Each case runs in a child process forked from one that has imported memflow (``--spawn``: a
 fresh ``python -m memflow.cli`` per case, as a shell would, about ten times slower here); an
 uncaught exception in the child prints Python's traceback and exits 1, as the interpreter
-would. If ``benchmarks/bench_faults_kill.py`` is present, its ``counts()`` (a mapping of
-``kill -9`` figures) is added to the table.
+would. ``--kills N`` (default 20) adds ``N`` runs of ``benchmarks/bench_faults_kill.py``:
+``memflow search`` killed with SIGKILL at random moments, the plan folder checked after each.
 
 Run: ``python benchmarks/bench_faults.py`` (``--spawn`` for real interpreters, ``--no-write``
 to leave RESULTS.md alone).
@@ -295,12 +295,13 @@ def _plan(folder: Path, argv: list[str]) -> Path:
     return folder
 
 
-def _kill_counts() -> dict | None:
-    try:
-        import bench_faults_kill   # written by the kill -9 benchmark, when present
-    except ImportError:
+def _kill_counts(n: int) -> dict | None:
+    """``n`` runs of the kill -9 benchmark (:func:`bench_faults_kill.kill_runs`); None for 0."""
+    if n <= 0:
         return None
-    return dict(bench_faults_kill.counts())
+    from bench_faults_kill import kill_runs
+
+    return kill_runs(n, seed=0)
 
 
 def main_bench(argv: list[str] | None = None) -> pd.DataFrame:
@@ -308,6 +309,8 @@ def main_bench(argv: list[str] | None = None) -> pd.DataFrame:
     ap.add_argument("--spawn", action="store_true", help="a fresh interpreter per case")
     ap.add_argument("--no-write", action="store_true", help="leave RESULTS.md alone")
     ap.add_argument("--show", type=int, default=0, help="print this many messages per kind")
+    ap.add_argument("--kills", type=int, default=20,
+                    help="kill -9 runs of benchmarks/bench_faults_kill.py (0: none)")
     args = ap.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="memflow-faults-"))
     try:
@@ -341,7 +344,7 @@ def main_bench(argv: list[str] | None = None) -> pd.DataFrame:
             f"({seconds:.0f} s). Clear: the expected exit status (2 bad input, 3 a search "
             "that finds nothing that fits) with one line on stderr. Data lost: a file of the "
             "input folder changed by a failed command.\n\n" + table(summary))
-    kill = _kill_counts()
+    kill = _kill_counts(args.kills)
     if kill is not None:
         print("kill -9:", kill)
         body += "\n\n`kill -9` runs (benchmarks/bench_faults_kill.py):\n\n" + table(
