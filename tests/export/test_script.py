@@ -69,7 +69,7 @@ def test_a_model_from_a_users_file(tmp_path):
 
 def test_bad_requests(tmp_path):
     s = Strategy.data_parallel(_graph(), 2)
-    with pytest.raises(ExportError, match="does not split over the strategy's 2"):
+    with pytest.raises(ExportError, match="sample degree 2 does not divide the batch of 3"):
         script(s, tmp_path / "t.py", model="chain", model_options=CHAIN, batch_size=3)
     with pytest.raises(ExportError, match="must be a .py file"):
         script(s, tmp_path / "t.sh", model="chain")
