@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..strategy.policies import POLICIES
+from ..strategy.policies import M_COMPRESSED, POLICIES
 
 __all__ = ["LayoutCost", "layout_cost", "copy_cost", "ring_time", "compress_model",
            "compression_ratios",
@@ -174,7 +174,7 @@ def compression_ratios(strategy, half: np.ndarray | None = None,
     """Compression ratio per unit (1 where the policy's mechanism is not ``compressed``); ``half`` marks units
     whose saved maps are 16-bit (default: none)."""
     ratio = np.ones(len(strategy))
-    comp = np.flatnonzero(np.isin(strategy.policy, POLICIES.codes("compressed")))
+    comp = np.flatnonzero(POLICIES.mechanism_codes[strategy.policy] == M_COMPRESSED)
     if len(comp) and ratio_of is None:
         ratio_of = compress_model()[0]
     for i in comp:

@@ -120,6 +120,7 @@ class PolicyTable(Sequence[str]):
 
     def __init__(self, policies: Sequence[Policy]):
         self._rows: list[Policy] = []
+        self._derive()
         for p in policies:
             self.register(p)
 
@@ -131,7 +132,7 @@ class PolicyTable(Sequence[str]):
         return (p.name for p in self._rows)
 
     def __contains__(self, name: object) -> bool:
-        return any(p.name == name for p in self._rows)
+        return isinstance(name, str) and name in self._code
 
     def __getitem__(self, key):  # type: ignore[override]
         """``table[code]`` is a name; ``table[name]`` the :class:`Policy`."""
@@ -140,10 +141,10 @@ class PolicyTable(Sequence[str]):
         return self._rows[int(key)].name
 
     def index(self, name: Any, start: int = 0, stop: int | None = None) -> int:
-        for i, p in enumerate(self._rows):
-            if p.name == name:
-                return i
-        raise StrategyError(f"unknown memory policy {name!r}; valid: {self.valid()}")
+        code = self._code.get(name) if isinstance(name, str) else None
+        if code is None:
+            raise StrategyError(f"unknown memory policy {name!r}; valid: {self.valid()}")
+        return code
 
     def __repr__(self) -> str:
         return f"PolicyTable({list(self)!r})"
@@ -166,10 +167,14 @@ class PolicyTable(Sequence[str]):
         self._derive()
 
     def _derive(self) -> None:
+        # a search parses and classifies policies on every proposal: look-ups, not scans
         rows = self._rows
+        self._code = {p.name: i for i, p in enumerate(rows)}
         self.mechanism_codes = np.array([MECHANISMS.index(p.mechanism) for p in rows], np.int64)
         self.host_scales = np.array([p.host_scale for p in rows], np.float64)
         self.with_parameter = np.array([p.parameter is not None for p in rows], bool)
+        self._by_mechanism = {m: tuple(i for i, p in enumerate(rows) if p.mechanism == m)
+                              for m in MECHANISMS}
 
     # ---------------------------------------------------------------------- derived views
     def rows(self) -> tuple[Policy, ...]:
@@ -181,8 +186,7 @@ class PolicyTable(Sequence[str]):
         >>> POLICIES.codes("host")
         (2,)
         """
-        m = MECHANISMS.index(mechanism)
-        return tuple(int(c) for c in np.flatnonzero(self.mechanism_codes == m))
+        return self._by_mechanism[mechanism]
 
     def recomputes(self, policy: np.ndarray) -> np.ndarray:
         """Per unit (``policy``: codes), whether its mechanism is ``recompute`` — the units that
