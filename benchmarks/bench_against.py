@@ -97,7 +97,8 @@ def main() -> None:
                     loads.append(os.getloadavg()[0])
             old, new = (pd.concat(got[w]).groupby(level=0, sort=False).median()
                         for w in ("old", "new"))
-            cols = [c for c in (cols or [c for c in old.columns if "/s" in c]) if c in new]
+            # rates only ("proposals/s"; not "ms policy/segment", a time per proposal)
+            cols = [c for c in (cols or [c for c in old.columns if c.endswith("/s")]) if c in new]
             for c in cols:
                 ratio = (new[c] / old[c]).rename("new / old")
                 parts.append(pd.DataFrame({"benchmark": section, "rate": c,
