@@ -32,8 +32,10 @@ COLUMNS = ("runs", "killed", "killed writing", "complete-old", "complete-new", "
            "mixed", "unreadable", "leftover tmp")
 STATES = ("complete-old", "complete-new", "absent", "mixed", "unreadable")
 BASE_ITERATIONS = 20
-WRITING = 0.15      # s: a kill "while writing" lands this long at most after the first file;
-                    # writing the four files (fsync each) takes 70-100 ms on a loaded 2-core box
+# s: a kill "while writing" lands at most this long after its first file is seen; the write
+# (four files, fsync each, swap) takes 70-100 ms on a loaded 2-core box and polling sees the
+# first file late, so some kills land before the swap and some after
+WRITING = 0.08
 
 
 def _command(out: Path, iterations: int) -> list[str]:
@@ -96,26 +98,35 @@ def leftovers(out: Path) -> int:
                                  if p.name.startswith(f".{out.name}."))
 
 
-def _writing(where: Path, out: Path) -> bool:
+def _writing(out: Path) -> bool:
     # the run has begun writing: its staging folder holds a file
-    return any(p.is_dir() and any(p.iterdir())
-               for p in where.iterdir() if p.name.startswith(f".{out.name}.new-"))
+    for staging in out.parent.glob(f".{out.name}.new-*"):
+        try:
+            if any(staging.iterdir()):
+                return True
+        except OSError:          # swapped in or cleaned away meanwhile
+            pass
+    return False
 
 
-def _run(out: Path, iterations: int, rng: random.Random, mode: str,
+def _run(out: Path, iterations: int, rng: random.Random, mode: str | None,
          span: float) -> tuple[bool, float]:
     """One run, killed per ``mode`` (None: not killed); whether it was killed, and when."""
     start = time.perf_counter()
     proc = subprocess.Popen(_command(out, iterations), env=_env(), cwd=out.parent,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if mode == "random":
-        deadline = start + rng.uniform(0.0, span)
-        while proc.poll() is None and time.perf_counter() < deadline:
-            time.sleep(0.002)
-    elif mode == "write":
-        while proc.poll() is None and not _writing(out.parent, out):
-            time.sleep(0.001)
-        time.sleep(rng.uniform(0.0, WRITING))
+    try:
+        if mode == "random":
+            deadline = start + rng.uniform(0.0, span)
+            while proc.poll() is None and time.perf_counter() < deadline:
+                time.sleep(0.002)
+        elif mode == "write":
+            while proc.poll() is None and not _writing(out):
+                time.sleep(0.001)
+            time.sleep(rng.uniform(0.0, WRITING))
+    except BaseException:
+        proc.kill()
+        raise
     killed = mode is not None and proc.poll() is None
     if killed:
         proc.send_signal(signal.SIGKILL)
@@ -169,9 +180,9 @@ def main() -> None:
     frame = pd.DataFrame([counts])
     print(frame.to_string(index=False))
     body = ("`memflow search` (chain of 3 blocks, 2xV100-16GB) killed with SIGKILL at random "
-            "moments, half of them while it writes the plan folder (within 150 ms of its first file), over a "
-            "folder holding the previous run's plan; every file records its run's number of "
-            "proposals. Targets: mixed 0, unreadable 0, leftover tmp 0.\n\n"
+            "moments, half of them while it writes the plan folder (within 80 ms of its first "
+            "file), over a folder holding the previous run's plan; every file records its run's "
+            "number of proposals. Targets: mixed 0, unreadable 0, leftover tmp 0.\n\n"
             + table(frame) + f"\n\n{time.perf_counter() - start:.0f} s in all.")
     write_section("bench_faults_kill", body, title="Faults: kill -9 during memflow search")
 
