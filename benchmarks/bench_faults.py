@@ -158,7 +158,6 @@ def cases(plan: Path) -> list[dict]:
         ("model", ["search", "--model", "chain", "--option", "n", "--batch", "8", *CLUSTER]),
         ("batch", ["search", "--model", "chain", "--batch", "0", *CLUSTER]),
         ("batch", ["search", "--model", "chain", "--batch", "x", *CLUSTER]),
-        ("batch", ["search", "--model", "chain", *CLUSTER]),
         ("batch", ["simulate", "--model", "chain", "--option", "n=4", "--option", "width=32",
                    "--batch", "7", *CLUSTER, "--strategy", "plan/strategy.json"]),
         ("cluster", ["search", *SMALL, "--cluster", "3xFOO"]),
