@@ -23,8 +23,8 @@ __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label"]
 
 DEFAULT_POLICIES = POLICIES.searched
 """The built-in policies the search proposes when none are named (the policy table's
-``searched`` rows)."""
-"""Lossy compression changes training numerics, so the search uses it only when asked."""
+``searched`` rows). Lossy compression changes training numerics, so it is not among them: the
+search uses it only when asked."""
 
 
 def policy_label(code: int, bound: float) -> str:
