@@ -90,7 +90,7 @@ def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
                 f"valid: sample × microbatches <= {batch}")
     if "recomputable" in u.columns:
         recompute = POLICIES.codes("recompute")
-        bad = np.flatnonzero(np.isin(strategy.policy, recompute)
+        bad = np.flatnonzero(POLICIES.recomputes(strategy.policy)
                              & ~u["recomputable"].to_numpy(bool))
         if len(bad):
             others = [p for p in POLICIES if POLICIES.index(p) not in recompute]
