@@ -20,9 +20,10 @@ A :class:`Backend` names the device it models and the rules that change what is 
 ``cuda`` (Ampere or newer, PyTorch's rules; there is no GPU here to check them against):
 
 * dropout is ``native_dropout`` and saves a 1-byte bool mask;
-* ``scaled_dot_product_attention`` runs flash attention (fp16/bf16, no mask, head dim <= 256)
-  or memory-efficient attention (fp32 too, masks, head dim a multiple of 8), which save q, k,
-  v, the output and a float32 log-sum-exp instead of the probabilities; else the math path;
+* ``scaled_dot_product_attention`` runs flash attention (fp16/bf16, no mask, head dim <= 256;
+  grouped key/value heads read in place) or memory-efficient attention (fp32 too, masks, head
+  dim a multiple of 8, as many key/value heads as query heads), which save q, k, v, the output
+  and a float32 log-sum-exp instead of the probabilities; else the math path;
 * LayerNorm and BatchNorm keep float32 mean and inverse std for half inputs;
 * recurrent layers run PyTorch's generic cell loop (cuDNN's reserve space is not modelled);
 * ``autocast`` follows CUDA's op lists (:mod:`memflow.graph.autocast`).
@@ -214,12 +215,15 @@ def cuda_sdpa_kernel(query: torch.Tensor, key: torch.Tensor, attn_mask: Any,
     ('flash', 'efficient')
     """
     head_dim = query.shape[-1]
-    if query.dim() != 4 or (enable_gqa and query.shape[1] != key.shape[1]):
+    if query.dim() != 4:
         return "math"
     half = query.dtype in (torch.float16, torch.bfloat16)
+    # Flash reads grouped key/value heads in place (sdp_utils: "supports GQA"); efficient
+    # attention needs as many key/value heads as query heads, so grouped heads fall to math.
     if half and attn_mask is None and head_dim <= 256:
         return "flash"
-    if (half or query.dtype == torch.float32) and head_dim % 8 == 0:
+    grouped = enable_gqa and query.shape[1] != key.shape[1]
+    if not grouped and (half or query.dtype == torch.float32) and head_dim % 8 == 0:
         return "efficient"
     return "math"
 

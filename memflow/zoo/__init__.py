@@ -2,13 +2,13 @@
 
 Every model reproduces its published architecture and parameter count (see :func:`info` and
 each family module: :mod:`~memflow.zoo.vision`, :mod:`~memflow.zoo.resnet`,
-:mod:`~memflow.zoo.inception`, :mod:`~memflow.zoo.transformer`, :mod:`~memflow.zoo.rnn`,
-:mod:`~memflow.zoo.basic`). Nothing is downloaded and torchvision is not needed.
+:mod:`~memflow.zoo.inception`, :mod:`~memflow.zoo.transformer`, :mod:`~memflow.zoo.llama`,
+:mod:`~memflow.zoo.rnn`, :mod:`~memflow.zoo.basic`). Nothing is downloaded and torchvision is not needed.
 
 * :func:`names` lists the models; :func:`info` describes them (family, parameters, default
   batch, inputs, outputs, source).
 * :func:`get` builds a model and a batch of example inputs. On ``device="meta"`` (the default)
-  nothing is allocated, so even gpt2-xl or BigLSTM build instantly; on ``"cpu"`` the weights
+  nothing is allocated, so even gpt2-xl, BigLSTM or llama2-70b build instantly; on ``"cpu"`` the weights
   and inputs are drawn from ``seed``, so two calls give the same tensors. Keyword options
   override architecture knobs (``n_layer``, ``hidden``, ``vocab``, ``width``...) and input
   sizes (``seq_len``, ``image_size``...) to shrink big models for tests.
@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ..errors import MemflowError
-from . import basic, inception, resnet, rnn, transformer, vision
+from . import basic, inception, llama, resnet, rnn, transformer, vision
 from .spec import ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
@@ -50,7 +50,7 @@ __all__ = ["names", "get", "graph", "info", "spec_of", "ModelSpec"]
 
 _SPECS: dict[str, ModelSpec] = {
     spec.name: spec
-    for family in (vision, resnet, inception, transformer, rnn, basic)
+    for family in (vision, resnet, inception, transformer, llama, rnn, basic)
     for spec in family.SPECS
 }
 

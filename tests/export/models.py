@@ -15,6 +15,7 @@ import memflow
 from memflow import zoo
 from memflow.graph.capture import split_inputs
 from memflow.strategy import Strategy
+from memflow.zoo import llama
 
 _TEXT = {"n_layer": 2, "hidden": 16, "n_head": 2, "vocab": 40, "seq_len": 6}
 # Every zoo model, shrunk until a real CPU step takes a fraction of a second.
@@ -30,6 +31,7 @@ ZOO = {
     "biglstm": dict(vocab=40, embed=8, hidden=16, proj=8, seq_len=4),
     "mlp": dict(in_features=24, width=16, n_layer=2),
     "chain": dict(n=4, width=16, kind="residual"),
+    **{spec.name: llama.TINY for spec in llama.SPECS},
 }
 
 

@@ -110,7 +110,12 @@ def test_cuda_sdpa_kernel_choice():
     assert cuda_sdpa_kernel(single, single, None) == "efficient"
     assert cuda_sdpa_kernel(odd, odd, None) == "math"
     grouped = qkv(h=2)[0]
-    assert cuda_sdpa_kernel(half, grouped, None, enable_gqa=True) == "math"
+    # Flash reads grouped key/value heads (PyTorch's sdp_utils: "supports GQA"); efficient
+    # attention does not, so grouped float32 heads take the math path.
+    assert cuda_sdpa_kernel(half, grouped, None, enable_gqa=True) == "flash"
+    assert cuda_sdpa_kernel(single, qkv(h=2, dtype=torch.float32)[0], None,
+                            enable_gqa=True) == "math"
+    assert cuda_sdpa_kernel(single, single, None, enable_gqa=True) == "efficient"
 
 
 class Block(nn.Module):

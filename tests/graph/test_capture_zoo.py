@@ -9,6 +9,7 @@ from memflow.graph.measure import saved_bytes
 from capture_models import assert_matches_model
 
 zoo = pytest.importorskip("memflow.zoo")
+from memflow.zoo.llama import SPECS as LLAMAS, TINY as TINY_LLAMA  # noqa: E402
 
 _IMAGES = {"num_classes": 10}
 _TEXT = {"n_layer": 2, "hidden": 64, "n_head": 4, "vocab": 100, "seq_len": 16}
@@ -25,6 +26,7 @@ SMALL = {
     "biglstm": dict(vocab=100, embed=16, hidden=32, proj=8, seq_len=5),
     "mlp": dict(width=64),
     "chain": dict(width=64),
+    **{spec.name: TINY_LLAMA for spec in LLAMAS},
 }
 
 

@@ -6,8 +6,9 @@ from memflow import zoo
 from memflow.errors import MemflowError
 
 EXPECTED = ["alexnet", "vgg16", "vgg19", "resnet50", "resnet101", "inception_v3", "googlenet",
-            "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base", "bert-large", "gnmt",
-            "biglstm", "mlp", "chain"]
+            "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base", "bert-large",
+            "tinyllama-1.1b", "llama2-7b", "llama2-13b", "llama2-70b", "gnmt", "biglstm", "mlp",
+            "chain"]
 
 
 def test_names():

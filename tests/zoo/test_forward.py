@@ -4,6 +4,7 @@ import torch
 
 from memflow import zoo
 from memflow.zoo.inception import InceptionAux
+from memflow.zoo.llama import TINY as TINY_LLAMA
 
 B = 2
 TINY_GPT = {"vocab": 97, "max_positions": 16, "hidden": 32, "n_layer": 2, "n_head": 4,
@@ -25,6 +26,8 @@ TINY = {
     "gpt2-xl": (TINY_GPT, (B, 16, 97)),
     "bert-base": (TINY_BERT, (B, 32)),
     "bert-large": (TINY_BERT, (B, 32)),
+    **{name: (TINY_LLAMA, (B, 16, 97))
+       for name in ("tinyllama-1.1b", "llama2-7b", "llama2-13b", "llama2-70b")},
     "gnmt": ({"vocab": 53, "hidden": 16, "src_len": 7, "tgt_len": 5}, (B, 5, 53)),
     "biglstm": ({"vocab": 53, "embed": 8, "hidden": 32, "proj": 8, "seq_len": 6}, (B, 6, 53)),
     "mlp": ({"width": 32}, (B, 10)),
@@ -35,12 +38,16 @@ TINY = {
 # Meta kernels run through Python reference code (~1 ms an op): GNMT's LSTMs step by step,
 # so its sequences are shortened, and the larger GPT-2s keep their width but two layers.
 FULL_OPTIONS = {"gnmt": {"src_len": 6, "tgt_len": 4}, "gpt2-medium": {"n_layer": 2},
-                "gpt2-large": {"n_layer": 2}, "gpt2-xl": {"n_layer": 2}}
+                "gpt2-large": {"n_layer": 2}, "gpt2-xl": {"n_layer": 2},
+                "tinyllama-1.1b": {"n_layer": 2}, "llama2-7b": {"n_layer": 2},
+                "llama2-13b": {"n_layer": 2}, "llama2-70b": {"n_layer": 2}}
 FULL = {
     "alexnet": (B, 1000), "vgg16": (B, 1000), "vgg19": (B, 1000), "resnet50": (B, 1000),
     "resnet101": (B, 1000), "inception_v3": ((B, 1000), (B, 1000)), "googlenet": (B, 1000),
     "gpt2": (B, 1024, 50257), "gpt2-medium": (B, 1024, 50257), "gpt2-large": (B, 1024, 50257),
     "gpt2-xl": (B, 1024, 50257), "bert-base": (B, 768), "bert-large": (B, 1024),
+    "tinyllama-1.1b": (B, 2048, 32000), "llama2-7b": (B, 4096, 32000),
+    "llama2-13b": (B, 4096, 32000), "llama2-70b": (B, 4096, 32000),
     "gnmt": (B, 4, 32320), "biglstm": (B, 20, 793470), "mlp": (B, 10), "chain": (B, 1024),
 }
 

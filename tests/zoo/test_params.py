@@ -21,6 +21,10 @@ COUNTS = {
     "gpt2-xl": 1_557_611_200,
     "bert-base": 109_482_240,         # BertModel with pooler
     "bert-large": 335_141_888,
+    "tinyllama-1.1b": 1_100_048_384,  # untied head; Hugging Face LlamaForCausalLM's counts
+    "llama2-7b": 6_738_415_616,
+    "llama2-13b": 13_015_864_320,
+    "llama2-70b": 68_976_648_192,
     "gnmt": 244_622_913,              # Wu et al.'s 8 + 8 layers in GNMT v2's modules
     "biglstm": 1_776_946_046,         # LSTM-8192-1024, vocabulary 793,470
     "mlp": 2_913_290,
