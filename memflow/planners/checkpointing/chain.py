@@ -15,7 +15,7 @@ them, exactly as the simulator's ledger would:
   activations or views). :func:`span` measures it and :func:`chain_violation` says when a
   graph reaches too far (``MAX_SPAN``) to be planned as a chain;
 * on one stream time never decreases along program order, so the ledger's order of events is
-  the program order, which :class:`~memflow.planners.checkpointing.order.Order` numbers;
+  the program order, which :func:`~memflow.planners.checkpointing.order.position` numbers;
 * a recomputed unit adds its forward time (:func:`forward_times`); an offloaded unit's
   transfers follow the simulator's vDNN rule: the next forward waits for the offload (so its
   device copy is gone before that forward starts), and the prefetch, issued when the next
@@ -37,11 +37,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...memory.arrays import GraphArrays, graph_arrays
-from ...memory.blocks import A_BWD, A_OPT, A_RECOMP
+from ...memory.blocks import A_OPT
 from ...sim import Simulator
 from ...sim.kinds import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
 from ...strategy import Strategy
-from .order import Order
+from .order import check_kinds
+from .transitions import BASE, block_transitions, context_code
 
 __all__ = ["KEEP_", "REC_", "OFF_", "START_", "END_", "POLICY", "MAX_SPAN", "span",
            "chain_violation", "forward_times", "ChainMemory"]
@@ -173,6 +174,7 @@ class ChainMemory:
         any_ctx = [next(iter(self.items[u].values())) for u in range(n)]
         self.tail = np.array([float(x.nbytes[x.tail].sum()) for x in any_ctx])
         self.tail_after = np.concatenate([np.cumsum(self.tail[::-1])[::-1][1:], [0.0]])
+        self._flatten()
         if offload:
             kinds, units = np.asarray(run.tasks.kind), np.asarray(run.tasks.unit)
             bwd = kinds == K_BWD
@@ -191,6 +193,35 @@ class ChainMemory:
         cover = self.compute[K_BWD][u + 1] if u + 1 < self.n else 0.0
         return off + max(0.0, pre - cover)
 
+    def _flatten(self) -> None:
+        """The probed blocks as one table for :func:`.transitions.block_transitions`."""
+        n, D = self.n, self.D
+        self.ctx_id = np.full((n, BASE ** (D + 2)), -1, np.int64)
+        rows = [(u, ctx, x) for u in range(n) for ctx, x in self.items[u].items()]
+        sizes = np.array([len(x.nbytes) for _, _, x in rows], np.int64)
+        self.stop = np.cumsum(sizes)
+        self.start = self.stop - sizes
+        for k, (u, ctx, _) in enumerate(rows):
+            self.ctx_id[u, context_code(ctx)] = k
+        self.nbytes = np.concatenate([x.nbytes for _, _, x in rows])
+        self.alloc = np.concatenate([x.alloc for _, _, x in rows])
+        self.free = np.concatenate([x.free for _, _, x in rows])
+        self.tails = np.concatenate([x.tail for _, _, x in rows])
+        check_kinds(np.concatenate([self.alloc[:, 0], self.free[:, :, 0].ravel()]))
+
+    def transitions(self, a: np.ndarray, b: np.ndarray, hist: np.ndarray, kind: np.ndarray,
+                    after: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Local peak and newly held bytes of many blocks at once (see :mod:`.transitions`):
+        block ``a[i]..b[i]`` of policy ``kind[i]``, ``hist[i]`` the policies of the ``D+1``
+        units before it, ``after[i]`` of the ``D`` after it."""
+        local, held = block_transitions(
+            np.asarray(a, np.int64), np.asarray(b, np.int64),
+            np.asarray(hist, np.int64).reshape(len(a), self.D + 1),
+            np.asarray(kind, np.int64), np.asarray(after, np.int64).reshape(len(a), self.D),
+            self.n, self.D, self.ctx_id, self.start, self.stop, self.nbytes, self.alloc,
+            self.free, self.tails, self.tail_after)
+        return local, held
+
     def transition(self, a: int, b: int, t: dict[int, int]) -> tuple[float, float]:
         """Local peak of block ``a..b`` and the bytes newly held through the next block.
 
@@ -198,49 +229,13 @@ class ChainMemory:
         are held through it are counted in the DP's held bytes already; the parameter
         gradients of units after ``b`` are in ``tail_after[b]``.
         """
-        n, D = self.n, self.D
-        seg_end = np.arange(n)
-        run_end = None
-        for v in sorted(t, reverse=True):
-            if 0 <= v < n and t[v] == REC_:
-                run_end = v if run_end is None else run_end
-                seg_end[v] = run_end
-            else:
-                run_end = None
-        order = Order(n, seg_end)
-        groups = [range(max(0, a - D), a), range(a, b + 1), range(b + 1, min(n, b + D + 1))]
-        parts = [[self.items[v][self.context(v, t)] for v in g] for g in groups]
-        flat = [p for g in parts for p in g]
-        which = np.concatenate([np.full(len(p.nbytes), k) for k, g in enumerate(parts)
-                                for p in g])
-        nbytes = np.concatenate([p.nbytes for p in flat])
-        alloc = order.pos(np.concatenate([p.alloc for p in flat]))
-        free = order.free(np.concatenate([p.free for p in flat]), alloc)
-        tail = np.concatenate([p.tail for p in flat])
-
-        def through(c: int) -> np.ndarray:
-            return (alloc <= 4 * c) & (free >= order.bwd_end(c))
-
-        before = (which == 0) & through(a)     # held since before the block: in the DP's bytes
-        keep = ~(before | ((which == 2) & tail))
-        # every allocation of the block's tasks: forward, recomputation and backward starts,
-        # and a prefetch during each backward
-        units = np.arange(a, b + 1)
-
-        def starts(kind: int) -> np.ndarray:      # one call for the block's units: pos is costly
-            return order.pos(np.stack([np.full_like(units, kind), units,
-                                       np.zeros_like(units)], 1))
-        bwd = starts(A_BWD)
-        at = np.concatenate([4 * units, bwd, bwd + 1] +
-                            ([starts(A_RECOMP)] if t[a] == REC_ else []))
-        live = (alloc[None, keep] <= at[:, None]) & (free[None, keep] >= at[:, None])
-        cover = live @ nbytes[keep] + np.where(at >= 4 * n, self.tail_after[b], 0.0)
-        held = 0.0
-        if b + 1 < n:
-            now = through(b + 1)
-            new = ((which == 1) & now) | ((which == 0) & now & ~before)
-            held = float(nbytes[new].sum())
-        return float(cover.max(initial=0.0)), held
+        def pol(v: int) -> int:
+            return START_ if v < 0 else END_ if v >= self.n else t.get(v, KEEP_)
+        D = self.D
+        local, held = self.transitions(
+            [a], [b], [pol(v) for v in range(a - D - 1, a)], [pol(a)],
+            [pol(v) for v in range(b + 1, b + D + 1)])
+        return float(local[0]), float(held[0])
 
 
 def _durations(run, u: int) -> tuple[float, float]:
