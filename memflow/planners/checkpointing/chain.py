@@ -208,6 +208,10 @@ class ChainMemory:
         self.free = np.concatenate([x.free for _, _, x in rows])
         self.tails = np.concatenate([x.tail for _, _, x in rows])
         check_kinds(np.concatenate([self.alloc[:, 0], self.free[:, :, 0].ravel()]))
+        # the most any schedule can hold: every unit's largest blocks (rotor's slots scale)
+        per_row = np.array([x.nbytes.sum() for _, _, x in rows])
+        units = np.array([u for u, _, _ in rows])
+        self.most_held = float(sum(per_row[units == u].max() for u in range(n)))
 
     def transitions(self, a: np.ndarray, b: np.ndarray, hist: np.ndarray, kind: np.ndarray,
                     after: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -7,15 +7,19 @@ chains"), with these differences:
 
 * the table: a block's memory depends on the policies of the ``D`` units on each side of it
   (the chain's span, :mod:`.chain`), so a state is (first unit of the next block, the policies
-  of the ``D+1`` units before it, the committed policies of it and the ``D-1`` after). Each
-  transition asks the chain for the block's local peak and the bytes it leaves held
-  (:meth:`~.chain.ChainMemory.transition`, memoized by its window of policies);
-* memory is not discretized: each state keeps the Pareto front of (bytes held for backward,
-  time), so the optimum is exact; ``slots=S`` rounds the held bytes up to multiples of
-  ``budget / S`` as rotor does, which bounds the work and can only lose schedules, never return
-  one that does not fit;
-* reconstruction: each front entry points back at the entry it extends, so the winning final
-  entry unwinds into a policy per unit (:func:`_reconstruct`).
+  of the ``D+1`` units before it, the committed policies of it and the ``D-1`` after). Which
+  states and blocks exist does not depend on memory, so :func:`_table` lists every transition
+  first and asks the chain for all their local peaks and held bytes in one compiled call
+  (:meth:`~.chain.ChainMemory.transitions`);
+* memory, two ways. Exact (``slots=None``): each state keeps the Pareto front of (bytes held
+  for backward, time), so the optimum is exact, but the fronts grow with the chain (seconds at
+  36 units). Rotor's discretization (``slots=S``): held bytes are rounded up to multiples of
+  ``budget / S``, and each state keeps one best (time, peak) per multiple in a compiled loop
+  (:func:`_slot_table`) — exact on the rounded memory, which can only lose schedules, never
+  return one that does not fit; a 100-unit chain solves in well under a second at 500 slots;
+* reconstruction: each entry points back at the transition that made it, so the winning final
+  entry unwinds into a policy per unit, and the time and peak returned are recomputed exactly
+  (unrounded) along that schedule.
 
 >>> _pareto([(2.0, 1.0, 0.0, None), (1.0, 3.0, 0.0, None), (3.0, 2.0, 0.0, None)])
 [(1.0, 3.0, 0.0, None), (2.0, 1.0, 0.0, None)]
@@ -24,12 +28,32 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from ...memory.jit import njit
 from .chain import END_, KEEP_, OFF_, REC_, START_, ChainMemory
 
 __all__ = ["solve"]
+
+
+@dataclass(frozen=True)
+class _Table:
+    """Every transition of the DP, in an order where a state's incoming transitions all come
+    before its outgoing ones: source and target state (-1: the schedule ends), block, policy,
+    added time, local peak and newly held bytes."""
+
+    n_states: int
+    initial: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    kind: np.ndarray
+    dt: np.ndarray
+    local: np.ndarray
+    held: np.ndarray
 
 
 def solve(chain: ChainMemory, fwd: np.ndarray, allowed: list[list[int]], budget: float,
@@ -40,12 +64,13 @@ def solve(chain: ChainMemory, fwd: np.ndarray, allowed: list[list[int]], budget:
     when nothing fits.
 
     ``fwd`` is each unit's forward time (what recomputing it adds), ``allowed`` each unit's
-    policy codes, ``budget`` the bytes above the persistent ones. States are (first unit of the
-    next block, policies of the ``D+1`` units before it, the committed policies of it and the
-    ``D-1`` after); each keeps a Pareto front of (held bytes, time, peak so far, back pointer),
-    front over held bytes and time, or over held bytes and peak for ``least="memory"`` (what
-    is still to come depends on the held bytes only, so the least peak is exact; its time is
-    not the least at that peak: solve again with that peak as the budget).
+    policy codes, ``budget`` the bytes above the persistent ones. Exact, each state keeps a
+    Pareto front of (held bytes, time, peak so far, back pointer), front over held bytes and
+    time, or over held bytes and peak for ``least="memory"`` (what is still to come depends on
+    the held bytes only, so the least peak is exact; its time is not the least at that peak:
+    solve again with that peak as the budget). With ``slots``, held bytes are rounded up to
+    ``budget / slots`` (for ``least="memory"``, to ``1 / slots`` of the most any schedule can
+    hold) and each state keeps the best entry per multiple.
 
     >>> import math, memflow
     >>> from memflow.search.synthetic import chain_graph
@@ -60,90 +85,173 @@ def solve(chain: ChainMemory, fwd: np.ndarray, allowed: list[list[int]], budget:
     >>> T, P, types = solve(chain, fwd, allowed, 55e6)   # recompute the first unit
     >>> bool(T == fwd[0]), P, types
     (True, 51497792.0, [1, 0, 0, 0])
+    >>> solve(chain, fwd, allowed, 55e6, slots=500) == (T, P, types)
+    True
     >>> solve(chain, fwd, allowed, 50e6)[2] is None      # below every schedule
     True
     >>> solve(chain, fwd, allowed, math.inf, least="memory")[1:]   # the least peak there is
     (51497792.0, [1, 0, 0, 0])
     """
+    by_memory = {"time": False, "memory": True}[least]
+    table = _table(chain, fwd, allowed)
+    opt_peak = chain.opt_bytes + float(chain.tail.sum())
+    if opt_peak > budget:
+        return math.inf, math.inf, None
+    if slots:
+        path = _slot_path(table, budget, slots, by_memory, chain.most_held)
+    else:
+        path = _front_path(table, budget, 2 if by_memory else 1)
+    if path is None:
+        return math.inf, math.inf, None
+    types, H, T, P = [KEEP_] * chain.n, 0.0, 0.0, 0.0
+    for t in path:       # the schedule's own time and peak, unrounded
+        types[table.a[t]:table.b[t] + 1] = [int(table.kind[t])] * int(table.b[t] + 1 - table.a[t])
+        T, P, H = T + table.dt[t], max(P, H + table.local[t]), H + table.held[t]
+    return float(T), max(float(P), opt_peak), types
+
+
+def _table(chain: ChainMemory, fwd: np.ndarray, allowed: list[list[int]]) -> _Table:
+    """Every state reachable from the start and every block from each, with its numbers."""
     n, D = chain.n, chain.D
-    by = {"time": 1, "memory": 2}[least]
-    quantum = budget / slots if slots else 0.0
-    fronts: dict[tuple, list] = {}
-    for com in _assignments(0, D, allowed, {}):
-        fronts[(0, (START_,) * (D + 1), com)] = [(0.0, 0.0, 0.0, None)]
-    memo: dict[tuple, tuple[float, float, float]] = {}
-    finals = []
+    index: dict[tuple, int] = {}
+    by_start: list[list[tuple]] = [[] for _ in range(n)]
+
+    def state(key: tuple) -> int:
+        if key not in index:
+            index[key] = len(index)
+            by_start[key[0]].append(key)
+        return index[key]
+
+    initial = [state((0, (START_,) * (D + 1), com)) for com in _assignments(0, D, allowed)]
+    rows, hists, afters = [], [], []
+    choices: dict[tuple, list] = {}
+    ends = np.concatenate([[0.0], np.cumsum(fwd)])
     for a in range(n):
-        for key in sorted(k for k in fronts if k[0] == a):
+        for key in sorted(by_start[a]):
             _, hist, com = key
-            front = _pareto(fronts.pop(key), by)
-            known = {v: x for v, x in zip(range(a - D - 1, a + D), hist + com) if 0 <= v < n}
             kind = com[0]
             for b in _block_ends(a, com, allowed):
-                t = {**known, **{v: kind for v in range(a, b + 1)}}
                 lo = max(b, a + D - 1) + 1
                 # a segment is a maximal run: the unit after it is not recomputed
-                for more in _assignments(lo, b + D + 1, allowed, t,
-                                         no_rec=b + 1 if kind == REC_ else -1):
-                    tt = {**t, **{v: x for v, x in zip(range(lo, b + D + 1), more) if v < n}}
-                    window = tuple(tt.get(v, END_) for v in range(a - D - 1, b + D + 1))
-                    if (a, b, window) not in memo:
-                        dt = float(fwd[a:b + 1].sum()) if kind == REC_ else \
-                            chain.offload_time(a, tt) if kind == OFF_ else 0.0
-                        memo[(a, b, window)] = (*chain.transition(a, b, tt), dt)
-                    local, held, dt = memo[(a, b, window)]
-                    nxt = (b + 1, tuple(tt.get(v, START_) for v in range(b - D, b + 1)),
-                           tuple(tt.get(v, END_) for v in range(b + 1, b + D + 1)))
-                    for i, (H, T, P, _) in enumerate(front):
-                        if H + local > budget * (1 + 1e-12):
-                            break          # fronts are sorted by held bytes
-                        entry = (_round_up(H + held, quantum), T + dt, max(P, H + local),
-                                 (a, b, kind, front, i))
-                        (finals if b == n - 1 else fronts.setdefault(nxt, [])).append(entry)
-    opt_peak = chain.opt_bytes + float(chain.tail.sum())
-    finals = [f for f in finals if opt_peak <= budget]
+                which = (lo, b + D + 1, b + 1 if kind == REC_ else -1)
+                if which not in choices:
+                    choices[which] = _assignments(*which[:2], allowed, no_rec=which[2])
+                for more in choices[which]:
+                    after = com[b + 1 - a:] + more
+                    before = tuple(hist[v - a + D + 1] if v < a else kind
+                                   for v in range(b - D, b + 1))
+                    dst = state((b + 1, before, after)) if b + 1 < n else -1
+                    dt = ends[b + 1] - ends[a] if kind == REC_ else \
+                        chain.offload_time(a, {a - 1: hist[-1], a: kind,
+                                               **dict(zip(range(a + 1, a + D + 1), after))}) \
+                        if kind == OFF_ else 0.0
+                    rows.append((index[key], dst, a, b, kind, dt))
+                    hists.append(hist)
+                    afters.append(after)
+    src, dst, a_, b_, kind_, dt = (np.array(c) for c in zip(*rows))
+    local, held = chain.transitions(a_, b_, np.array(hists), kind_, np.array(afters))
+    return _Table(len(index), np.array(initial, np.int64), src.astype(np.int64),
+                  dst.astype(np.int64), a_, b_, kind_, dt.astype(np.float64), local, held)
+
+
+def _front_path(table: _Table, budget: float, by: int) -> list[int] | None:
+    """Exact: Pareto fronts per state; the transitions of the best schedule, or None."""
+    fronts: dict[int, list] = {s: [(0.0, 0.0, 0.0, None)] for s in table.initial}
+    finals = []
+    current, front = -1, []
+    for t in range(len(table.src)):
+        if table.src[t] != current:
+            current = int(table.src[t])
+            front = _pareto(fronts.pop(current, []), by)
+        local, held, dt, d = table.local[t], table.held[t], table.dt[t], int(table.dst[t])
+        for i, (H, T, P, _) in enumerate(front):
+            if H + local > budget * (1 + 1e-12):
+                break          # fronts are sorted by held bytes
+            entry = (H + held, T + dt, max(P, H + local), (t, front, i))
+            (finals if d < 0 else fronts.setdefault(d, [])).append(entry)
     if not finals:
-        return math.inf, math.inf, None
-    _, T, P, back = min(finals, key=lambda f: (f[by], f[3 - by]))
-    return T, max(P, opt_peak), _reconstruct(back, n)
-
-
-def _round_up(held: float, quantum: float) -> float:
-    """``held`` bytes rounded up to a multiple of ``quantum`` (rotor's memory slots; none
-    when ``quantum`` is 0).
-
-    >>> _round_up(5.0, 2.0), _round_up(4.0, 2.0), _round_up(5.0, 0.0)
-    (6.0, 4.0, 5.0)
-    """
-    return math.ceil(held / quantum - 1e-9) * quantum if quantum else held
-
-
-def _reconstruct(back: tuple | None, n: int) -> list[int]:
-    """The policy per unit of a schedule, unwound from the back pointer of its final entry:
-    each pointer is (first unit, last unit, policy, front, index of the entry it extends).
-
-    >>> first = [(0.0, 0.0, 0.0, None)]
-    >>> second = [(1.0, 0.0, 0.0, (0, 1, REC_, first, 0))]
-    >>> _reconstruct((2, 2, KEEP_, second, 0), 3) == [REC_, REC_, KEEP_]
-    True
-    """
-    types = [KEEP_] * n
+        return None
+    back = min(finals, key=lambda f: (f[by], f[3 - by]))[3]
+    path = []
     while back is not None:
-        a, b, kind, front, i = back
-        types[a:b + 1] = [kind] * (b + 1 - a)
+        t, front, i = back
+        path.append(t)
         back = front[i][3]
-    return types
+    return path[::-1]
 
 
-def _assignments(lo: int, hi: int, allowed: list[list[int]], fixed: dict[int, int],
+def _slot_path(table: _Table, budget: float, slots: int, by_memory: bool,
+               most: float) -> list[int] | None:
+    """Rotor's slots: held bytes rounded up to ``budget / slots`` (``most / slots`` without a
+    budget); the transitions of the best schedule on the rounded memory, or None."""
+    n_blocks = int(table.b.max()) + 1
+    quantum = (budget if math.isfinite(budget) else most) / slots
+    width = slots + n_blocks + 2          # each rounding adds at most one slot
+    if quantum <= 0:
+        quantum, width = 1.0, 1
+    step = np.ceil(table.held / quantum - 1e-9).astype(np.int64)
+    ptr, final_t, final_h = _slot_table(table.n_states, table.initial, table.src, table.dst,
+                                        table.local, table.dt, step, budget, quantum, width,
+                                        by_memory)
+    if final_t < 0:
+        return None
+    path, t, h = [], final_t, final_h
+    while t >= 0:
+        path.append(t)
+        s = table.src[t]
+        t = ptr[s, h]
+        if t >= 0:
+            h -= step[t]
+    return path[::-1]
+
+
+@njit
+def _slot_table(n_states, initial, src, dst, local, dt, step, budget, quantum, width,
+                by_memory):
+    # best (first, second) per state and slot: (time, peak) or (peak, time); a pointer to the
+    # transition that reached it; the best final transition and the slot it left from
+    first = np.full((n_states, width), np.inf)
+    second = np.full((n_states, width), np.inf)
+    ptr = np.full((n_states, width), -1, np.int64)
+    for s in initial:
+        first[s, 0] = 0.0
+        second[s, 0] = 0.0
+    best = (np.inf, np.inf)
+    final_t, final_h = -1, -1
+    limit = budget * (1 + 1e-12)
+    for t in range(len(src)):
+        s, d, k = src[t], dst[t], step[t]
+        for h in range(width):
+            if first[s, h] == np.inf:
+                continue
+            H = h * quantum
+            if H + local[t] > limit:
+                break          # more held bytes fit no better
+            time = (second[s, h] if by_memory else first[s, h]) + dt[t]
+            peak = max(first[s, h] if by_memory else second[s, h], H + local[t])
+            new = (peak, time) if by_memory else (time, peak)
+            if d < 0:
+                if new < best:
+                    best, final_t, final_h = new, t, h
+            elif h + k < width and new < (first[d, h + k], second[d, h + k]):
+                first[d, h + k], second[d, h + k] = new
+                ptr[d, h + k] = t
+    return ptr, final_t, final_h
+
+
+def _assignments(lo: int, hi: int, allowed: list[list[int]],
                  no_rec: int = -1) -> list[tuple[int, ...]]:
-    """Every choice of policies for units ``lo … hi-1`` (END beyond the chain), those in
-    ``fixed`` as given, each among its ``allowed`` ones (unit ``no_rec`` not recomputed)."""
+    """Every choice of policies for units ``lo … hi-1`` (END beyond the chain), each among its
+    ``allowed`` ones (unit ``no_rec`` not recomputed).
+
+    >>> _assignments(1, 3, [[0, 1], [0, 1], [0]], no_rec=1)
+    [(0, 0)]
+    """
     n = len(allowed)
-    options = [[END_] if v >= n else [fixed[v]] if v in fixed else
-               [x for x in allowed[v] if not (v == no_rec and x == REC_)]
+    options = [(END_,) if v >= n else
+               tuple(x for x in allowed[v] if not (v == no_rec and x == REC_))
                for v in range(lo, hi)]
-    return [tuple(c) for c in itertools.product(*options)]
+    return list(itertools.product(*options))
 
 
 def _block_ends(a: int, com: tuple[int, ...], allowed: list[list[int]]) -> list[int]:

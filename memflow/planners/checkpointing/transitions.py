@@ -116,19 +116,30 @@ def _one(a, b, n, D, hist, kind, after, ctx_id, start, stop, nbytes, alloc, free
         before[j] = group[j] == 0 and at_alloc[j] <= 4 * a and at_free[j] >= end_a
         keep[j] = not (before[j] or (group[j] == 2 and is_tail[j]))
     # the block's task starts: forward, backward (and a prefetch during it), recomputation
-    local = 0.0
     recomputed = _policy(a, a, b, n, D, hist, kind, after) == _REC
+    per = 4 if recomputed else 3
+    events = np.empty(per * (b - a + 1), np.int64)
     for u in range(a, b + 1):
         su = seg[u - lo_w]
         bw = position(A_BWD, u, 0, n, su)
-        for e in range(4 if recomputed else 3):
-            at = 4 * u if e == 0 else bw if e == 1 else bw + 1 if e == 2 else \
-                position(A_RECOMP, u, 0, n, su)
-            cover = tail_after[b] if at >= 4 * n else 0.0
-            for j in range(m):
-                if keep[j] and at_alloc[j] <= at and at_free[j] >= at:
-                    cover += size[j]
-            local = max(local, cover)
+        e = per * (u - a)
+        events[e], events[e + 1], events[e + 2] = 4 * u, bw, bw + 1
+        if recomputed:
+            events[e + 3] = position(A_RECOMP, u, 0, n, su)
+    # each kept block is live over a contiguous run of the sorted events: add its bytes to
+    # the run's ends, then sum along the events (m log E for m blocks and E events)
+    events.sort()
+    lo = np.searchsorted(events, at_alloc, "left")
+    hi = np.searchsorted(events, at_free, "right")
+    diff = np.zeros(len(events) + 1)
+    for j in range(m):
+        if keep[j]:
+            diff[lo[j]] += size[j]
+            diff[hi[j]] -= size[j]
+    local, live = 0.0, 0.0
+    for e in range(len(events)):
+        live += diff[e]
+        local = max(local, live + (tail_after[b] if events[e] >= 4 * n else 0.0))
     held = 0.0
     if b + 1 < n:
         end_next = bwd_end(b + 1, n)
