@@ -120,7 +120,7 @@ class _Planner:
     """The kept sets of every method, turned into strategies and simulated."""
 
     def __init__(self, graph, device: Any, memory_limit: Any, optimizer: str,
-                 slots: int | None = None):
+                 slots: int | str | None = "auto"):
         check_graph(graph, "checkpoint")
         self.slots = slots
         self.graph = graph
@@ -197,7 +197,7 @@ class _Planner:
 
 
 def checkpoint(graph, device: Any, memory_limit: Any = None, method: str = "sqrt", *,
-               optimizer: str = "sgd", slots: int | None = None) -> Strategy:
+               optimizer: str = "sgd", slots: int | str | None = "auto") -> Strategy:
     """The fastest ``method`` checkpointing strategy of ``graph`` on one device within
     ``memory_limit`` (bytes or a size string; default the device's capacity).
 
@@ -207,7 +207,8 @@ def checkpoint(graph, device: Any, memory_limit: Any = None, method: str = "sqrt
     :class:`~memflow.planners.common.Infeasible` with the smallest memory the method reaches when
     it cannot fit. ``slots`` is passed to ``optimal_checkpointing``: it cuts memory into
     slots of ``limit / slots`` as rotor does, which bounds the work on long chains (500 slots:
-    a 100-unit chain in a fraction of a second).
+    a 100-unit chain in a fraction of a second); ``"auto"`` is exact up to 40 units, None
+    always exact.
     """
     if method not in METHODS:
         raise PlanError(f"checkpoint: unknown method {method!r}; valid: {', '.join(METHODS)}")
@@ -216,7 +217,7 @@ def checkpoint(graph, device: Any, memory_limit: Any = None, method: str = "sqrt
 
 def checkpoint_table(graph, device: Any, methods: Iterable[str] = METHODS, *,
                      memory_limit: Any = None, optimizer: str = "sgd",
-                     slots: int | None = None) -> pd.DataFrame:
+                     slots: int | str | None = "auto") -> pd.DataFrame:
     """Per method: the smallest peak memory at which training still runs, its time, and the
     fastest plan within ``memory_limit`` (default the device's capacity).
 

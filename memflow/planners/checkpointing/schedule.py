@@ -28,10 +28,14 @@ from ..common import as_cluster
 from .chain import KEEP_, OFF_, POLICY, REC_, ChainMemory, chain_violation, forward_times, span
 from .solver import solve
 
-__all__ = ["optimal_checkpointing", "CheckpointResult", "CHECKPOINT", "LEAST"]
+__all__ = ["optimal_checkpointing", "CheckpointResult", "CHECKPOINT", "LEAST", "SLOTS",
+           "EXACT_UP_TO"]
 
 CHECKPOINT = ("keep", "recompute")
 LEAST = ("time", "memory")      # what optimal_checkpointing minimizes first
+# slots="auto": exact fronts answer in a fraction of a second up to EXACT_UP_TO units; longer
+# chains get SLOTS memory slots (rotor's order of magnitude: 0.3 s on 100 units)
+EXACT_UP_TO, SLOTS = 40, 500
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,8 @@ class CheckpointResult:
 def optimal_checkpointing(graph, device: Any, memory_limit: Any = None, *,
                           base: Strategy | None = None, policies: Sequence[str] = CHECKPOINT,
                           optimizer: str = "sgd", precision: str | None = None,
-                          slots: int | None = None, least: str = "time") -> CheckpointResult:
+                          slots: int | str | None = "auto", least: str = "time"
+                          ) -> CheckpointResult:
     """The least-time keep/recompute schedule of a chain that fits ``memory_limit``; with
     ``least="memory"``, the least-time one among those of the least peak memory, whether or
     not it fits (``feasible`` says).
@@ -66,8 +71,9 @@ def optimal_checkpointing(graph, device: Any, memory_limit: Any = None, *,
     memory into slots of ``limit / slots`` as rotor does, keeping one schedule per slot (see
     :mod:`.solver`): what it returns always fits, may be slower than the optimum by what
     ``n`` slots of memory would buy (0.08% on 100 units at 500 slots), and a 100-unit chain
-    solves in about 0.3 s of CPU at ``slots=500``; the default is exact (0.1 s at 36 units,
-    11 s at 100). With ``least="memory"`` and ``slots`` the least peak is approximate in the
+    solves in about 0.3 s of CPU at ``slots=500``; ``slots=None`` is exact (0.1 s at 36 units,
+    11 s at 100), and the default ``"auto"`` is exact up to ``EXACT_UP_TO`` (40) units and
+    ``SLOTS`` (500) slots beyond. With ``least="memory"`` and ``slots`` the least peak is approximate in the
     same way (the schedule's own peak is still the simulator's). Raises :class:`~memflow.errors.SearchError` when the graph is not a
     chain or (``least="time"``) nothing fits.
 
@@ -84,6 +90,12 @@ def optimal_checkpointing(graph, device: Any, memory_limit: Any = None, *,
     """
     if least not in LEAST:
         raise SearchError(f"optimal_checkpointing: least={least!r}; valid: {', '.join(LEAST)}")
+    if slots == "auto":
+        slots = None if len(graph) <= EXACT_UP_TO else SLOTS
+    elif slots is not None and (isinstance(slots, bool) or not isinstance(slots, int)
+                                or slots < 1):
+        raise SearchError(f"optimal_checkpointing: slots={slots!r}; valid: a positive "
+                          "integer, None (exact) or 'auto'")
     cluster = as_cluster(device, "device")
     bad = [p for p in policies if p not in POLICY.values()]
     if bad or "keep" not in policies:
