@@ -55,3 +55,13 @@ def test_grouped_heads_are_saved_once_not_per_query_head(backend):
     saved = graph.tensors[graph.tensors["savers"].map(bool)]
     assert [b, 8, s, 128] in saved["shape"].tolist()        # rotated keys, 8 heads
     assert not any(shape[-2:] == [s, s] for shape in saved["shape"])
+
+
+@pytest.mark.parametrize("autocast, dtype", [("bfloat16", torch.float32), (None, torch.bfloat16)])
+def test_capture_matches_real_cpu_autograd_in_16_bit(autocast, dtype):
+    # float32 RMSNorm inside a bf16 model, and CPU autocast's op lists
+    model, inputs = zoo.get("tinyllama-1.1b", batch_size=2, device="cpu", **TINY)
+    model = model.to(dtype)
+    options = {"autocast": autocast} if autocast else {}
+    assert (from_torch(model, inputs, **options).units["saved_bytes"].sum()
+            == saved_bytes(model, inputs, **options))
