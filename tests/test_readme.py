@@ -82,6 +82,18 @@ def _memflow(line: str) -> tuple[int, str]:
     return status, out.getvalue()
 
 
+def _torchrun(line: str, folder: Path) -> str:
+    """Run a ``torchrun ...`` line in ``folder`` (torchrun is torch.distributed.run); its log,
+    after checking that it succeeded."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", *shlex.split(line)[1:]],
+                         cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-3000:]
+    return log
+
+
 def _bash_lines(block: str) -> list[str]:
     return [line for line in block.splitlines() if line.strip()]
 
@@ -110,14 +122,7 @@ def test_the_demo_prints_the_readmes_torchrun_line_and_it_trains(folder):
     assert status == 0, out
     printed = [line.strip() for line in out.splitlines() if line.strip().startswith("torchrun")]
     assert printed == [readme_line]
-    argv = shlex.split(readme_line)
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv[1:]],
-                         cwd=folder, env=env, capture_output=True, text=True, timeout=300)
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-3000:]
-    assert "step 10/10 loss" in log
+    assert "step 10/10 loss" in _torchrun(readme_line, folder)
 
 
 def test_every_memflow_line_runs(folder):
@@ -136,14 +141,7 @@ def test_every_memflow_line_runs(folder):
     assert (folder / "myplan" / "strategy.json").is_file()
     # the search -> export -> torchrun sequence: the README's line is one export printed
     assert TORCHRUN in printed
-    argv = shlex.split(TORCHRUN.replace("--steps 10", "--steps 1"))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv[1:]],
-                         cwd=folder, env=env, capture_output=True, text=True, timeout=300)
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-3000:]
-    assert "step 1/1 loss" in log
+    assert "step 1/1 loss" in _torchrun(TORCHRUN.replace("--steps 10", "--steps 1"), folder)
 
 
 def test_every_python_block_runs(folder):
