@@ -53,7 +53,20 @@ class Runnable:
 RUNNABLE = Runnable()
 
 
-def why_unsliceable(graph, i: int) -> str | None:
+def _sharing(graph) -> tuple[dict[str, int], dict[str, str]]:
+    """Calls per module (whole-module units), and per unit the first weight it shares with
+    another module (tied weights: a parameter row with several names)."""
+    u = graph.units
+    calls = u.loc[u["role"] == "module", "module"].value_counts().to_dict()
+    tied: dict[str, str] = {}
+    for names, readers in zip(graph.parameters["names"], graph.parameters["readers"]):
+        if len(names) > 1:
+            for r in readers:
+                tied.setdefault(r, names[0])
+    return calls, tied
+
+
+def why_unsliceable(graph, i: int, sharing=None) -> str | None:
     """Why unit ``i`` of ``graph`` cannot have a parameter split in export (None: it can).
 
     >>> import memflow
@@ -68,15 +81,12 @@ def why_unsliceable(graph, i: int) -> str | None:
     if int(u["shard_axis"].iat[i]) < 0:
         return (f"unit {name!r} is a {u['kind'].iat[i]}; export slices only Linear, "
                 "Conv1d/2d/3d with one group and Embedding modules")
-    calls = int(((u["module"] == u["module"].iat[i]) & (u["role"] == "module")).sum())
-    if calls > 1:
-        return (f"unit {name!r}: its module runs {calls} times in a step; export slices a "
-                "module by replacing it, which needs a module called once")
-    p = graph.parameters
-    tied = [n for names, readers in zip(p["names"], p["readers"])
-            if len(names) > 1 and name in readers for n in names[:1]]
-    if tied:
-        return (f"unit {name!r} shares its weight {tied[0]!r} with another module (tied "
+    calls, tied = sharing or _sharing(graph)
+    if calls.get(u["module"].iat[i], 1) > 1:
+        return (f"unit {name!r}: its module runs {calls[u['module'].iat[i]]} times in a step; "
+                "export slices a module by replacing it, which needs a module called once")
+    if name in tied:
+        return (f"unit {name!r} shares its weight {tied[name]!r} with another module (tied "
                 "weights); slicing it would untie them")
     return None
 
@@ -90,7 +100,8 @@ def parameter_limits(graph) -> np.ndarray:
     [8, 1, 8, 1]
     """
     top = graph.units["max_parameter_degree"].to_numpy(np.int64)
-    return np.array([top[i] if why_unsliceable(graph, i) is None else 1
+    sharing = _sharing(graph)
+    return np.array([top[i] if why_unsliceable(graph, i, sharing) is None else 1
                      for i in range(len(top))], np.int64)
 
 
