@@ -227,7 +227,7 @@ def demo(args: argparse.Namespace) -> int:
         print(f"   {len(graph)} units; data parallel: {_describe(dp)}")
         budget = f"{seconds:g} s" if seconds is not None else f"{args.iterations} proposals"
         print(f"2. searching memory policies for {budget} ...", flush=True)
-        # Memory policies over data parallelism: a plan DistributedDataParallel runs as exported.
+        # Memory policies over data parallelism: the demo's point is that they make it fit.
         found, plan = _search(inputs, folder, iterations=args.iterations, seconds=seconds,
                               moves="memory", quiet=args.quiet, graph=graph, cluster=cluster)
     print(f"   best: {_describe(found.best_result)}")
