@@ -103,3 +103,17 @@ def test_walk_scripts_and_trains(model, tmp_path):
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.grad is not None for p in exported.parameters() if p.requires_grad)
+
+
+def test_a_search_started_anywhere_stays_runnable():
+    """MCMCSearch projects a start export cannot run (a 1F1B pipeline, a tensor-parallel
+    block split) into the space, keeps its proposals there, and runnable=False keeps
+    FlexFlow's full space for research."""
+    g, c = graph("gpt2"), memflow.Cluster.preset("4xV100-16GB")
+    for start in (memflow.Strategy.pipeline(g, c, stages=2, dp=2, microbatches=2),
+                  memflow.Strategy.tensor_parallel(g, c, tp=4)):
+        assert unrunnable(start, g) is not None
+        search = memflow.MCMCSearch(g, c, init=start, seed=1).run(iterations=40)
+        assert unrunnable(search.best, g) is None and unrunnable(search.current, g) is None
+    full = memflow.MCMCSearch(g, c, init=start, seed=1, runnable=False)
+    assert full.current == start
