@@ -12,6 +12,8 @@ What runs, and the only changes made to it (budgets that a flag or argument sets
   (the zoo's ``chain``, on the README's 4 GPUs, 20 proposals);
 * the ``torchrun`` line of the plan-folder table runs as written on that demo's plan (4
   processes, gloo, 10 steps), and must be the line the demo prints;
+* the ``torchrun`` line after the ``memflow`` lines must be one that ``memflow export``
+  printed, and runs on the plan they made with ``--steps 1``;
 * the ```python blocks run with ``exec``, ``search.run(seconds=30)`` as
   ``search.run(iterations=8)``;
 * ``path/to/model.py:make`` is a small model file written for the test.
@@ -34,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, re.S | re.M)
 BUDGET = ["--iterations", "8"]
+TORCHRUN = "torchrun --standalone --nproc_per_node 4 plan/train.py --steps 10 --batch-size 8"
 MODEL_FILE = '''import torch
 
 
@@ -79,6 +82,18 @@ def _memflow(line: str) -> tuple[int, str]:
     return status, out.getvalue()
 
 
+def _torchrun(line: str, folder: Path) -> str:
+    """Run a ``torchrun ...`` line in ``folder`` (torchrun is torch.distributed.run); its log,
+    after checking that it succeeded."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", *shlex.split(line)[1:]],
+                         cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-3000:]
+    return log
+
+
 def _bash_lines(block: str) -> list[str]:
     return [line for line in block.splitlines() if line.strip()]
 
@@ -88,7 +103,10 @@ def test_the_readme_has_only_blocks_this_test_runs():
     scripts, *commands = [b for lang, b in BLOCKS if lang == "bash"]
     assert [shlex.split(line, comments=True) for line in _bash_lines(scripts)] == \
         [["./scripts/demo"], ["./scripts/test"]]
-    assert all(line.startswith("memflow ") for b in commands for line in _bash_lines(b))
+    assert all(line.startswith(("memflow ", "torchrun ")) for b in commands
+               for line in _bash_lines(b))
+    assert [line for b in commands for line in _bash_lines(b)
+            if not line.startswith("memflow ")] == [TORCHRUN]
     # `memflow` is memflow.cli:main, which the lines below call; scripts/demo runs it too
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["project"]["scripts"]["memflow"] == "memflow.cli:main"
@@ -104,28 +122,26 @@ def test_the_demo_prints_the_readmes_torchrun_line_and_it_trains(folder):
     assert status == 0, out
     printed = [line.strip() for line in out.splitlines() if line.strip().startswith("torchrun")]
     assert printed == [readme_line]
-    argv = shlex.split(readme_line)
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv[1:]],
-                         cwd=folder, env=env, capture_output=True, text=True, timeout=300)
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-3000:]
-    assert "step 10/10 loss" in log
+    assert "step 10/10 loss" in _torchrun(readme_line, folder)
 
 
 def test_every_memflow_line_runs(folder):
     lines = [line for lang, b in BLOCKS if lang == "bash" for line in _bash_lines(b)
              if line.startswith("memflow ")]
     assert len(lines) == 7
+    printed = []
     with inside(folder):
         for line in lines:
             status, out = _memflow(line)
             assert status == 0, (line, out)
             if " export " in f" {line} ":
                 assert "torchrun --standalone --nproc_per_node 4 plan/train.py" in out
+                printed = [p.strip() for p in out.splitlines() if p.strip().startswith("torchrun")]
     assert (folder / "plan" / "report.html").is_file()
     assert (folder / "myplan" / "strategy.json").is_file()
+    # the search -> export -> torchrun sequence: the README's line is one export printed
+    assert TORCHRUN in printed
+    assert "step 1/1 loss" in _torchrun(TORCHRUN.replace("--steps 10", "--steps 1"), folder)
 
 
 def test_every_python_block_runs(folder):

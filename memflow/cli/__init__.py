@@ -123,8 +123,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
     p.add_argument("--moves", choices=("all", "memory"), default="all",
-                   help="memory: change memory policies only, keeping data parallelism (the "
-                   "plan then exports as DistributedDataParallel)")
+                   help="all: placement, splits, data-parallel degree and memory policies, "
+                   "every proposal one export runs (docs/export.md); memory: memory policies "
+                   "only, over data parallelism")
     p.add_argument("--out", default="plan", help="the plan folder (default plan/), checked "
                    "before the search; a plan already there is replaced whole")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -31,7 +31,13 @@ DEMO = {"model": "resnet50", "batch": 1024, "cluster": "4xV100-16GB"}
 """The demo's defaults: data parallel needs ~21 GiB per V100-16GB at this batch."""
 
 DEMO_CPU_BATCH = 2
-"""Samples per replica in the training command the demo prints: small enough for a CPU."""
+"""Samples per replica and micro-batch in the try-out training command that the demo and
+``export`` print: small enough for a CPU."""
+
+
+def _try_out_batch(strategy) -> int:
+    from ..export import replicas
+    return DEMO_CPU_BATCH * replicas(strategy) * strategy.microbatches
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
@@ -149,7 +155,7 @@ def simulate(args: argparse.Namespace) -> None:
 def export(args: argparse.Namespace) -> None:
     """``memflow export``: the torchrun training script of a strategy, checked against the
     model before anything is written; prints the command that runs it."""
-    from ..export import script
+    from ..export import replicas, script
     from ..export.scripts import run_line
 
     inputs = _inputs(args)
@@ -160,7 +166,10 @@ def export(args: argparse.Namespace) -> None:
     strategy = load_strategy(args.strategy)
     path = script(strategy, args.out, model=args.model, model_options=inputs["options"],
                   batch_size=args.batch, optimizer=args.optimizer)
-    print(f"wrote {path} and {path.with_suffix('.json').name} beside it; run it with\n"
+    small = _try_out_batch(strategy)
+    print(f"wrote {path} and {path.with_suffix('.json').name} beside it; to try it on this "
+          f"machine's CPU at a small batch:\n  {run_line(strategy, path, batch_size=small)}\n"
+          f"to train as planned, on {replicas(strategy)} process(es):\n"
           f"  {run_line(strategy, path)}")
 
 
@@ -218,7 +227,7 @@ def demo(args: argparse.Namespace) -> int:
         print(f"   {len(graph)} units; data parallel: {_describe(dp)}")
         budget = f"{seconds:g} s" if seconds is not None else f"{args.iterations} proposals"
         print(f"2. searching memory policies for {budget} ...", flush=True)
-        # Memory policies over data parallelism: a plan DistributedDataParallel runs as exported.
+        # Memory policies over data parallelism: the demo's point is that they make it fit.
         found, plan = _search(inputs, folder, iterations=args.iterations, seconds=seconds,
                               moves="memory", quiet=args.quiet, graph=graph, cluster=cluster)
     print(f"   best: {_describe(found.best_result)}")
@@ -229,6 +238,6 @@ def demo(args: argparse.Namespace) -> int:
     n = replicas(found.best)
     print(f"done:\n  strategy  {plan / FILES['strategy']}\n  report    {html}\n"
           f"  training  {train}, on this machine's CPU at a small batch:\n"
-          f"    {run_line(found.best, train, batch_size=DEMO_CPU_BATCH * n)}\n"
+          f"    {run_line(found.best, train, batch_size=_try_out_batch(found.best))}\n"
           f"  (on {n} GPUs, leave out --batch-size to train at the planned {batch})")
     return _verdict(found, plan)

@@ -50,6 +50,7 @@ from torch.utils import _pytree as pytree
 from ..errors import ExportError
 from ..graph.units import LOSS, ROOT
 from ..strategy.policies import KEEP, M_COMPRESSED, M_HOST, M_RECOMPUTE, POLICIES
+from ..strategy.runnable import unrunnable
 from .saved import SavedStore
 from .placement import MoveTo, place, replica_devices, torch_devices
 from .segment import Segment, storage_key
@@ -222,10 +223,9 @@ def apply(model: nn.Module, strategy, graph=None, *, inplace: bool = False, repl
         if s.module == LOSS and strategy.policy[s.index] != KEEP:
             raise ExportError(f"unit {s.name!r} is the loss, which runs in your training loop, "
                               "not in the model; only 'keep' can be exported for it")
-    if strategy.microbatches > 1 and strategy.schedule != "gpipe":
-        raise ExportError(f"schedule {strategy.schedule!r} with {strategy.microbatches} "
-                          "micro-batches interleaves backward with forward, which a module "
-                          "cannot run; export supports schedule='gpipe'")
+    reason = unrunnable(strategy, graph)
+    if reason is not None:
+        raise ExportError(reason)
     parts = replica_devices(strategy, replica,
                             torch_devices(strategy.device_names, devices))
     target = model if inplace else copy.deepcopy(model)

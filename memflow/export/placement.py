@@ -4,14 +4,9 @@ A strategy names devices (``gpu0``, ``gpu1``...) and splits each unit into parts
 (data parallel), ``attribute`` (spatial / sequence) and ``parameter`` (output channels). Parts
 are numbered sample-major, then attribute, then parameter (:mod:`memflow.strategy`). Export
 runs data parallelism as whole-model replicas (``DistributedDataParallel`` in the training
-script), so replica ``r`` is the ``r``-th sample part of every unit, and:
-
-* every unit must have the same sample degree (a per-unit batch split is not a replica);
-* an attribute split would need halo exchanges between the parts of a convolution or the
-  positions of a sequence, which export does not generate: it is refused;
-* a parameter split is sharded over output features (``Linear``, ``Conv*`` with one group) or
-  embedding dimensions (``Embedding``) by :mod:`memflow.export.sharding`; other modules, and
-  glue, cannot be sharded.
+script), so replica ``r`` is the ``r``-th sample part of every unit. What export can run —
+one sample degree for every unit, no attribute split, parameter splits of sliceable modules
+(:mod:`memflow.export.sharding`) — is declared once in :mod:`memflow.strategy.runnable`.
 
 Everything refused raises :class:`~memflow.errors.ExportError` naming the unit.
 
@@ -36,6 +31,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
+from ..strategy.runnable import unrunnable
 from .spans import Span, within
 
 __all__ = ["torch_devices", "replicas", "replica_devices", "owned_tensors", "place",
@@ -64,7 +60,9 @@ def torch_devices(names: Sequence[str],
 
 
 def replicas(strategy) -> int:
-    """The data-parallel degree: every unit's sample degree, which must agree.
+    """The data-parallel degree: every unit's sample degree. A strategy export cannot run
+    raises :class:`~memflow.errors.ExportError` with the reason
+    :func:`~memflow.strategy.runnable.unrunnable` gives.
 
     >>> from memflow.strategy import Strategy
     >>> replicas(Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu0",)], sample=[2, 1]))
@@ -72,14 +70,10 @@ def replicas(strategy) -> int:
     ...
     memflow.errors.ExportError: unit 'b' has sample degree 1 but unit 'a' has 2; export runs data parallelism as whole-model replicas (DistributedDataParallel), so every unit needs the same sample degree
     """
-    first = int(strategy.sample[0])
-    for u, s in zip(strategy.units, strategy.sample.tolist()):
-        if s != first:
-            raise ExportError(
-                f"unit {u!r} has sample degree {s} but unit {strategy.units[0]!r} has {first}; "
-                "export runs data parallelism as whole-model replicas (DistributedDataParallel), "
-                "so every unit needs the same sample degree")
-    return first
+    reason = unrunnable(strategy)
+    if reason is not None:
+        raise ExportError(reason)
+    return int(strategy.sample[0])
 
 
 def replica_devices(strategy, replica: int,
@@ -90,13 +84,8 @@ def replica_devices(strategy, replica: int,
         raise ExportError(f"replica {replica} does not exist; the strategy has {n} "
                           f"data-parallel replicas (0..{n - 1})")
     out = []
-    for i, u in enumerate(strategy.units):
-        a, p = int(strategy.attribute[i]), int(strategy.parameter[i])
-        if a > 1:
-            raise ExportError(
-                f"unit {u!r} is split {a} ways over its attribute (spatial or sequence) "
-                "dimension; export cannot generate the halo exchanges this needs. Valid: "
-                "attribute=1, with sample or parameter splits")
+    for i in range(len(strategy.units)):
+        p = int(strategy.parameter[i])
         parts = strategy.devices[i][replica * p:(replica + 1) * p]
         out.append(tuple(devices[d] for d in parts))
     return out

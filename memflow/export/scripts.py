@@ -28,10 +28,11 @@ from typing import Any, Mapping
 from .._jsonio import write_text
 from ..errors import ExportError, MemflowError
 from .factory import build_model, is_file_model, load_callable, takes_batch_size
+from ..strategy.runnable import unrunnable
 from .placement import replicas
 from .validation import capture_units
 
-__all__ = ["script", "run_line", "check_fit"]
+__all__ = ["script", "run_line", "check_fit", "launch_problem"]
 
 _TEMPLATE = Path(__file__).with_name("train_template.py")
 _BLOCK = re.compile(r"# ---- configuration \(written by memflow\.export\.script\) ----\n.*?"
@@ -50,6 +51,33 @@ def run_line(strategy, path: str | Path, *, steps: int = 10,
     """
     line = f"torchrun --standalone --nproc_per_node {replicas(strategy)} {path} --steps {steps}"
     return line if batch_size is None else f"{line} --batch-size {batch_size}"
+
+
+def launch_problem(strategy, world: int, batch_size: int) -> str | None:
+    """Why ``world`` processes cannot train ``strategy`` at global batch ``batch_size`` (one
+    line naming what would be valid), or None. The script asks this before anything starts.
+
+    >>> from memflow.strategy import Strategy
+    >>> s = Strategy(["a"], devices=[("gpu0", "gpu1")], sample=[2]).with_schedule(
+    ...     microbatches=2, schedule="gpipe")
+    >>> launch_problem(s, 2, 8) is None, launch_problem(s, 2, 6)
+    (True, "the global batch of 6 does not split over the strategy's 2 replicas x 2 micro-batches; use a multiple of 4 (--batch-size 4)")
+    >>> launch_problem(s, 4, 8)
+    'the strategy has 2 data-parallel replicas but 4 processes started; run it with torchrun --nproc_per_node 2'
+    """
+    try:
+        n = replicas(strategy)
+    except MemflowError as exc:
+        return str(exc)
+    if world != n:
+        return (f"the strategy has {n} data-parallel replicas but {world} processes started; "
+                f"run it with torchrun --nproc_per_node {n}")
+    parts = n * strategy.microbatches
+    if batch_size < parts or batch_size % parts:
+        return (f"the global batch of {batch_size} does not split over the strategy's {n} "
+                f"replicas x {strategy.microbatches} micro-batches; use a multiple of {parts} "
+                f"(--batch-size {parts * max(1, batch_size // parts)})")
+    return None
 
 
 def _model_graph(strategy, model: str, options: Mapping[str, Any], batch_size: int | None):
@@ -90,10 +118,12 @@ def check_fit(strategy, graph, model: str, batch_size: int | None = None) -> int
     except MemflowError as exc:
         raise ExportError(f"strategy {strategy.name!r} does not fit model {model!r} at batch "
                           f"{captured}: {exc}") from None
-    n = replicas(strategy)
-    if captured % n:
-        raise ExportError(f"batch {captured} does not split over the strategy's {n} "
-                          f"data-parallel replicas; use a multiple of {n}")
+    reason = unrunnable(strategy, graph)        # a parameter split of a unit export cannot slice
+    if reason is not None:
+        raise ExportError(f"strategy {strategy.name!r} cannot run on model {model!r}: {reason}")
+    problem = launch_problem(strategy, replicas(strategy), captured)
+    if problem is not None:
+        raise ExportError(problem)
     return captured
 
 

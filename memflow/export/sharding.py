@@ -24,12 +24,9 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
+from ..graph.slicing import CONVOLUTIONS, SLICEABLE, shard_axis
 
-__all__ = ["Sharded", "shard", "SHARDABLE"]
-
-_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-SHARDABLE = (nn.Linear, nn.Embedding) + _CONV
-"""Module types a parameter split can shard."""
+__all__ = ["Sharded", "shard"]
 
 
 class Sharded(nn.Module):
@@ -53,7 +50,7 @@ def _slice(module: nn.Module, start: int, stop: int) -> nn.Module:
     # A deep copy that skips the full weight and bias (memo entries stand in for them).
     part = copy.deepcopy(module, {id(t): None for t in (module.weight, getattr(module, "bias", None))
                                   if t is not None})
-    axis = 1 if isinstance(module, nn.Embedding) else 0
+    axis = shard_axis(module)
     part.weight = nn.Parameter(module.weight.detach().narrow(axis, start, stop - start).clone(),
                                requires_grad=module.weight.requires_grad)
     if isinstance(module, nn.Embedding):
@@ -73,21 +70,22 @@ def shard(unit: str, module: nn.Module, devices: Sequence[torch.device],
     """``module`` (unit ``unit``) split over ``devices``; ``shared`` holds the ids of
     parameters that another module also uses."""
     p = len(devices)
-    if not isinstance(module, SHARDABLE):
+    axis = shard_axis(module)
+    if axis < 0:
+        grouped = isinstance(module, CONVOLUTIONS)
         raise ExportError(
-            f"unit {unit!r} ({type(module).__name__}) has a parameter split of {p}; export can "
-            "shard only Linear, Conv1d/2d/3d and Embedding units. Valid: parameter=1 here, or "
-            "a finer unit granularity whose Linear/Conv units are split")
-    if isinstance(module, _CONV) and module.groups != 1:
-        raise ExportError(f"unit {unit!r}: a grouped convolution (groups={module.groups}) "
-                          "cannot be split over output channels alone; use parameter=1")
+            f"unit {unit!r} ({type(module).__name__}"
+            + (f", groups={module.groups}" if grouped else "") + f") has a parameter split of "
+            f"{p}; export can shard only {', '.join(k.__name__ for k in SLICEABLE)} units (a "
+            "convolution with one group). Valid: parameter=1 here, or a finer unit granularity "
+            "whose Linear/Conv units are split")
     if any(id(t) in shared for t in module.parameters()):
         raise ExportError(f"unit {unit!r} shares its weight with another module (tied "
                           "weights); slicing it would untie them. Use parameter=1 here")
-    total = module.weight.shape[1 if isinstance(module, nn.Embedding) else 0]
+    total = module.weight.shape[axis]
     if total < p:
         raise ExportError(f"unit {unit!r} has {total} outputs, fewer than its {p} parts")
     bounds = [round(k * total / p) for k in range(p + 1)]
     shards = [_slice(module, a, b).to(d) for a, b, d in zip(bounds, bounds[1:], devices)]
-    dim = 1 if isinstance(module, _CONV) else -1
+    dim = 1 if isinstance(module, CONVOLUTIONS) else -1
     return Sharded(shards, devices, dim)

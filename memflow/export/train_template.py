@@ -2,7 +2,9 @@
 """Train a model with a memflow strategy: written by ``memflow.export.script``.
 
 Run it with ``torchrun --nproc_per_node <replicas> <this file> --steps 100``: one process per
-data-parallel replica of the strategy, DistributedDataParallel between them (NCCL on GPUs,
+data-parallel replica of the strategy (another process count stops it with one line saying the
+right one; ``--batch-size`` shrinks the global batch for a try-out on a laptop, to a multiple of
+replicas x micro-batches), DistributedDataParallel between them (NCCL on GPUs,
 gloo on CPU), each replica running the strategy's memory policies and placement through
 ``memflow.export.apply``. Without torchrun it runs one replica in this process.
 
@@ -17,6 +19,7 @@ import argparse
 import itertools
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -26,7 +29,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils import _pytree as pytree
 from tqdm import tqdm
 
-from memflow.export import apply, replicas
+from memflow.export import apply
+from memflow.export.scripts import launch_problem
 from memflow.export.factory import build_model, load_callable
 from memflow.strategy import Strategy
 
@@ -90,14 +94,19 @@ def main(argv: list[str] | None = None) -> list[float]:
     """Train; returns the loss of every step (averaged over the replicas)."""
     args = parse_args(argv)
     distributed = "WORLD_SIZE" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    strategy = Strategy.from_json(Path(args.strategy))
+    # checked before the process group starts: one line from rank 0, not one error per rank;
+    # the other ranks leave quietly (status 0), so torchrun names rank 0 as the failure rather
+    # than stopping it before it has printed
+    problem = launch_problem(strategy, world, args.batch_size)
+    if problem is not None:
+        if rank == 0:
+            print(f"{Path(__file__).name}: error: {problem}", file=sys.stderr)
+        raise SystemExit(2 if rank == 0 else 0)
     if distributed:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    rank = dist.get_rank() if distributed else 0
-    world = dist.get_world_size() if distributed else 1
-    strategy = Strategy.from_json(Path(args.strategy))
-    if replicas(strategy) != world:
-        raise SystemExit(f"the strategy has {replicas(strategy)} data-parallel replicas; run "
-                         f"torchrun --nproc_per_node {replicas(strategy)} (got {world})")
     torch.manual_seed(args.seed)
     # this replica's share of the global batch
     model, example = build_model(MODEL, args.batch_size // world, MODEL_OPTIONS, device="cpu",

@@ -55,6 +55,7 @@ UNIT_COLUMNS: dict[str, Any] = {
     "dtype": "float32",
     "max_parameter_degree": 1,
     "max_attribute_degree": 1,
+    "shard_axis": -1,        # weight axis a parameter split slices (graph.slicing); -1: none
 }
 DERIVED_UNIT_COLUMNS = ("input_bytes", "output_bytes", "saved_bytes")
 
@@ -152,6 +153,7 @@ class OpGraph:
             units[col] = pd.to_numeric(units[col], errors="raise").astype(np.int64)
         for col in _FLOAT_COLUMNS:
             units[col] = pd.to_numeric(units[col], errors="raise").astype(np.float64)
+        units["shard_axis"] = pd.to_numeric(units["shard_axis"], errors="raise").astype(np.int64)
         for col in _INT_COLUMNS + _FLOAT_COLUMNS:
             bad = units.index[units[col] < 0].tolist()
             if bad:

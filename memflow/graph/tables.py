@@ -29,6 +29,7 @@ from torch import nn
 
 from .opgraph import INPUT
 from .recorder import Recorder, Span, Storage
+from .slicing import shard_axis
 from .units import ROOT
 
 __all__ = ["unit_table", "tensor_table", "parameter_table", "HEAD_ATTRIBUTES"]
@@ -110,6 +111,8 @@ def unit_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFram
             "fwd_ops": s.fwd_ops, "bwd_ops": s.bwd_ops,
             "fwd_tmp_bytes": s.fwd_tmp, "bwd_tmp_bytes": s.bwd_tmp, "dtype": dtype,
             "max_parameter_degree": parameter, "max_attribute_degree": attribute,
+            "shard_axis": (shard_axis(modules.get(s.module))
+                           if s.role == "module" and s.module != ROOT else -1),
         })
     return pd.DataFrame(rows).set_index("unit")
 

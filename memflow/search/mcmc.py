@@ -52,7 +52,9 @@ class MCMCSearch:
     memory-oblivious cost and moves); ``optimizer`` / ``precision`` (as for
     :func:`memflow.simulate`); ``moves`` (move → weight); ``restart_every`` (steps between
     returns to the best; 0 never); ``policies`` / ``error_bounds`` (memory policies the search
-    may choose).
+    may choose); ``runnable`` (True: propose only strategies export runs,
+    :mod:`memflow.strategy.runnable`, with starts and offers projected there; False:
+    FlexFlow's full per-unit space, for research).
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
@@ -71,12 +73,13 @@ class MCMCSearch:
                  memory_aware: bool = True, optimizer: str = "sgd", precision: str | None = None,
                  moves: Mapping[str, float] | None = None, restart_every: int = 1000,
                  policies: Iterable[str] = DEFAULT_POLICIES,
-                 error_bounds: Iterable[float] = (1e-3,)):
+                 error_bounds: Iterable[float] = (1e-3,), runnable: bool = True):
         settings = {"memory_limit": memory_limit, "seed": int(seed), "beta": float(beta),
                     "memory_aware": bool(memory_aware), "optimizer": optimizer,
                     "precision": precision, "moves": moves, "restart_every": int(restart_every),
                     "policies": list(policies), "error_bounds": list(error_bounds),
-                    "init": init if isinstance(init, str) else "strategy"}
+                    "init": init if isinstance(init, str) else "strategy",
+                    "runnable": bool(runnable)}
         self._setup(graph, cluster, settings)
         start = self._initial(init)
         self._chain = ChainState.start(start, self._cost(start), seed=seed,
@@ -91,8 +94,11 @@ class MCMCSearch:
         self.memory_aware = settings["memory_aware"]
         self._cost = CostModel(self.simulator, memory_limit=settings["memory_limit"],
                                memory_aware=self.memory_aware, jump=JUMP, weight=WEIGHT)
+        # a search saved before the runnable space existed resumes in the full space it ran in
+        settings["runnable"] = bool(settings.get("runnable", False))
         self.space = SearchSpace(graph, cluster, policies=settings["policies"],
-                                 error_bounds=settings["error_bounds"])
+                                 error_bounds=settings["error_bounds"],
+                                 runnable=settings["runnable"])
         weights = settings["moves"]
         if weights is None:
             weights = DEFAULT_WEIGHTS if self.memory_aware else FLEXFLOW_WEIGHTS
@@ -121,13 +127,13 @@ class MCMCSearch:
 
     def _initial(self, init: str | Strategy) -> Strategy:
         if isinstance(init, Strategy):
-            return init.validate(self.graph, self.cluster)
+            return self.space.project(init.validate(self.graph, self.cluster))
         if init == "data_parallel":
             return data_parallel(self.graph, self.cluster)
         if init == "baseline":
             return best_baseline(self.graph, self.cluster, self._cost,
                                  memory_limit=self.settings["memory_limit"],
-                                 admits=self.space.admits)
+                                 pin=self.space.project, admits=self.space.admits)
         raise SearchError(f"init={init!r} is unknown; valid: {', '.join(INITS)} or a Strategy")
 
     # ------------------------------------------------------------------ state
@@ -304,7 +310,7 @@ class MCMCSearch:
     def offer(self, strategy: Strategy) -> bool:
         """Consider ``strategy`` (from another chain, a planner or a person), pins applied:
         if it beats the best, it becomes the best and the chain moves to it. Whether it did."""
-        s = self._apply_pins(strategy.validate(self.graph, self.cluster))
+        s = self._apply_pins(self.space.project(strategy.validate(self.graph, self.cluster)))
         score = self._cost(s)
         taken = self._chain.offer(s, score)
         if taken:

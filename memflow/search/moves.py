@@ -5,7 +5,13 @@
 * ``config`` — one unit gets another parallel configuration (degrees and devices);
 * ``copy`` — one unit takes its neighbour's parallel configuration (FlexFlow's way of growing
   a region of identically placed units, which removes the transfers between them);
-* ``swap`` — one part of one unit moves to another device (or two parts trade devices).
+* ``swap`` — one part of one unit moves to another device (or two parts trade devices);
+* ``replicas`` — every unit gets another data-parallel degree together (whole-model replicas,
+  as export runs them), each keeping its parameter split where it still fits.
+
+In the runnable space (the default, :mod:`memflow.strategy.runnable`) ``config`` and ``copy``
+keep the strategy's one sample degree and split parameters only of units export can slice,
+so every proposal from a runnable strategy is runnable.
 
 A move returns ``None`` when it has nothing to propose (no segment to grow, one device only);
 the chain then draws another move. Proposals always differ from the strategy they start from
@@ -22,7 +28,7 @@ from ..strategy import POLICIES, Strategy
 from .space import SearchSpace, policy_label
 
 __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGHTS",
-           "FLEXFLOW_WEIGHTS", "policy", "segment", "config", "copy", "swap"]
+           "FLEXFLOW_WEIGHTS", "policy", "segment", "config", "copy", "swap", "replicas"]
 
 
 @dataclass(frozen=True)
@@ -136,12 +142,13 @@ def _config_of(s: Strategy, i: int) -> tuple:
 
 
 def config(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
-    """One free unit gets random degrees and an aligned run of devices for its parts.
+    """One free unit gets random degrees and an aligned run of devices for its parts (in
+    the runnable space, its sample degree stays: :func:`replicas` changes it for all units).
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
     >>> g = chain_graph(3, batch=8)
-    >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"), runnable=False)
     >>> p = config(np.random.default_rng(0), memflow.Strategy.single_device(g), sp)
     >>> p.unit, p.strategy.devices[2], int(p.strategy.parameter[2])
     ('l2', ('gpu0', 'gpu1', 'gpu2', 'gpu3'), 4)
@@ -150,7 +157,8 @@ def config(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposa
     if not len(free) or len(space.devices) < 2:
         return None
     i = int(_pick(rng, free))
-    options = space.degrees(i, s.microbatches)
+    options = space.degrees(i, s.microbatches,
+                            sample=int(s.sample[i]) if space.runnable else None)
     for _ in range(4):      # a few draws; the space is rarely so small that all repeat
         sp, pp, ap = _pick(rng, options)
         devs = _pick(rng, space.groups(sp * pp * ap))
@@ -216,11 +224,36 @@ def swap(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal 
     return Proposal("swap", name, s.with_config(name, devices=devs))
 
 
+def replicas(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+    """Every unit gets another data-parallel degree together, with
+    :meth:`~memflow.search.space.SearchSpace.config_for`; nothing while a unit is pinned (a
+    pinned unit never changes, and a degree for all but it would not run).
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(2, batch=8)
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
+    >>> p = replicas(np.random.default_rng(0), memflow.Strategy.data_parallel(g, 4), sp)
+    >>> p.strategy.sample.tolist(), p.strategy.devices
+    ([2, 2], (('gpu0', 'gpu1'), ('gpu0', 'gpu1')))
+    """
+    if space.pinned.any() or len(space.devices) < 2:
+        return None
+    choices = [d for d in space.sample_degrees(s.microbatches) if d != int(s.sample[0])]
+    if not choices:
+        return None
+    d = int(_pick(rng, choices))
+    return Proposal("replicas", space.names[0], s.with_config(
+        {name: space.config_for(i, s, d) for i, name in enumerate(space.names)}))
+
+
 Move = Callable[[np.random.Generator, Strategy, SearchSpace], "Proposal | None"]
 MOVES: dict[str, Move] = {"policy": policy, "segment": segment, "config": config,
-                          "copy": copy, "swap": swap}
+                          "copy": copy, "swap": swap, "replicas": replicas}
 MEMORY_MOVES = ("policy", "segment")
-PARALLEL_MOVES = ("config", "copy", "swap")
-DEFAULT_WEIGHTS = {"policy": 0.3, "segment": 0.2, "config": 0.25, "copy": 0.15, "swap": 0.1}
+PARALLEL_MOVES = ("config", "copy", "swap", "replicas")
+DEFAULT_WEIGHTS = {"policy": 0.3, "segment": 0.2, "config": 0.2, "copy": 0.15, "swap": 0.1,
+                   "replicas": 0.05}
 FLEXFLOW_WEIGHTS = {"config": 0.6, "copy": 0.25, "swap": 0.15}
-"""FlexFlow changes one operator's configuration at a time and never a memory policy."""
+"""FlexFlow changes one operator's configuration at a time and never a memory policy (in the
+runnable space its data-parallel degree stays the start's: name ``replicas`` to move it)."""

@@ -150,6 +150,7 @@ def check_search(doc: Mapping[str, Any], source: str) -> None:
     settings.strs("policies")
     settings.numbers("error_bounds", positive=True)
     settings.str("init")
+    settings.bool("runnable", default=False)
     history = f.sub("history")
     history.strs("devices", length=devices)
     for column in ("iteration", "cost", "time", "elapsed"):

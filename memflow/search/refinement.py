@@ -29,6 +29,7 @@ from ..errors import PlanError
 from ..planners.common import as_cluster
 from ..sim import Evaluator
 from ..strategy import Strategy
+from ..strategy.runnable import unrunnable
 from .mcmc import MCMCSearch
 
 __all__ = ["refine", "search_policies"]
@@ -68,8 +69,11 @@ def refine(graph, cluster: Any, strategy: Strategy, *, iterations: int = 300,
     c = as_cluster(cluster)
     ev = Evaluator(graph, c, memory_limit, optimizer=optimizer)
     policies, bounds = search_policies(c, strategy)
+    # a plan export runs is refined within what export runs; another (a 1F1B pipeline) in the
+    # full space, so that the search starts from the plan itself
     search = MCMCSearch(graph, c, memory_limit=memory_limit, init=strategy, seed=seed,
-                        optimizer=optimizer, policies=policies, error_bounds=bounds)
+                        optimizer=optimizer, policies=policies, error_bounds=bounds,
+                        runnable=unrunnable(strategy, graph) is None)
     search.run(iterations=iterations, seconds=seconds)
     before, after = ev(strategy), ev(search.best)
     never_worse = after.fits if before.fits else True

@@ -7,6 +7,11 @@ move places the parts on an aligned run of devices (``k`` parts on devices ``j·
 which keeps groups inside a node where nodes are contiguous; the swap move reaches every other
 placement one device at a time. A unit's memory policy is one of ``policies`` (``recompute``
 only where the graph allows it; ``compress`` with one of ``error_bounds``).
+
+By default the space is what export runs (:mod:`memflow.strategy.runnable`): one sample
+degree for every unit (the ``replicas`` move changes it for all), parameter splits only of
+units export can slice, no attribute splits. ``runnable=False`` opens FlexFlow's full
+per-unit space, for research: the simulator judges such strategies, but export refuses them.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import numpy as np
 from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..strategy import POLICIES, parse_policy
+from ..strategy.runnable import RUNNABLE, parameter_limits, unrunnable
 
 __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label"]
 
@@ -51,15 +57,19 @@ class SearchSpace:
     >>> sp = SearchSpace(chain_graph(3, batch=8), memflow.Cluster.preset("4xV100-16GB"))
     >>> sp.part_counts, sp.groups(2)
     ((1, 2, 4), [('gpu0', 'gpu1'), ('gpu2', 'gpu3')])
-    >>> len(sp.degrees(0, microbatches=1)) > 5, sp.policy_choices(0)
-    (True, [(0, nan), (1, nan), (2, nan)])
+    >>> sp.degrees(0, microbatches=1), sp.policy_choices(0)
+    ([(1, 1, 1), (2, 1, 1), (4, 1, 1)], [(0, nan), (1, nan), (2, nan)])
+    >>> full = SearchSpace(chain_graph(3, batch=8), memflow.Cluster.preset("4xV100-16GB"),
+    ...                    runnable=False)     # FlexFlow's space: any split of a unit
+    >>> len(full.degrees(0, microbatches=1)) > 5
+    True
     >>> sp.recompute, SearchSpace(chain_graph(3), memflow.Cluster.preset("1xV100-16GB"),
     ...                           policies=("keep", "offload")).may_recompute.tolist()
     (1, [False, False, False])
     """
 
     def __init__(self, graph, cluster, *, policies: Sequence[str] = DEFAULT_POLICIES,
-                 error_bounds: Sequence[float] = (1e-3,)):
+                 error_bounds: Sequence[float] = (1e-3,), runnable: bool = True):
         self.names: list[str] = list(graph.names)
         self.n = len(self.names)
         self.position = {u: i for i, u in enumerate(self.names)}
@@ -67,8 +77,13 @@ class SearchSpace:
         nd = len(self.devices)
         self.part_counts = tuple(k for k in range(1, nd + 1) if nd % k == 0)
         u = graph.units
-        self.max_p = u["max_parameter_degree"].to_numpy(np.int64)
-        self.max_a = u["max_attribute_degree"].to_numpy(np.int64)
+        self.runnable = bool(runnable)
+        if self.runnable:       # what export runs: sliceable units only, no attribute split
+            self.max_p = parameter_limits(graph)
+            self.max_a = np.ones(self.n, np.int64)
+        else:
+            self.max_p = u["max_parameter_degree"].to_numpy(np.int64)
+            self.max_a = u["max_attribute_degree"].to_numpy(np.int64)
         self.batch = int(graph.meta.get("batch_size") or 0)
         self.recomputable = graph_arrays(graph).recomputable
         bad = [p for p in policies if p not in POLICIES]
@@ -115,15 +130,72 @@ class SearchSpace:
         return np.flatnonzero(~self.pinned)
 
     # ------------------------------------------------------------------ choices
-    def degrees(self, i: int, microbatches: int) -> list[tuple[int, int, int]]:
-        """Every ``(sample, parameter, attribute)`` unit ``i`` may take."""
+    def degrees(self, i: int, microbatches: int,
+                sample: int | None = None) -> list[tuple[int, int, int]]:
+        """Every ``(sample, parameter, attribute)`` unit ``i`` may take (with sample degree
+        ``sample`` only, when given: the runnable space's one data-parallel degree)."""
         out = []
         for k in self.part_counts:
             for s, p, a in _factorizations(k):
-                if p <= self.max_p[i] and a <= self.max_a[i] and (
+                if p <= self.max_p[i] and a <= self.max_a[i] and sample in (None, s) and (
                         not self.batch or (self.batch % s == 0
                                            and s * microbatches <= self.batch)):
                     out.append((s, p, a))
+        return out
+
+    def sample_degrees(self, microbatches: int) -> list[int]:
+        """The data-parallel degrees every unit may take together: device-count divisors that
+        split the batch into ``microbatches`` micro-batches per replica.
+
+        >>> import memflow
+        >>> from memflow.search.synthetic import chain_graph
+        >>> SearchSpace(chain_graph(2, batch=6), memflow.Cluster.preset("4xV100-16GB")
+        ...             ).sample_degrees(1)
+        [1, 2]
+        """
+        return [s for s in self.part_counts
+                if not self.batch or (self.batch % s == 0 and s * microbatches <= self.batch)]
+
+    def config_for(self, i: int, strategy, sample: int) -> dict[str, Any]:
+        """Unit ``i``'s configuration with data-parallel degree ``sample``: its parameter
+        degree lowered until it fits (``sample × parameter`` parts dividing the device count),
+        no attribute split, on the aligned run of devices that holds its first device."""
+        p = min(int(strategy.parameter[i]), int(self.max_p[i]))
+        while p > 1 and sample * p not in self.part_counts:
+            p -= 1
+        k = sample * p
+        first = self.devices.index(strategy.devices[i][0]) if strategy.devices[i][0] in \
+            self.devices else 0
+        return {"sample": sample, "parameter": p, "attribute": 1,
+                "devices": self.groups(k)[first // k]}
+
+    def runs(self, strategy) -> bool:
+        """Whether export runs ``strategy`` within this space's parameter limits."""
+        return (unrunnable(strategy) is None
+                and bool((np.asarray(strategy.parameter) <= self.max_p).all()))
+
+    def project(self, strategy):
+        """``strategy`` moved into the space: unchanged when the space is the full one or it
+        runs already; else every unit on the data-parallel degree of its first unit (or the
+        largest valid one below it), with :meth:`config_for`, and micro-batches on a schedule
+        export runs.
+
+        >>> import memflow
+        >>> from memflow.search.synthetic import chain_graph
+        >>> g = chain_graph(2, batch=8)
+        >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
+        >>> s = memflow.Strategy.data_parallel(g, 4).with_config("l1", sample=1, devices=["gpu2"])
+        >>> sp.project(s).devices
+        (('gpu0', 'gpu1', 'gpu2', 'gpu3'), ('gpu0', 'gpu1', 'gpu2', 'gpu3'))
+        """
+        if not self.runnable or self.runs(strategy):
+            return strategy
+        valid = self.sample_degrees(strategy.microbatches) or [1]
+        sample = max([d for d in valid if d <= int(strategy.sample[0])] or [1])
+        out = strategy.with_config({self.names[i]: self.config_for(i, strategy, sample)
+                                    for i in range(self.n)})
+        if out.microbatches > 1 and out.schedule not in RUNNABLE.schedules:
+            out = out.with_schedule(schedule=RUNNABLE.schedules[0])
         return out
 
     def groups(self, k: int) -> list[tuple[str, ...]]:
@@ -138,7 +210,8 @@ class SearchSpace:
         return [c for c in self._choices if c[0] not in recompute]
 
     def admits(self, s) -> bool:
-        """Whether every free unit of strategy ``s`` has one of its policy choices.
+        """Whether every free unit of strategy ``s`` has one of its policy choices (and, in
+        the runnable space, export runs ``s``).
 
         >>> import memflow
         >>> from memflow.search.synthetic import chain_graph
@@ -148,10 +221,11 @@ class SearchSpace:
         >>> sp.admits(s), sp.admits(s.with_policy(recompute=["l1"]))
         (True, False)
         """
-        return all(policy_label(int(s.policy[i]), float(s.error_bound[i]))
-                   in {policy_label(c, e) for c, e in self.policy_choices(i)}
-                   for i in self.free())
+        return (not self.runnable or self.runs(s)) and all(
+            policy_label(int(s.policy[i]), float(s.error_bound[i]))
+            in {policy_label(c, e) for c, e in self.policy_choices(i)} for i in self.free())
 
     def settings(self) -> dict[str, Any]:
         """The constructor arguments, for saving."""
-        return {"policies": list(self.policies), "error_bounds": list(self.error_bounds)}
+        return {"policies": list(self.policies), "error_bounds": list(self.error_bounds),
+                "runnable": self.runnable}

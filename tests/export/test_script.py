@@ -122,3 +122,36 @@ def test_the_batch_defaults_to_the_models_own(tmp_path):
     s = Strategy.data_parallel(_graph(), 2)
     path = script(s, tmp_path / "train.py", model="chain", model_options=CHAIN, graph=_graph())
     assert "BATCH_SIZE = 8\n" in path.read_text()
+
+
+def test_a_batch_the_strategy_cannot_split_is_one_line(tmp_path, capsys, monkeypatch):
+    """--batch-size shrinks a plan for a try-out; one that replicas x micro-batches do not
+    divide stops the script with one line saying the valid sizes."""
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    s = Strategy.single_device(_graph()).with_schedule(microbatches=2, schedule="gpipe")
+    train = _load(script(s, tmp_path / "train.py", model="chain", model_options=CHAIN,
+                         batch_size=8))
+    with pytest.raises(SystemExit) as stop:
+        train.main(["--steps", "1", "--batch-size", "5"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["train.py: error: the global batch of 5 does not split over the strategy's "
+                   "1 replicas x 2 micro-batches; use a multiple of 2 (--batch-size 4)"]
+    assert len(train.main(["--steps", "1", "--batch-size", "4"])) == 1
+
+
+def test_the_wrong_process_count_is_one_line_from_rank_0(tmp_path):
+    s = Strategy.data_parallel(_graph(), 2)
+    path = script(s, tmp_path / "train.py", model="chain", model_options=CHAIN, batch_size=8)
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         "3", str(path), "--steps", "1"],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        cwd=tmp_path)
+    log = run.stdout + run.stderr
+    assert run.returncode != 0
+    line = ("train.py: error: the strategy has 2 data-parallel replicas but 3 processes "
+            "started; run it with torchrun --nproc_per_node 2")
+    assert log.count(line) == 1, log[-3000:]
+    assert f'File "{path}"' not in log        # no traceback from any rank of the script

@@ -74,6 +74,15 @@ def test_degrees_follow_channels_sequence_and_heads():
     assert rnn.loc["rnn", ["max_parameter_degree", "max_attribute_degree"]].tolist() == [24, 1]
 
 
+def test_shard_axis_says_which_modules_export_can_slice():
+    torch.manual_seed(0)
+    conv = from_torch(*CASES["residual"]()).units
+    assert conv.loc["stem", "shard_axis"] == 0 and conv.loc["blocks.0.relu", "shard_axis"] == -1
+    attn = from_torch(*CASES["attention"]()).units
+    assert attn.loc["qkv", "shard_axis"] == 0
+    assert attn.loc["<root>", "shard_axis"] == -1        # glue of the root: not a module call
+
+
 def test_tensor_rows_provenance_and_flags():
     torch.manual_seed(0)
     model, x = CASES["attention"]()

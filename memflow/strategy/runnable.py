@@ -1,0 +1,142 @@
+"""What export can run: the one declaration the search and export both read.
+
+FlexFlow's strategy space gives every unit its own degrees over the sample, parameter and
+attribute dimensions and any pipeline schedule. PyTorch code runs a subset of it
+(``docs/export.md`` says why the rest is out of reach today); :data:`RUNNABLE` states that
+subset as data and :func:`unrunnable` gives the first reason a strategy falls outside it,
+naming the unit and what would be valid. :mod:`memflow.export` refuses a strategy with that
+reason; :class:`~memflow.search.space.SearchSpace` proposes only strategies it accepts (unless
+asked for the full space), so what the search finds is what export runs.
+
+The rules of :data:`RUNNABLE`:
+
+* **one data-parallel degree** — every unit has the same sample degree: export runs data
+  parallelism as whole-model replicas (one ``DistributedDataParallel`` process each); a
+  per-unit degree needs activations re-sharded between groups of different size;
+* **no attribute splits** — a spatial or sequence split needs halo exchanges between parts;
+* **parameter splits only of sliceable units** — a whole module call of a ``Linear``,
+  ``Conv*`` with one group or ``Embedding`` (the graph's ``shard_axis``,
+  :mod:`memflow.graph.slicing`), called once, whose weights no other module shares, up to its
+  ``max_parameter_degree``;
+* **micro-batches with the schedules in** ``schedules`` — one process runs GPipe (all
+  forwards, then all backwards); 1F1B interleaves them across stages, which needs a process
+  per stage. A later multi-process pipeline export widens this by adding ``"1f1b"``.
+
+>>> from memflow.strategy import Strategy
+>>> s = Strategy(["conv1", "relu"], devices=[("gpu0", "gpu1"), ("gpu0",)], sample=[2, 1])
+>>> unrunnable(s)
+"unit 'relu' has sample degree 1 but unit 'conv1' has 2; export runs data parallelism as whole-model replicas (DistributedDataParallel), so every unit needs the same sample degree"
+>>> unrunnable(s.with_config("relu", sample=2, devices=["gpu0", "gpu1"])) is None
+True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable"]
+
+
+@dataclass(frozen=True)
+class Runnable:
+    """The strategy features export runs (see the module docstring for the reasons)."""
+
+    one_sample_degree: bool = True
+    """Every unit the same sample degree (whole-model data-parallel replicas)."""
+    max_attribute: int = 1
+    """Largest attribute (spatial / sequence) degree."""
+    schedules: tuple[str, ...] = ("gpipe",)
+    """Pipeline schedules export runs with more than one micro-batch."""
+
+
+RUNNABLE = Runnable()
+
+
+def _sharing(graph) -> tuple[dict[str, int], dict[str, str]]:
+    """Calls per module (whole-module units), and per unit the first weight it shares with
+    another module (tied weights: a parameter row with several names)."""
+    u = graph.units
+    calls = u.loc[u["role"] == "module", "module"].value_counts().to_dict()
+    tied: dict[str, str] = {}
+    for names, readers in zip(graph.parameters["names"], graph.parameters["readers"]):
+        if len(names) > 1:
+            for r in readers:
+                tied.setdefault(r, names[0])
+    return calls, tied
+
+
+def why_unsliceable(graph, i: int, sharing=None) -> str | None:
+    """Why unit ``i`` of ``graph`` cannot have a parameter split in export (None: it can).
+
+    >>> import memflow
+    >>> g = memflow.zoo.graph("chain", batch_size=4, n=2, width=8)
+    >>> why_unsliceable(g, 0), why_unsliceable(g, 1)
+    (None, "unit 'layers.0.relu' is a ReLU; export slices only Linear, Conv1d/2d/3d with one group and Embedding modules")
+    """
+    u = graph.units
+    name = graph.names[i]
+    if u["role"].iat[i] != "module":
+        return f"unit {name!r} is glue (its module's own code), which export cannot slice"
+    if int(u["shard_axis"].iat[i]) < 0:
+        return (f"unit {name!r} is a {u['kind'].iat[i]}; export slices only Linear, "
+                "Conv1d/2d/3d with one group and Embedding modules")
+    calls, tied = sharing or _sharing(graph)
+    if calls.get(u["module"].iat[i], 1) > 1:
+        return (f"unit {name!r}: its module runs {calls[u['module'].iat[i]]} times in a step; "
+                "export slices a module by replacing it, which needs a module called once")
+    if name in tied:
+        return (f"unit {name!r} shares its weight {tied[name]!r} with another module (tied "
+                "weights); slicing it would untie them")
+    return None
+
+
+def parameter_limits(graph) -> np.ndarray:
+    """Per unit, the largest parameter degree export runs: ``max_parameter_degree`` where the
+    unit can be sliced (:func:`why_unsliceable`), else 1.
+
+    >>> import memflow
+    >>> parameter_limits(memflow.zoo.graph("chain", batch_size=4, n=2, width=8)).tolist()
+    [8, 1, 8, 1]
+    """
+    top = graph.units["max_parameter_degree"].to_numpy(np.int64)
+    sharing = _sharing(graph)
+    return np.array([top[i] if why_unsliceable(graph, i, sharing) is None else 1
+                     for i in range(len(top))], np.int64)
+
+
+def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
+    """The first reason export cannot run ``strategy``, naming the unit and what is valid;
+    None when it can. Parameter splits are checked only with the ``graph`` the strategy was
+    made for (it tells which units can be sliced)."""
+    units = list(strategy.units)
+    sample = np.asarray(strategy.sample)
+    if rules.one_sample_degree:
+        odd = np.flatnonzero(sample != sample[0])
+        if len(odd):
+            i = int(odd[0])
+            return (f"unit {units[i]!r} has sample degree {int(sample[i])} but unit "
+                    f"{units[0]!r} has {int(sample[0])}; export runs data parallelism as "
+                    "whole-model replicas (DistributedDataParallel), so every unit needs the "
+                    "same sample degree")
+    wide = np.flatnonzero(np.asarray(strategy.attribute) > rules.max_attribute)
+    if len(wide):
+        i = int(wide[0])
+        return (f"unit {units[i]!r} is split {int(strategy.attribute[i])} ways over its "
+                "attribute (spatial or sequence) dimension; export cannot generate the halo "
+                f"exchanges this needs. Valid: attribute <= {rules.max_attribute}, with sample "
+                "or parameter splits")
+    if strategy.microbatches > 1 and strategy.schedule not in rules.schedules:
+        return (f"schedule {strategy.schedule!r} with {strategy.microbatches} micro-batches "
+                "interleaves backward with forward, which one process cannot run; export "
+                f"supports schedule={' or '.join(map(repr, rules.schedules))}")
+    if graph is not None:
+        parameter = np.asarray(strategy.parameter)
+        limits = graph.units["max_parameter_degree"].to_numpy(np.int64)
+        for i in np.flatnonzero(parameter > 1):
+            why = why_unsliceable(graph, int(i))
+            if why is not None or parameter[i] > limits[i]:
+                return (f"{why or f'unit {units[i]!r} has {int(limits[i])} outputs'}, so its "
+                        f"parameter split of {int(parameter[i])} cannot run. Valid: "
+                        f"parameter <= {1 if why else int(limits[i])}")
+    return None

@@ -1,0 +1,119 @@
+"""Search space = export space (issue 14): every strategy the search's moves reach — any move,
+pins included, from a data-parallel start or a projected baseline — on a CNN, a transformer and
+the chain over 1, 2 and 4 devices is one export runs: ``memflow.export.apply`` takes it (and
+``script`` writes it, and one step trains), never refusing."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import memflow
+from memflow import zoo
+from memflow.export import apply, script
+from memflow.search.initial import data_parallel
+from memflow.search.moves import MOVES
+from memflow.search.space import SearchSpace
+from memflow.strategy.runnable import unrunnable
+
+BATCH = 8
+MODELS = {
+    "resnet50": dict(num_classes=5, width=4, image_size=32, blocks=(1, 1, 1, 1)),
+    "gpt2": dict(vocab=40, max_positions=16, hidden=16, n_layer=1, n_head=2, seq_len=6),
+    "chain": dict(n=3, width=8),
+}
+CLUSTERS = ("1xV100-16GB", "2xV100-16GB", "4xV100-16GB")
+
+
+@functools.cache
+def graph(model: str):
+    return zoo.graph(model, batch_size=BATCH, **MODELS[model])
+
+
+@functools.cache
+def meta_model(model: str):
+    return zoo.get(model, batch_size=BATCH, **MODELS[model])[0]
+
+
+def _steps(s, space, rng, steps: int):
+    names = list(MOVES)
+    for _ in range(steps):
+        prop = MOVES[names[int(rng.integers(len(names)))]](rng, s, space)
+        if prop is not None:
+            s = prop.strategy
+    return s
+
+
+def walk(model: str, cluster: str, seed: int, steps: int, pins: int):
+    """A random walk of ``steps`` proposals (each taken) in the default search space, from
+    data parallelism or from a walk in FlexFlow's full space (per-unit sample degrees,
+    attribute splits, 1F1B micro-batches) projected into it, as the search projects its
+    starts and offers."""
+    g, c = graph(model), memflow.Cluster.preset(cluster)
+    space = SearchSpace(g, c)
+    rng = np.random.default_rng(seed)
+    s = data_parallel(g, c)
+    if rng.integers(2):
+        full = SearchSpace(g, c, runnable=False)
+        s = _steps(s.with_schedule(microbatches=2, schedule="1f1b"), full, rng, steps)
+        s = space.project(s)
+    space.pinned[rng.choice(space.n, size=min(pins, space.n), replace=False)] = True
+    return g, _steps(s, space, rng, steps)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(MODELS)), st.sampled_from(CLUSTERS), st.integers(0, 10**6),
+       st.integers(1, 40), st.integers(0, 2))
+def test_every_proposal_exports(model, cluster, seed, steps, pins):
+    g, s = walk(model, cluster, seed, steps, pins)
+    assert unrunnable(s, g) is None
+    exported = apply(meta_model(model), s, g,       # refuses with ExportError otherwise
+                     devices={d: "meta" for d in s.device_names})
+    assert len(exported.devices) == len(g)
+
+
+def test_walks_reach_every_feature():
+    """The walks above do split parameters and change the data-parallel degree (else the
+    property would hold vacuously)."""
+    seen = {"parameter": set(), "replicas": set()}
+    for seed in range(30):
+        for model in MODELS:
+            _, s = walk(model, "4xV100-16GB", seed, 40, 0)
+            seen["parameter"].add(int(s.parameter.max()))
+            seen["replicas"].add(int(s.sample[0]))
+    assert seen["parameter"] >= {1, 2, 4} and seen["replicas"] == {1, 2, 4}
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_walk_scripts_and_trains(model, tmp_path):
+    """A walked strategy on two devices: ``script`` writes it, and one replica's real step
+    gives a finite loss and gradients for every parameter."""
+    g, s = walk(model, "2xV100-16GB", 7, 40, 0)
+    path = script(s, tmp_path / "train.py", model=model, model_options=MODELS[model],
+                  batch_size=BATCH, graph=g)
+    assert f"--nproc_per_node {int(s.sample[0])}" in path.read_text()
+    real, inputs = zoo.get(model, batch_size=BATCH // int(s.sample[0]), device="cpu",
+                           **MODELS[model])
+    exported = apply(real, s, g)
+    loss = exported(*inputs).float().pow(2).mean()
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in exported.parameters() if p.requires_grad)
+
+
+def test_a_search_started_anywhere_stays_runnable():
+    """MCMCSearch projects a start export cannot run (a 1F1B pipeline, a tensor-parallel
+    block split) into the space, keeps its proposals there, and runnable=False keeps
+    FlexFlow's full space for research."""
+    g, c = graph("gpt2"), memflow.Cluster.preset("4xV100-16GB")
+    for start in (memflow.Strategy.pipeline(g, c, stages=2, dp=2, microbatches=2),
+                  memflow.Strategy.tensor_parallel(g, c, tp=4)):
+        assert unrunnable(start, g) is not None
+        search = memflow.MCMCSearch(g, c, init=start, seed=1).run(iterations=40)
+        assert unrunnable(search.best, g) is None and unrunnable(search.current, g) is None
+    full = memflow.MCMCSearch(g, c, init=start, seed=1, runnable=False)
+    assert full.current == start
