@@ -222,6 +222,13 @@ def apply(model: nn.Module, strategy, graph=None, *, inplace: bool = False, repl
         if s.module == LOSS and strategy.policy[s.index] != KEEP:
             raise ExportError(f"unit {s.name!r} is the loss, which runs in your training loop, "
                               "not in the model; only 'keep' can be exported for it")
+    # model-state choices the simulator charges but export does not write yet (FSDP, ZeRO)
+    for field, where in (("shard level", strategy.shard > 0),
+                         ("optimizer offload", strategy.offload_optimizer)):
+        if where.any():
+            raise ExportError(f"unit {strategy.units[int(where.argmax())]!r}: its {field} is "
+                              "not exported yet; export strategies with shard 'none' and the "
+                              "optimizer on the device")
     if strategy.microbatches > 1 and strategy.schedule != "gpipe":
         raise ExportError(f"schedule {strategy.schedule!r} with {strategy.microbatches} "
                           "micro-batches interleaves backward with forward, which a module "

@@ -108,3 +108,21 @@ def test_optimizer_offload_moves_states_to_the_host_and_costs_time():
     opt = off.timeline.query("kind == 'optimizer'")
     opt_on = on.timeline.query("kind == 'optimizer'")
     assert (opt["end"] - opt["start"]).sum() > (opt_on["end"] - opt_on["start"]).sum()
+
+
+def test_recomputed_sharded_units_gather_again_and_export_refuses_sharding():
+    g = _chain()
+    four = memflow.Cluster.preset("4xV100-16GB")
+    sim = Simulator(g, four, optimizer="adam")
+    s = Strategy.data_parallel(g, four, shard="parameters").with_policy(
+        recompute=list(g.names[:-1]))
+    tl = sim.result(s).timeline
+    with_params = int((g.units["param_bytes"] > 0).sum())
+    recomputed = set(tl.query("kind == 'recompute'")["unit"]) & set(
+        g.units.index[g.units["param_bytes"] > 0])
+    assert (tl["kind"] == "allgather").sum() == 2 * with_params + len(recomputed) > 2 * with_params
+    from memflow.errors import ExportError
+    from memflow.export.exported import apply
+    model, _ = memflow.zoo.get("chain", batch_size=8, n=4, width=256)
+    with pytest.raises(ExportError, match="shard level is not exported yet"):
+        apply(model, s, g)
