@@ -52,6 +52,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     optimizer kernels), a cluster preset name or a :class:`memflow.Cluster` (its first device:
     the capacity is reported too); default: the graph's capture backend. ``strategy``: memory
     policies to apply (a single-device strategy of this graph); default keep everything.
+    ``optimizer`` and ``precision`` (the strategy's own precision first) decide the model
+    states (``docs/data-model.md``, "Model states"); an offloaded optimizer is not counted.
 
     Rows: the categories (``weights``, ``gradients``, ``optimizer``, ``activations``,
     ``transient``, ``communication``) and ``total``; columns ``at_peak`` (bytes when the
