@@ -28,7 +28,8 @@ from ..memory.jit import njit
 from ..memory.records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
                               A_PREFETCH, A_RECOMP, A_XFER, ANCHOR_KINDS)
 from .kinds import (K_ALLRED, K_BWD, K_COMPRESS, K_DECOMP, K_FWD, K_GATHER, K_OFFLOAD, K_OPT,
-                    K_PREFETCH, K_RECOMP, K_SCATTER, K_XFER, R_COMM, R_COMPUTE, R_COPY, R_COPYBACK, R_D2H, R_H2D)
+                    K_PREFETCH, K_RECOMP, K_SCATTER, K_XFER, R_COMM, R_COMPUTE, R_COPY,
+                    R_COPYBACK, R_D2H, R_H2D)
 from .structure import Structure
 
 __all__ = ["Tasks", "Timing", "expand"]
@@ -184,15 +185,23 @@ def _emit(out, t, d, kind, unit, mb, role, key, work, duration, anchor, row):
 @njit
 def _gather(out, t, d, dep_idx, u, m, lay, nbytes, duration, after):
     """FSDP's all-gather of unit ``u``'s parameters, issued when compute task ``after``
-    starts (prefetch: it overlaps that compute, one unit ahead), then the dependency of the
-    compute task that follows on it. Returns ``(t, d)``."""
+    starts (prefetch: it overlaps that compute, one unit ahead). Returns ``(t, d)``; the
+    caller makes the compute task that needs the parameters depend on task ``t - 1``."""
     if after >= 0:
         dep_idx[d] = -(after + 1)
         d += 1
-    g = t
-    t = _emit(out, t, d, K_GATHER, u, m, R_COMM, lay, nbytes, duration, -1, 0)
-    dep_idx[d] = g
-    return t, d + 1
+    return _emit(out, t, d, K_GATHER, u, m, R_COMM, lay, nbytes, duration, -1, 0), d
+
+
+@njit
+def _scatter(out, t, d, dep_idx, last4, u, m, lay, nbytes, duration, after):
+    """FSDP's reduce-scatter of unit ``u``'s gradients after its backward, task ``after``
+    (issued after the next unit's all-gather, as FSDP's backward prefetch does). Returns
+    ``(t, d)``."""
+    dep_idx[d] = after
+    last4[lay, :3] = last4[lay, 1:].copy()
+    last4[lay, 3] = t
+    return _emit(out, t, d + 1, K_SCATTER, u, m, R_COMM, lay, nbytes, duration, -1, 0), d + 1
 
 
 @njit
@@ -238,6 +247,8 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 if gather[u] > 0:
                     t, d = _gather(out, t, d, dep_idx, u, m, lay, gather[u], d_gather[u],
                                    compute_start)
+                    dep_idx[d] = t - 1
+                    d += 1
                 for j in range(rd_ptr[u], rd_ptr[u + 1]):
                     dep_idx[d] = table[rd_kind[j], rd_key[j], m]
                     d += 1
@@ -268,6 +279,7 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                               A_XFER, c)
             continue
         prev_compute = -1
+        pending = -1        # the unit whose reduce-scatter waits for the next all-gather
         for k in range(hi - 1, lo - 1, -1):
             u = S_units[k]
             lay = layout[u]
@@ -285,6 +297,8 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                     if gather[v] > 0:
                         t, d = _gather(out, t, d, dep_idx, v, m, lay, gather[v], d_gather[v],
                                        compute_start)
+                        dep_idx[d] = t - 1
+                        d += 1
                     for j in range(nw):
                         dep_idx[d] = wait[j]
                         d += 1
@@ -297,9 +311,19 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 d += 1
                 t = _emit(out, t, d, K_DECOMP, u, m, R_COMPUTE, lay, comp[u],
                           comp[u] / r_decomp[u], A_DECOMP, u)
+            g = -1
             if gather[u] > 0:
                 t, d = _gather(out, t, d, dep_idx, u, m, lay, gather[u], d_gather[u],
                                compute_start)
+                g = t - 1
+            if pending >= 0:
+                w = pending
+                t, d = _scatter(out, t, d, dep_idx, last4, w, m, layout[w], scatter[w],
+                                d_scatter[w], table[A_BWD, w, m])
+                pending = -1
+            if g >= 0:
+                dep_idx[d] = g
+                d += 1
             # ... and its input gradient in backward
             for j in range(nw):
                 dep_idx[d] = wait[j]
@@ -317,12 +341,7 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
             compute_start = t
             t = _emit(out, t, d, K_BWD, u, m, R_COMPUTE, lay, tp_in[u], d_bwd[u], A_BWD, u)
             if scatter[u] > 0:
-                dep_idx[d] = b
-                d += 1
-                last4[lay, :3] = last4[lay, 1:].copy()
-                last4[lay, 3] = t
-                t = _emit(out, t, d, K_SCATTER, u, m, R_COMM, lay, scatter[u], d_scatter[u],
-                          -1, 0)
+                pending = u
             for j in range(cb_ptr[u], cb_ptr[u + 1]):
                 c = cb_copy[j]
                 dep_idx[d] = b
@@ -337,6 +356,9 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 t = _emit(out, t, d, K_PREFETCH, v, m, R_H2D, layout[v], off[v],
                           off[v] * h2d[layout[v], 0] * host_scale[v] + h2d[layout[v], 1],
                           A_PREFETCH, v)
+        if pending >= 0:
+            t, d = _scatter(out, t, d, dep_idx, last4, pending, m, layout[pending],
+                            scatter[pending], d_scatter[pending], table[A_BWD, pending, m])
         if m == final_mb[s]:   # DDP: all-reduce gradient buckets as backward produces them
             for bk in range(bk_ptr[s], bk_ptr[s + 1]):
                 for j in range(bu_ptr[bk], bu_ptr[bk + 1]):

@@ -126,3 +126,17 @@ def test_recomputed_sharded_units_gather_again_and_export_refuses_sharding():
     model, _ = memflow.zoo.get("chain", batch_size=8, n=4, width=256)
     with pytest.raises(ExportError, match="shard level is not exported yet"):
         apply(model, s, g)
+
+
+def test_backward_prefetch_gathers_the_next_unit_before_reduce_scattering_this_one():
+    from memflow.search.synthetic import chain_graph
+    g = chain_graph(4, batch=8, width=256)
+    four = memflow.Cluster.preset("4xV100-16GB")
+    tl = Simulator(g, four).result(Strategy.data_parallel(g, four, shard="parameters")).timeline
+    back = tl[tl.index > tl.query("kind == 'forward'").index.max()]
+    order = [(k, u) for k, u in zip(back["kind"], back["unit"])
+             if k in ("allgather", "reducescatter")]
+    # l3 is first in backward: gather l3 (before its backward), gather l2, scatter l3, ...
+    assert order[:4] == [("allgather", "l3"), ("allgather", "l2"), ("reducescatter", "l3"),
+                         ("allgather", "l1")]
+    assert order[-1] == ("reducescatter", "l0")
