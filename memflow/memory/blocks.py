@@ -65,8 +65,9 @@ STATE_SLOTS = ("gathered for forward", "gathered for backward", "gathered for re
 """The model-state block rows of one unit (:mod:`memflow.memory.states`): zero bytes unless
 the unit is sharded or offloads its optimizer."""
 NS, NU, NM = len(SLOTS), len(UNIT_SLOTS), len(STATE_SLOTS)
-OPTIMIZER_STATES = {k: n for k, (n, _) in OPTIMIZERS.items()}
-"""State tensors per parameter of each optimizer (:data:`memflow.strategy.OPTIMIZERS`)."""
+OPTIMIZER_STATES = {k: n * (w or 4) / 4 for k, (n, w) in OPTIMIZERS.items()}
+"""Optimizer state bytes per fp32 trainable byte (:data:`memflow.strategy.OPTIMIZERS`;
+``adam8bit``: 0.5)."""
 FIRST_MB, EVERY_MB = 0, 1
 NONE = -1           # a record no saver on its placement holds
 N_MECH = len(MECHANISMS)
