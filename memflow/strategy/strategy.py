@@ -359,8 +359,14 @@ class Strategy:
     def __repr__(self) -> str:
         counts = pd.Series(self.policies).value_counts()
         pol = ", ".join(f"{k} {v}" for k, v in counts.items())
+        states = "".join(  # model-state choices, only where set (the default reads as before)
+            [f", shard {k} {v}" for k, v in pd.Series(self.shard_levels).value_counts().items()
+             if k != "none"]
+            + ([f", optimizer on host {int(self.offload_optimizer.sum())}"]
+               if self.offload_optimizer.any() else [])
+            + ([f", {self.precision}"] if self.precision else []))
         return (f"<Strategy {self.name!r}: {len(self)} units on {len(self.device_names)} "
-                f"devices, {pol}, microbatches={self.microbatches} ({self.schedule})>")
+                f"devices, {pol}{states}, microbatches={self.microbatches} ({self.schedule})>")
 
     def _repr_html_(self) -> str:
         return f"<div><b>{html.escape(repr(self))}</b>{self.table.head(30).to_html()}</div>"

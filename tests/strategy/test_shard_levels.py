@@ -54,3 +54,11 @@ def test_data_parallel_shard():
     s = Strategy.data_parallel(g, 4, shard="gradients")
     assert set(s.shard_levels) == {"gradients"} and s.name == "data parallel, shard gradients"
     assert Strategy.data_parallel(g, 4).name == "data parallel"
+
+
+def test_repr_names_model_state_choices_only_when_set():
+    s = _dp()
+    assert "shard" not in repr(s) and "bf16" not in repr(s)
+    t = s.with_shard("parameters", ["a"]).with_model_states(precision="bf16",
+                                                           offload_optimizer=["c"])
+    assert "shard parameters 1, optimizer on host 1, bf16" in repr(t)
