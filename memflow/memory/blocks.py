@@ -36,12 +36,14 @@ from functools import cached_property
 import numpy as np
 
 from ..strategy.policies import MECHANISMS, M_COMPRESSED, M_HOST, M_KEEP, M_RECOMPUTE, POLICIES
+from ..strategy.shard_levels import OPTIMIZERS
 from .arrays import GraphArrays
 from .records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
                       A_PREFETCH, A_RECOMP, A_XFER, END, START, Copies, Copy, Placed, anchors,
                       placements)
 from .jit import njit
 from .segments import holding_segments, segment_starts
+from .states import unit_states
 
 __all__ = ["StepBlocks", "Copy", "Copies", "BlockTable", "step_blocks",
            "CATEGORIES", "OPTIMIZER_STATES", "A_FWD", "A_BWD", "A_RECOMP", "A_OFFLOAD",
@@ -58,9 +60,14 @@ UNIT_SLOTS = ("forward temporaries", "backward temporaries", "recompute temporar
               "parameter gradients")
 """The block rows of one unit."""
 FWD_TMP, BWD_TMP, REC_TMP, PARAM_GRAD = range(len(UNIT_SLOTS))
-NS, NU = len(SLOTS), len(UNIT_SLOTS)
-OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2}
-"""Optimizer state per trainable byte."""
+STATE_SLOTS = ("gathered for forward", "gathered for backward", "gathered for recompute",
+               "unsharded gradients", "host optimizer state")
+"""The model-state block rows of one unit (:mod:`memflow.memory.states`): zero bytes unless
+the unit is sharded or offloads its optimizer."""
+NS, NU, NM = len(SLOTS), len(UNIT_SLOTS), len(STATE_SLOTS)
+OPTIMIZER_STATES = {k: n * (w or 4) / 4 for k, (n, w) in OPTIMIZERS.items()}
+"""Optimizer state bytes per fp32 trainable byte (:data:`memflow.strategy.OPTIMIZERS`;
+``adam8bit``: 0.5)."""
 FIRST_MB, EVERY_MB = 0, 1
 NONE = -1           # a record no saver on its placement holds
 N_MECH = len(MECHANISMS)
@@ -312,41 +319,48 @@ class BlockTable:
     Rows: four *slots* per record (the storage as produced, its compressed or offloaded
     copy, the copy restored before backward, the storage re-materialized by recomputation),
     then the gradient blocks of the placement, four per unit (forward, backward and
-    recomputation temporaries, parameter gradients), and the optimizer's temporaries. Rows
+    recomputation temporaries, parameter gradients), the optimizer's temporaries, then the
+    model-state blocks of the units, five per unit (:data:`STATE_SLOTS`). Rows
     that do not apply hold 0 bytes and are left out of the :class:`StepBlocks`.
     :meth:`derive` re-derives only the records whose rules read a unit whose policy, segment or
     compression ratio changed since the previous call.
     """
 
     def __init__(self, ga: GraphArrays, placed: Placed, layout: np.ndarray, degrees: np.ndarray,
-                 microbatches: int, *, optimizer: str = "sgd", foreach: bool = True):
+                 microbatches: int, *, optimizer: str = "sgd", foreach: bool = True,
+                 precision: str | None = None, shard: np.ndarray | None = None,
+                 offload: np.ndarray | None = None):
         n, M, P = ga.n, int(microbatches), placed
         R, G, L = len(P.tensor), len(P.grad_bytes), len(degrees)
         s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
-        train = ga.trainable_bytes / p
+        st = self.states = unit_states(ga, s, p, a, shard, offload, precision, optimizer)
+        train = st.gradients
         units = np.arange(n)
         per = 1.0 / (s * p * a) / M
         # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
         o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
-        p_train = ga.param_grad_bytes / p[ga.param_owner]
+        p_train = ga.param_grad_bytes / p[ga.param_owner] * st.state_factor[ga.param_owner]
         p_lay = layout[ga.param_owner]
         o_b = np.array([p_train[p_lay == lay].sum() if foreach
                         else 2 * p_train[p_lay == lay].max(initial=0.0) for lay in o_lay])
         self.unit_row = NS * R + G
         unit_slots = np.arange(NU)     # parameter gradients: one per step; the rest per micro-batch
-        k = self.unit_row + NU * n + len(o_lay)
+        self.state_row = self.unit_row + NU * n + len(o_lay)
+        k = self.state_row + NM * n
         self.placed, self.n, self.microbatches = P, n, M
         self.saves = np.zeros(n, bool)
         self.saves[ga.savers_idx] = True
         self.static = {
             "layout": np.concatenate([np.repeat(P.layout, NS), P.grad_layout, np.repeat(layout, NU),
-                                      o_lay]).astype(np.int64),
+                                      o_lay, np.repeat(layout, NM)]).astype(np.int64),
             "category": np.concatenate([np.full(NS * R, ACTIVATIONS), np.full(G, TRANSIENT),
                                         np.tile(np.where(unit_slots == PARAM_GRAD, GRADIENTS, TRANSIENT), n),
-                                        np.full(len(o_lay), TRANSIENT)]).astype(np.int64),
+                                        np.full(len(o_lay), TRANSIENT),
+                                        np.tile([COMMUNICATION] * 4 + [OPTIMIZER], n)]).astype(np.int64),
             "per_mb": np.concatenate([np.full(NS * R + G, EVERY_MB),
                                       np.tile(np.where(unit_slots == PARAM_GRAD, FIRST_MB, EVERY_MB), n),
-                                      np.full(len(o_lay), FIRST_MB)]).astype(np.int64)}
+                                      np.full(len(o_lay), FIRST_MB),
+                                      np.tile([EVERY_MB] * 4 + [FIRST_MB], n)]).astype(np.int64)}
         self.bytes = np.zeros(k)
         self.host = np.zeros(k, bool)
         self.alloc = np.zeros((k, 3), np.int64)
@@ -367,18 +381,36 @@ class BlockTable:
         grads = slice(u + PARAM_GRAD, u + NU * n, NU)
         self.alloc[grads] = _anchor(A_BWD, _gradient_unit(ga), START, n)
         self.free[grads] = _anchor(A_OPT, layout, END, n)[:, None, :]
-        o = slice(u + NU * n, k)
+        o = slice(u + NU * n, self.state_row)
         self.bytes[o] = o_b.reshape(-1)
         self.alloc[o] = _anchor(A_OPT, o_lay, START, len(o_lay))
         self.free[o] = _anchor(A_OPT, o_lay, END, len(o_lay))[:, None, :]
+        self._state_blocks(ga, layout, st)
         self.carrier = np.full(R, -1)      # per record: the unit whose task offloads/compresses it
         self.compress = np.zeros(R, bool)
         self._mark = np.zeros(R, bool)
         self.persistent = np.zeros((L, len(CATEGORIES)))
-        np.add.at(self.persistent[:, WEIGHTS], layout, (ga.param_bytes + ga.buffer_bytes) / p)
-        np.add.at(self.persistent[:, OPTIMIZER], layout, OPTIMIZER_STATES[optimizer] * train)
-        np.add.at(self.persistent[:, COMMUNICATION], layout, np.where(s * a > 1, train, 0.0))
+        np.add.at(self.persistent[:, WEIGHTS], layout, st.weights)
+        np.add.at(self.persistent[:, OPTIMIZER], layout, st.optimizer)
+        np.add.at(self.persistent[:, COMMUNICATION], layout, st.bucket)
         self._key: tuple[np.ndarray, ...] | None = None
+
+    def _state_blocks(self, ga: GraphArrays, layout: np.ndarray, st) -> None:
+        """The model-state rows: gathered parameters around each forward, backward and
+        recomputation of the unit (:meth:`derive` keeps the last where it recomputes); its full gradient during its backward (until the
+        reduce-scatter that ends it); its optimizer state on the host over the step (from the
+        unit's first forward to the end of the optimizer step)."""
+        n, r = self.n, self.state_row
+        units = np.arange(n)
+        for j, (b, kind) in enumerate(((st.gathered, A_FWD), (st.gathered, A_BWD),
+                                       (st.gathered, A_RECOMP), (st.unsharded, A_BWD))):
+            self.bytes[r + j:r + NM * n:NM] = b
+            self.alloc[r + j:r + NM * n:NM] = _anchor(kind, units, START, n)
+            self.free[r + j:r + NM * n:NM] = _anchor(kind, units, END, n)[:, None, :]
+        h = slice(r + NM - 1, r + NM * n, NM)
+        self.bytes[h], self.host[h] = st.host, True
+        self.alloc[h] = _anchor(A_FWD, units, START, n)
+        self.free[h] = _anchor(A_OPT, layout, END, n)[:, None, :]
 
     def derive(self, policy: np.ndarray, segment: np.ndarray, ratio: np.ndarray) -> StepBlocks:
         """The blocks of ``policy`` (per unit), ``segment`` (recompute segment per unit) and
@@ -397,6 +429,9 @@ class BlockTable:
                 self.alloc, self.free, self.carrier, self.compress, self._mark, offloaded,
                 compressed)
         self._key = (pol, start, ratio)
+        # gathered parameters for a recomputation: only where the unit is recomputed
+        self.bytes[self.state_row + 2:self.state_row + NM * self.n:NM] = np.where(
+            start >= 0, self.states.gathered, 0.0)
         rows = {**self.static, "bytes": self.bytes.copy(), "host": self.host.copy(),
                 "alloc": self.alloc.copy(), "free": self.free.copy()}
         return StepBlocks(rows, P.copies, offloaded, compressed, self.persistent, segment,
@@ -405,8 +440,9 @@ class BlockTable:
 
 def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout: np.ndarray,
                 degrees: np.ndarray, microbatches: int, ratio: np.ndarray, *,
-                optimizer: str = "sgd", foreach: bool = True,
-                cache: dict | None = None) -> StepBlocks:
+                optimizer: str = "sgd", foreach: bool = True, cache: dict | None = None,
+                precision: str | None = None, shard: np.ndarray | None = None,
+                offload: np.ndarray | None = None) -> StepBlocks:
     """The blocks of one training step.
 
     ``degrees`` is ``(layouts, 3)``: sample, parameter, attribute of each layout; ``layout``,
@@ -414,7 +450,9 @@ def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
     compress) are per unit. ``foreach`` selects PyTorch's multi-tensor optimizer kernels (the
     CUDA default: one optimizer-sized temporary for Adam) over the per-parameter loop (CPU).
     ``cache`` (a dict the caller keeps) holds what the placements alone decide, so strategies
-    that differ in memory policies only share it.
+    that differ in memory policies only share it. ``precision``, ``shard`` and ``offload``
+    (per unit: shard level code, optimizer on the host) decide the model states
+    (:func:`memflow.memory.states.unit_states`).
     """
     key = (layout.tobytes(), degrees.tobytes(), int(microbatches))
     placed = cache.get(key) if cache is not None else None
@@ -424,5 +462,5 @@ def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
         if cache is not None:
             cache[key] = placed
     table = BlockTable(ga, placed, layout, degrees, microbatches, optimizer=optimizer,
-                       foreach=foreach)
+                       foreach=foreach, precision=precision, shard=shard, offload=offload)
     return table.derive(policy, segment, ratio)

@@ -7,7 +7,11 @@
   a region of identically placed units, which removes the transfers between them);
 * ``swap`` — one part of one unit moves to another device (or two parts trade devices);
 * ``replicas`` — every unit gets another data-parallel degree together (whole-model replicas,
-  as export runs them), each keeping its parameter split where it still fits.
+  as export runs them), each keeping its parameter split where it still fits;
+* ``shard``, ``precision``, ``optimizer_place`` — a unit's shard level, the global precision,
+  a unit's optimizer on the device or the host (:data:`MODEL_STATE_MOVES`: off by default,
+  and proposing nothing in the runnable space until export writes FSDP, mixed precision and
+  optimizer offload).
 
 In the runnable space (the default, :mod:`memflow.strategy.runnable`) ``config`` and ``copy``
 keep the strategy's one sample degree and split parameters only of units export can slice,
@@ -25,10 +29,13 @@ from typing import Callable
 import numpy as np
 
 from ..strategy import POLICIES, Strategy
-from .space import SearchSpace, policy_label
+from ..strategy.runnable import RUNNABLE
+from .space import SearchSpace, policy_label, precision_choices, shard_choices
 
 __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGHTS",
-           "FLEXFLOW_WEIGHTS", "policy", "segment", "config", "copy", "swap", "replicas"]
+           "FLEXFLOW_WEIGHTS", "policy", "segment", "config", "copy", "swap", "replicas",
+           "MODEL_STATE_MOVES", "MODEL_STATE_WEIGHTS", "GLOBAL_MOVES", "shard", "precision",
+           "optimizer_place"]
 
 
 @dataclass(frozen=True)
@@ -247,9 +254,76 @@ def replicas(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propo
         {name: space.config_for(i, s, d) for i, name in enumerate(space.names)}))
 
 
+def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+    """One free unit with data-parallel replicas gets another shard level (ZeRO-1/2/3).
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(2, batch=8)
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"), runnable=False)
+    >>> shard(np.random.default_rng(0), memflow.Strategy.data_parallel(g, 4), sp).strategy.shard_levels
+    ['none', 'gradients']
+    """
+    levels = {i: [lv for lv in shard_choices(s, int(i))
+                  if not space.runnable or lv in RUNNABLE.shard_levels] for i in space.free()}
+    free = [int(i) for i, lv in levels.items() if lv]
+    if not free:
+        return None
+    i = _pick(rng, free)
+    name = space.names[i]
+    return Proposal("shard", name, s.with_shard({name: _pick(rng, levels[i])}))
+
+
+def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+    """The whole strategy gets another precision (global: ``unit`` is empty).
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(2)
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("1xV100-16GB"), runnable=False)
+    >>> precision(np.random.default_rng(0), memflow.Strategy.single_device(g), sp).strategy.precision
+    'pure-bf16'
+    """
+    choices = [p for p in precision_choices(s)
+               if not space.runnable or p in RUNNABLE.precisions]
+    if not choices:
+        return None
+    return Proposal("precision", "", s.with_model_states(precision=_pick(rng, choices)))
+
+
+def optimizer_place(rng: np.random.Generator, s: Strategy,
+                    space: SearchSpace) -> Proposal | None:
+    """One free unit's optimizer states and step move to the host (ZeRO-Offload) or back.
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(2)
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("1xV100-16GB"), runnable=False)
+    >>> p = optimizer_place(np.random.default_rng(0), memflow.Strategy.single_device(g), sp)
+    >>> p.unit, p.strategy.offload_optimizer.tolist()
+    ('l1', [False, True])
+    """
+    free = space.free()
+    if not len(free) or (space.runnable and not RUNNABLE.offload_optimizer):
+        return None
+    i = int(_pick(rng, free))
+    off = s.offload_optimizer.copy()
+    off[i] = not off[i]
+    units = [space.names[k] for k in np.flatnonzero(off)]
+    return Proposal("optimizer_place", space.names[i], s.with_model_states(
+        offload_optimizer=units if units else False))
+
+
 Move = Callable[[np.random.Generator, Strategy, SearchSpace], "Proposal | None"]
 MOVES: dict[str, Move] = {"policy": policy, "segment": segment, "config": config,
-                          "copy": copy, "swap": swap, "replicas": replicas}
+                          "copy": copy, "swap": swap, "replicas": replicas, "shard": shard,
+                          "precision": precision, "optimizer_place": optimizer_place}
+MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
+"""Moves over model states: registered, but in no default weights (weight 0) until export
+writes FSDP; enable them with ``moves={**DEFAULT_WEIGHTS, **MODEL_STATE_WEIGHTS}``."""
+MODEL_STATE_WEIGHTS = {"shard": 0.1, "precision": 0.05, "optimizer_place": 0.05}
+GLOBAL_MOVES = ("precision",)
+"""Moves that change the whole strategy: their proposals name no unit (``unit`` is "")."""
 MEMORY_MOVES = ("policy", "segment")
 PARALLEL_MOVES = ("config", "copy", "swap", "replicas")
 DEFAULT_WEIGHTS = {"policy": 0.3, "segment": 0.2, "config": 0.2, "copy": 0.15, "swap": 0.1,

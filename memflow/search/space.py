@@ -25,7 +25,8 @@ from ..memory.arrays import graph_arrays
 from ..strategy import POLICIES, parse_policy
 from ..strategy.runnable import RUNNABLE, parameter_limits, unrunnable
 
-__all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label"]
+__all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label", "OPTIMIZER_PLACES",
+           "shard_choices", "precision_choices"]
 
 DEFAULT_POLICIES = POLICIES.searched
 """The built-in policies the search proposes when none are named (the policy table's
@@ -229,3 +230,39 @@ class SearchSpace:
         """The constructor arguments, for saving."""
         return {"policies": list(self.policies), "error_bounds": list(self.error_bounds),
                 "runnable": self.runnable}
+
+
+# ---------------------------------------------------------------------- model-state choices
+OPTIMIZER_PLACES = ("device", "host")
+"""Where a unit's optimizer states and step live (``host``: ZeRO-Offload)."""
+
+
+def shard_choices(s, i: int) -> list[str]:
+    """The shard levels (:data:`~memflow.strategy.SHARD_LEVELS`) unit ``i`` of strategy ``s``
+    may move to: every other level where the unit has data-parallel replicas, none otherwise
+    (a level over one replica shards nothing).
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> s = memflow.Strategy.data_parallel(chain_graph(2, batch=8), 2)
+    >>> shard_choices(s, 0), shard_choices(s.with_config("l0", sample=1, devices=["gpu0"]), 0)
+    (['optimizer', 'gradients', 'parameters'], [])
+    """
+    from ..strategy import SHARD_LEVELS
+    if s.sample[i] < 2:
+        return []
+    return [lv for k, lv in enumerate(SHARD_LEVELS) if k != s.shard[i]]
+
+
+def precision_choices(s) -> list[str]:
+    """The precisions (:data:`~memflow.strategy.PRECISIONS`) other than the one ``s`` sets
+    (all of them when it sets none and trains in the simulator's).
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> s = memflow.Strategy.single_device(chain_graph(2))
+    >>> precision_choices(s.with_model_states(precision="fp32"))
+    ['amp', 'bf16', 'pure-bf16']
+    """
+    from ..strategy import PRECISIONS
+    return [p for p in PRECISIONS if p != s.precision]

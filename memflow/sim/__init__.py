@@ -34,8 +34,10 @@ def simulate(graph, strategy: Strategy, cluster, *, optimizer: str = "sgd",
              precision: str | None = None, fold: bool = True) -> SimResult:
     """Simulate one training step of ``strategy`` for ``graph`` on ``cluster``.
 
-    ``optimizer`` is ``"sgd"``, ``"momentum"`` or ``"adam"``; ``precision`` ``"fp32"`` or
-    ``"amp"`` (default: as the graph was captured). ``fold=False`` simulates every replica
+    ``optimizer`` is one of :data:`memflow.strategy.OPTIMIZERS` (``"sgd"``, ``"momentum"``,
+    ``"adam"``, ``"adam8bit"``); ``precision`` one of :data:`memflow.strategy.PRECISIONS`, the
+    default for strategies that set none (default: ``"amp"`` if the graph was captured under
+    autocast, else ``"fp32"``). ``fold=False`` simulates every replica
     separately (same result, slower; for checking). The strategy is validated first.
     """
     strategy.validate(graph, cluster)

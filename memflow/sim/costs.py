@@ -16,10 +16,14 @@ from ..strategy.policies import M_COMPRESSED, POLICIES
 
 __all__ = ["LayoutCost", "layout_cost", "copy_cost", "ring_time", "compress_model",
            "compression_ratios",
-           "OPTIMIZER_TRAFFIC"]
+           "CPU_ADAM_RATE"]
 
-OPTIMIZER_TRAFFIC = {"sgd": 3, "momentum": 5, "adam": 7}
-"""Bytes moved per trainable byte by an optimizer step (reads and writes of p, g and states)."""
+CPU_ADAM_RATE = 1.0e9
+"""Parameters per second a host's CPU Adam step updates (ZeRO-Offload). CPU Adam is bound by
+host memory traffic: about 30 bytes per parameter (fp32 parameter, gradient and two moments
+read; parameter and moments written; the bf16 copy written), so ~1e9 parameters/s is ~30 GB/s
+of sustained DRAM traffic, a two-socket server's reach with AVX kernels. An assumption, not a
+measurement here: change it for your host."""
 OPTIMIZER_LAUNCHES = 10  # foreach kernels per step
 
 

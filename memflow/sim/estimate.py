@@ -17,6 +17,7 @@ from ..errors import MemflowError
 from ..hardware import Cluster
 from ..memory.arrays import graph_arrays
 from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, step_blocks
+from ..strategy.shard_levels import PRECISIONS
 from ..memory.records import placements
 from ..strategy import Strategy
 from .costs import compression_ratios
@@ -51,6 +52,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     optimizer kernels), a cluster preset name or a :class:`memflow.Cluster` (its first device:
     the capacity is reported too); default: the graph's capture backend. ``strategy``: memory
     policies to apply (a single-device strategy of this graph); default keep everything.
+    ``optimizer`` and ``precision`` (the strategy's own precision first) decide the model
+    states (``docs/data-model.md``, "Model states"); an offloaded optimizer is not counted.
 
     Rows: the categories (``weights``, ``gradients``, ``optimizer``, ``activations``,
     ``transient``, ``communication``) and ``total``; columns ``at_peak`` (bytes when the
@@ -86,8 +89,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     """
     if optimizer not in OPTIMIZER_STATES:
         raise MemflowError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZER_STATES)}")
-    if precision not in (None, "fp32", "amp"):
-        raise MemflowError(f"unknown precision {precision!r}; valid: fp32, amp")
+    if precision not in (None, *PRECISIONS):
+        raise MemflowError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     capacity, foreach, label = _capacity_and_foreach(graph, device)
     ga = graph_arrays(graph)
     if strategy is None:
@@ -102,7 +105,9 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
                         degrees[layout, 1], M)
     plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
                        compression_ratios(strategy, ga.half), optimizer=optimizer,
-                       foreach=foreach, cache={(layout.tobytes(), degrees.tobytes(), M): placed})
+                       foreach=foreach, cache={(layout.tobytes(), degrees.tobytes(), M): placed},
+                       precision=strategy.precision or precision, shard=strategy.shard,
+                       offload=strategy.offload_optimizer)
     S = structure(ga, placed, layout, degrees, strategy.stage, M, strategy.schedule)
     T = expand(S, Timing.untimed(S, ga.n), plan)
     step = np.arange(len(T.kind), dtype=np.float64)      # program order, one task at a time

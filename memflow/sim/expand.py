@@ -27,8 +27,9 @@ from ..memory.blocks import StepBlocks
 from ..memory.jit import njit
 from ..memory.records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
                               A_PREFETCH, A_RECOMP, A_XFER, ANCHOR_KINDS)
-from .kinds import (K_ALLRED, K_BWD, K_COMPRESS, K_DECOMP, K_FWD, K_OFFLOAD, K_OPT, K_PREFETCH,
-                    K_RECOMP, K_XFER, R_COMM, R_COMPUTE, R_COPY, R_COPYBACK, R_D2H, R_H2D)
+from .kinds import (K_ALLRED, K_BWD, K_COMPRESS, K_DECOMP, K_FWD, K_GATHER, K_OFFLOAD, K_OPT,
+                    K_PREFETCH, K_RECOMP, K_SCATTER, K_XFER, R_COMM, R_COMPUTE, R_COPY,
+                    R_COPYBACK, R_D2H, R_H2D)
 from .structure import Structure
 
 __all__ = ["Tasks", "Timing", "expand"]
@@ -94,6 +95,8 @@ class Timing:
     optimizer: np.ndarray      # per layout
     compress: np.ndarray       # per unit: bytes per second, launches included (1: none)
     decompress: np.ndarray
+    gather: np.ndarray         # per unit: its parameters' all-gather (parameter sharding)
+    scatter: np.ndarray        # per unit: its gradients' reduce-scatter (gradient sharding)
 
     @classmethod
     def untimed(cls, S: "Structure", n_units: int) -> "Timing":
@@ -106,7 +109,7 @@ class Timing:
                    copy_back=zeros(len(S.copy_src)), d2h=zeros(S.n_layouts, 2),
                    h2d=zeros(S.n_layouts, 2), host_scale=np.ones(n_units),
                    optimizer=zeros(S.n_layouts), compress=np.ones(n_units),
-                   decompress=np.ones(n_units))
+                   decompress=np.ones(n_units), gather=zeros(n_units), scatter=zeros(n_units))
 
 
 @njit
@@ -135,8 +138,10 @@ def _count(S_ptr, S_units, rd_ptr, gi_ptr, cf_ptr, cb_ptr, seg_start, seg_last, 
             # tasks: forward, offload, compress (3); a transfer per copy after its forward.
             # deps: forward on its reads and on the previous unit's offload (reads + 1);
             # offload and compress on the forward (2); each transfer on the forward (copies)
-            f_tasks[s] += 3 + copies
-            f_deps[s] += reads + 3 + copies
+            # FSDP: an all-gather before the forward (1 task), on the previous forward's
+            # start, and the forward on it (2 deps)
+            f_tasks[s] += 3 + copies + 1
+            f_deps[s] += reads + 3 + copies + 2
             # tasks: its own prefetch, decompress, backward, the prefetch of the unit before
             # (4); the recomputations of its segment (seg); a gradient transfer per copy back.
             # deps: each recomputation and the backward on its gradients in
@@ -144,8 +149,11 @@ def _count(S_ptr, S_units, rd_ptr, gi_ptr, cf_ptr, cb_ptr, seg_start, seg_last, 
             # compression (1); backward on forward, prefetch, decompress (3); the next
             # prefetch on its offload and on the backward's start (2); each gradient
             # transfer on the backward (back)
-            b_tasks[s] += 4 + seg + back
-            b_deps[s] += waits * (seg + 1) + 7 + back
+            # FSDP: an all-gather before each recomputation and before the backward, each on
+            # the previous compute's start and waited for by its compute (seg + 1 tasks,
+            # 2 * (seg + 1) deps); a reduce-scatter on the backward (1 task, 1 dep)
+            b_tasks[s] += 4 + seg + back + seg + 2
+            b_deps[s] += waits * (seg + 1) + 7 + back + 2 * (seg + 1) + 1
     # once per step: an all-reduce per bucket on the backward of each of its units; an
     # optimizer step per layout on its last four backward or all-reduce tasks (last4)
     tasks = n_buckets + n_layouts
@@ -175,11 +183,34 @@ def _emit(out, t, d, kind, unit, mb, role, key, work, duration, anchor, row):
 
 
 @njit
+def _gather(out, t, d, dep_idx, u, m, lay, nbytes, duration, after):
+    """FSDP's all-gather of unit ``u``'s parameters, issued when compute task ``after``
+    starts (prefetch: it overlaps that compute, one unit ahead). Returns ``(t, d)``; the
+    caller makes the compute task that needs the parameters depend on task ``t - 1``."""
+    if after >= 0:
+        dep_idx[d] = -(after + 1)
+        d += 1
+    return _emit(out, t, d, K_GATHER, u, m, R_COMM, lay, nbytes, duration, -1, 0), d
+
+
+@njit
+def _scatter(out, t, d, dep_idx, last4, u, m, lay, nbytes, duration, after):
+    """FSDP's reduce-scatter of unit ``u``'s gradients after its backward, task ``after``
+    (issued after the next unit's all-gather, as FSDP's backward prefetch does). Returns
+    ``(t, d)``."""
+    dep_idx[d] = after
+    last4[lay, :3] = last4[lay, 1:].copy()
+    last4[lay, 3] = t
+    return _emit(out, t, d + 1, K_SCATTER, u, m, R_COMM, lay, nbytes, duration, -1, 0), d + 1
+
+
+@njit
 def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units, final_mb,
             rd_ptr, rd_kind, rd_key, gi_ptr, gi_kind, gi_key, cf_ptr, cf_copy, cb_ptr,
             cb_copy, copy_src, copy_bytes, layout, tp_out, tp_in, off, comp, seg_start,
             seg_last, bk_ptr, bk_lay, bk_bytes, bu_ptr, bu_units, d_fwd, d_bwd, d_ar, d_cp,
-            d_cpb, d2h, h2d, host_scale, d_opt, r_comp, r_decomp, n_tasks, n_deps):
+            d_cpb, d2h, h2d, host_scale, d_opt, r_comp, r_decomp, gather, scatter, d_gather,
+            d_scatter, n_tasks, n_deps):
     """The tasks of one step in program order, in arrays of the sizes :func:`_count` gives.
 
     In step with ``_count``: every task emitted and every dependency written here is one of
@@ -202,6 +233,7 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
     wait = np.empty(max(len(gi_kind), 1), np.int64)
     t = 0
     d = 0
+    compute_start = -1     # the last compute task emitted: the next all-gather may overlap it
     for i in range(len(op_stage)):
         s, m = op_stage[i], op_mb[i]
         lo, hi = S_ptr[s], S_ptr[s + 1]
@@ -212,6 +244,11 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 lay = layout[u]
                 # Megatron: a split unit all-reduces its output (work: bytes), synchronously;
                 # vDNN: a forward waits for the previous unit's offload, which bounds memory
+                if gather[u] > 0:
+                    t, d = _gather(out, t, d, dep_idx, u, m, lay, gather[u], d_gather[u],
+                                   compute_start)
+                    dep_idx[d] = t - 1
+                    d += 1
                 for j in range(rd_ptr[u], rd_ptr[u + 1]):
                     dep_idx[d] = table[rd_kind[j], rd_key[j], m]
                     d += 1
@@ -219,6 +256,7 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                     dep_idx[d] = offloading
                     d += 1
                 f = t
+                compute_start = f
                 t = _emit(out, t, d, K_FWD, u, m, R_COMPUTE, lay, tp_out[u], d_fwd[u], A_FWD, u)
                 offloading = -1
                 if off[u] > 0:
@@ -241,6 +279,7 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                               A_XFER, c)
             continue
         prev_compute = -1
+        pending = -1        # the unit whose reduce-scatter waits for the next all-gather
         for k in range(hi - 1, lo - 1, -1):
             u = S_units[k]
             lay = layout[u]
@@ -255,10 +294,16 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                           off[u] * h2d[lay, 0] * host_scale[u] + h2d[lay, 1], A_PREFETCH, u)
             if seg_last[u]:
                 for v in range(seg_start[u], u + 1):
+                    if gather[v] > 0:
+                        t, d = _gather(out, t, d, dep_idx, v, m, lay, gather[v], d_gather[v],
+                                       compute_start)
+                        dep_idx[d] = t - 1
+                        d += 1
                     for j in range(nw):
                         dep_idx[d] = wait[j]
                         d += 1
                     prev_compute = t
+                    compute_start = t
                     t = _emit(out, t, d, K_RECOMP, v, m, R_COMPUTE, lay, tp_out[v], d_fwd[v],
                               A_RECOMP, v)
             if comp[u] > 0:
@@ -266,6 +311,19 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 d += 1
                 t = _emit(out, t, d, K_DECOMP, u, m, R_COMPUTE, lay, comp[u],
                           comp[u] / r_decomp[u], A_DECOMP, u)
+            g = -1
+            if gather[u] > 0:
+                t, d = _gather(out, t, d, dep_idx, u, m, lay, gather[u], d_gather[u],
+                               compute_start)
+                g = t - 1
+            if pending >= 0:
+                w = pending
+                t, d = _scatter(out, t, d, dep_idx, last4, w, m, layout[w], scatter[w],
+                                d_scatter[w], table[A_BWD, w, m])
+                pending = -1
+            if g >= 0:
+                dep_idx[d] = g
+                d += 1
             # ... and its input gradient in backward
             for j in range(nw):
                 dep_idx[d] = wait[j]
@@ -280,7 +338,10 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
             last4[lay, :3] = last4[lay, 1:].copy()
             last4[lay, 3] = t
             prev_compute = t
+            compute_start = t
             t = _emit(out, t, d, K_BWD, u, m, R_COMPUTE, lay, tp_in[u], d_bwd[u], A_BWD, u)
+            if scatter[u] > 0:
+                pending = u
             for j in range(cb_ptr[u], cb_ptr[u + 1]):
                 c = cb_copy[j]
                 dep_idx[d] = b
@@ -295,6 +356,9 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                 t = _emit(out, t, d, K_PREFETCH, v, m, R_H2D, layout[v], off[v],
                           off[v] * h2d[layout[v], 0] * host_scale[v] + h2d[layout[v], 1],
                           A_PREFETCH, v)
+        if pending >= 0:
+            t, d = _scatter(out, t, d, dep_idx, last4, pending, m, layout[pending],
+                            scatter[pending], d_scatter[pending], table[A_BWD, pending, m])
         if m == final_mb[s]:   # DDP: all-reduce gradient buckets as backward produces them
             for bk in range(bk_ptr[s], bk_ptr[s + 1]):
                 for j in range(bu_ptr[bk], bu_ptr[bk + 1]):
@@ -343,5 +407,6 @@ def expand(S: Structure, timing: Timing, plan: StepBlocks) -> Tasks:
                   S.bucket_layout, S.bucket_bytes, S.bucket_units[0], S.bucket_units[1],
                   timing.forward, timing.backward, timing.allreduce, timing.copy,
                   timing.copy_back, timing.d2h, timing.h2d, timing.host_scale,
-                  timing.optimizer, timing.compress, timing.decompress, n_tasks, n_deps)
+                  timing.optimizer, timing.compress, timing.decompress, S.gather, S.scatter,
+                  timing.gather, timing.scatter, n_tasks, n_deps)
     return Tasks(*out)

@@ -107,6 +107,40 @@ class SimResult:
         out = pd.concat(frames, ignore_index=True)
         return out[["device", "time", "bytes", *CATEGORIES]]
 
+    @cached_property
+    def model_states(self) -> pd.DataFrame:
+        """Per device (rows, the devices the strategy uses): bytes of ``weights``,
+        ``gradients`` and ``optimizer`` state it holds, each category's maximum over the step.
+
+        Sharded states count as the shard each device owns; FSDP's gathered parameters and
+        a gradient's full size before its reduce-scatter are communication buffers, not model
+        states, and optimizer states offloaded to the host are not on the device
+        (``docs/data-model.md``, "Model states").
+
+        >>> import memflow
+        >>> g = memflow.zoo.graph("chain", batch_size=8, n=3, width=16)
+        >>> four = memflow.Cluster.preset("4xV100-16GB")
+        >>> s = memflow.Strategy.data_parallel(g, four, shard="parameters", precision="bf16")
+        >>> ms = memflow.simulate(g, s, four, optimizer="adam").model_states
+        >>> list(ms.columns), len(ms)
+        (['weights', 'gradients', 'optimizer'], 4)
+        """
+        r = self._run
+        L = r.device
+        keep = [CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer")]
+        cat = np.zeros((len(L.delta), len(CATEGORIES)))
+        cat[np.arange(len(L.delta)), L.category] = L.delta
+        per_class: dict[int, np.ndarray] = {}
+        rows = []
+        for pos in r.devices_used:
+            c = int(r.device_class[pos])
+            if c not in per_class:
+                run = np.cumsum(cat[L.cls == c], 0) + L.persistent[c]
+                per_class[c] = np.vstack([L.persistent[c][None], run]).max(0)[keep]
+            rows.append(per_class[c])
+        return pd.DataFrame(np.array(rows).reshape(-1, 3), index=self.peak_memory.index,
+                            columns=["weights", "gradients", "optimizer"])
+
     def breakdown(self) -> pd.DataFrame:
         """Per device: bytes of each category at that device's peak."""
         r = self._run

@@ -27,11 +27,12 @@ import numpy as np
 
 from ..errors import SimulationError
 from ..memory.arrays import GraphArrays, graph_arrays
-from ..memory.blocks import OPTIMIZER_STATES, BlockTable, StepBlocks
+from ..memory.blocks import BlockTable, StepBlocks
 from ..memory.records import Placed, placements
 from ..strategy.policies import POLICIES
+from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
-from .costs import (OPTIMIZER_LAUNCHES, OPTIMIZER_TRAFFIC, compress_model, compression_ratios,
+from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, compress_model, compression_ratios,
                     copy_cost, layout_cost, ring_time)
 from .expand import Tasks, Timing, expand
 from .structure import Structure, structure
@@ -41,7 +42,6 @@ from .schedule import schedule
 
 __all__ = ["Simulator", "Evaluation", "Run", "Placement", "PRECISIONS"]
 
-PRECISIONS = ("fp32", "amp")
 
 
 @dataclass(frozen=True)
@@ -150,9 +150,9 @@ class Simulator:
     """
 
     def __init__(self, graph, cluster, *, optimizer: str = "sgd", precision: str | None = None):
-        if optimizer not in OPTIMIZER_STATES:
+        if optimizer not in OPTIMIZERS:
             raise SimulationError(f"unknown optimizer {optimizer!r}; valid: "
-                                  f"{', '.join(OPTIMIZER_STATES)}")
+                                  f"{', '.join(OPTIMIZERS)}")
         if precision is None:
             precision = "amp" if graph.meta.get("autocast") else "fp32"
         if precision not in PRECISIONS:
@@ -197,11 +197,20 @@ class Simulator:
                 degrees[layout, 1], M)
         return placed
 
+    def precision_of(self, strategy: Strategy) -> str:
+        """The precision ``strategy`` trains in: its own, else this simulator's default."""
+        return strategy.precision or self.precision
+
+    def _table(self, strategy: Strategy, placed: Placed, foreach: bool = True) -> BlockTable:
+        degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
+        return BlockTable(self.ga, placed, strategy.layout_ids, degrees, strategy.microbatches,
+                          optimizer=self.optimizer, foreach=foreach,
+                          precision=self.precision_of(strategy), shard=strategy.shard,
+                          offload=strategy.offload_optimizer)
+
     def blocks(self, strategy: Strategy, *, foreach: bool = True) -> StepBlocks:
         """The memory plan of ``strategy`` (blocks with anchors)."""
-        degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-        table = BlockTable(self.ga, self._placed_of(strategy), strategy.layout_ids, degrees,
-                           strategy.microbatches, optimizer=self.optimizer, foreach=foreach)
+        table = self._table(strategy, self._placed_of(strategy), foreach)
         return table.derive(strategy.policy, strategy.segment, self._ratios(strategy))
 
     def _lc(self, key: tuple):
@@ -223,15 +232,17 @@ class Simulator:
             path = self._routes[(a, b)] = self.ca.routing.route(a, b)
         return path
 
-    def _timing(self, strategy: Strategy, S: Structure, placed: Placed) -> tuple[Timing, list]:
-        """Durations that the placements fix, and the raw channels of every channel set."""
+    def _timing(self, strategy: Strategy, S: Structure, placed: Placed,
+                states) -> tuple[Timing, list]:
+        """Durations that the placements (and the model states) fix, and the raw channels of
+        every channel set."""
         ga, M = self.ga, strategy.microbatches
         n = len(self.ca.devices)
         keys = strategy.layouts
         lcs = [self._lc(k) for k in keys]
         L = strategy.layout_ids
         deg = np.array([k[0] * k[1] * k[2] for k in keys], np.float64)[L] * M
-        half = ga.half | (self.precision == "amp")
+        half = ga.half | (self.precision_of(strategy) != "fp32")
         f32 = np.array([lc.flops32 for lc in lcs])[L]
         f16 = np.array([lc.flops16 for lc in lcs])[L]
         mem = np.array([lc.mem_rate for lc in lcs])
@@ -247,6 +258,10 @@ class Simulator:
         bwd = compute(ga.bwd_flops, ga.bwd_bytes_moved, ga.bwd_ops, S.tp_in)
         rr = np.array([lc.replica_ring for lc in lcs]).reshape(-1, 3)[S.bucket_layout]
         allreduce = ring_time(S.bucket_bytes, rr[:, 0], rr[:, 1], rr[:, 2])
+        # ring all-gather and reduce-scatter each move half an all-reduce's bytes
+        ru = np.array([lc.replica_ring for lc in lcs]).reshape(-1, 3)[L]
+        gather = ring_time(S.gather, ru[:, 0], ru[:, 1], ru[:, 2]) / 2
+        scatter = ring_time(S.scatter, ru[:, 0], ru[:, 1], ru[:, 2]) / 2
         cp = placed.copies
         copy, back = np.zeros(len(cp)), np.zeros(len(cp))
         links_fwd, links_back = [], []
@@ -259,16 +274,29 @@ class Simulator:
                 out[c] = whole * per + lat if len(links) else 0.0
                 chans.append(2 * n + links)
         optimizer = np.empty(len(keys))
+        off = strategy.offload_optimizer
         for i, (k, lc) in enumerate(zip(keys, lcs)):
-            train = float(np.sum(ga.trainable_bytes[L == i])) / k[1]
-            optimizer[i] = (OPTIMIZER_TRAFFIC[self.optimizer] * train / lc.mem_rate
+            mine = L == i
+            optimizer[i] = (float(np.sum(states.update[mine])) / lc.mem_rate
                             + OPTIMIZER_LAUNCHES * lc.launch)
+            # ZeRO-1/2: each replica updated its shard; the new parameters are all-gathered
+            regather = states.regather[mine]
+            if regather.any():
+                optimizer[i] += float(ring_time(regather.sum(), *lc.replica_ring)) / 2
+            if off[mine].any():    # ZeRO-Offload: gradients down, CPU Adam, parameters up
+                on_host = np.bincount(self.ca.host[lc.devices]).max()
+                optimizer[i] += (float(np.sum(states.gradients[mine & off])) * lc.d2h[1]
+                                 + on_host * float(np.sum(states.host_elements[mine]))
+                                 / CPU_ADAM_RATE
+                                 + float(np.sum(states.weights[mine & off])) * lc.h2d[1]
+                                 + lc.d2h[2] + lc.h2d[2])
         timing = Timing(forward=fwd, backward=bwd, allreduce=allreduce, copy=copy,
                         copy_back=back,
                         d2h=np.array([lc.d2h[1:] for lc in lcs], np.float64).reshape(-1, 2),
                         h2d=np.array([lc.h2d[1:] for lc in lcs], np.float64).reshape(-1, 2),
                         host_scale=np.ones(ga.n), optimizer=optimizer,
-                        compress=np.ones(ga.n), decompress=np.ones(ga.n))
+                        compress=np.ones(ga.n), decompress=np.ones(ga.n), gather=gather,
+                        scatter=scatter)
         # channel sets: compute, comm, to-host, from-host per layout, then copies, copies back
         raw = ([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
                + [2 * n + lc.d2h[0] for lc in lcs] + [2 * n + lc.h2d[0] for lc in lcs]
@@ -278,16 +306,18 @@ class Simulator:
     def placement(self, strategy: Strategy, fold: bool = True) -> Placement:
         """What the placements of ``strategy`` decide (cached)."""
         key = (strategy.layout_ids.tobytes(), tuple(strategy.layouts), strategy.stage.tobytes(),
-               strategy.microbatches, strategy.schedule, fold)
+               strategy.microbatches, strategy.schedule, fold, strategy.shard.tobytes(),
+               strategy.offload_optimizer.tobytes(), self.precision_of(strategy))
         hit = self._placements.get(key)
         if hit is not None:
             self._placements.move_to_end(key)
             return hit
         placed = self._placed_of(strategy)
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
+        table = self._table(strategy, placed)
         S = structure(self.ga, placed, strategy.layout_ids, degrees, strategy.stage,
-                      strategy.microbatches, strategy.schedule)
-        timing, raw = self._timing(strategy, S, placed)
+                      strategy.microbatches, strategy.schedule, table.states)
+        timing, raw = self._timing(strategy, S, placed, table.states)
         n_dev = len(self.ca.devices)
         ch_cls, per_set = classes(raw, 2 * n_dev + len(self.ca.link_rate), fold)
         lcs = [self._lc(k) for k in strategy.layouts]
@@ -296,8 +326,7 @@ class Simulator:
         np.cumsum([len(x) for x in per_set], out=set_ptr[1:])
         set_idx = np.concatenate(per_set).astype(np.int64) if per_set else np.zeros(0, np.int64)
         out = Placement(
-            placed=placed, blocks=BlockTable(self.ga, placed, strategy.layout_ids, degrees,
-                                             strategy.microbatches, optimizer=self.optimizer),
+            placed=placed, blocks=table,
             structure=S, timing=timing,
             sets=(set_ptr, set_idx), raw_sets=raw, n_channel_classes=int(ch_cls.max()) + 1,
             channel_class=ch_cls, device_class=dev_cls, layout_classes=lay_cls,
@@ -344,7 +373,9 @@ class Simulator:
         that revisits a strategy, or re-times one, skips all of this)."""
         key = (strategy.policy.tobytes(), strategy.error_bound.tobytes(),
                strategy.stage.tobytes(), tuple(strategy.layouts),
-               strategy.layout_ids.tobytes(), strategy.microbatches, strategy.schedule, fold)
+               strategy.layout_ids.tobytes(), strategy.microbatches, strategy.schedule, fold,
+               strategy.shard.tobytes(), strategy.offload_optimizer.tobytes(),
+               self.precision_of(strategy))
         hit = self._prepared_cache.get(key)
         if hit is not None:
             self._prepared_cache.move_to_end(key)

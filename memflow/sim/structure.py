@@ -3,8 +3,9 @@
 A :class:`Structure` holds, as arrays, what the expansion of a step's tasks
 (:func:`memflow.sim.expand.expand`) needs and no memory policy changes: the program order
 of (stage, forward or backward, micro-batch), each unit's stage, layout, reads and gradient
-waits, the copies between placements, the bytes of tensor-parallel all-reduces, and the DDP
-gradient buckets.
+waits, the copies between placements, the bytes of tensor-parallel all-reduces, the DDP
+gradient buckets, and the bytes each sharded unit all-gathers (parameters) and
+reduce-scatters (gradients).
 """
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ class Structure:
     bucket_layout: np.ndarray
     bucket_bytes: np.ndarray
     bucket_units: tuple[np.ndarray, np.ndarray]   # CSR per bucket
+    gather: np.ndarray         # per unit: full parameter bytes all-gathered before its
+                               # forward, backward and recomputation (parameter sharding)
+    scatter: np.ndarray        # per unit: full gradient bytes reduce-scattered after its backward
 
 
 def _ptr(rows: np.ndarray, n_rows: int) -> np.ndarray:
@@ -102,8 +106,10 @@ def _bucketize(stage_ptr, stage_units, layout, replicated, part_bytes, first_cap
 
 
 def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage: np.ndarray,
-              microbatches: int, schedule: str) -> Structure:
-    """The placement-only part of the expansion of one strategy."""
+              microbatches: int, schedule: str, states=None) -> Structure:
+    """The placement-only part of the expansion of one strategy; ``states`` (its units'
+    :class:`~memflow.memory.states.UnitStates`, default: unsharded, the graph's widths)
+    decides what the DDP buckets reduce and what sharded units gather and scatter."""
     n, M = ga.n, int(microbatches)
     stage = np.maximum(stage, 0)
     stages = int(stage.max()) + 1
@@ -133,9 +139,12 @@ def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage
     c_ids = np.arange(len(cp))
     back = np.flatnonzero(cp.grad)
     replicated = (degrees[:, 0] * degrees[:, 2]) > 1
+    bucketed = ga.trainable_bytes / p if states is None else states.bucket
     b_stage, b_lay, b_bytes, b_ptr, b_units = _bucketize(
-        st_ptr, st_units, layout, replicated, ga.trainable_bytes / p, float(FIRST_BUCKET),
-        float(BUCKET_CAP))
+        st_ptr, st_units, layout, replicated, bucketed, float(FIRST_BUCKET), float(BUCKET_CAP))
+    none = np.zeros(n)
+    gather = none if states is None else states.gather
+    scatter = none if states is None else states.scatter
     return Structure(
         n_layouts=len(degrees), op_stage=op_stage, op_back=op_back, op_mb=op_mb,
         stage_units=(st_ptr, st_units), final_mb=final_mb, reads=placed.reads,
@@ -146,4 +155,4 @@ def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage
         copy_src=ga.producer[cp.tensor] >= 0, copy_bytes=cp.bytes, layout=layout,
         tp_out=np.where(p > 1, out_bytes / sa, 0.0), tp_in=np.where(p > 1, in_grad / sa, 0.0),
         buckets=(_ptr(b_stage, stages), np.arange(len(b_stage))), bucket_layout=b_lay,
-        bucket_bytes=b_bytes, bucket_units=(b_ptr, b_units))
+        bucket_bytes=b_bytes, bucket_units=(b_ptr, b_units), gather=gather, scatter=scatter)

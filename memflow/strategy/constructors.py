@@ -80,11 +80,24 @@ def single_device(graph, device: str = "gpu0", *, name: str = "single device") -
     return Strategy(graph.names, devices=[(str(device),)] * len(graph), name=name)
 
 
-def data_parallel(graph, devices: Devices, *, name: str = "data parallel") -> Strategy:
-    """Every unit replicated on all devices, the batch split between them (DDP)."""
+def data_parallel(graph, devices: Devices, *, shard: str = "none", precision: str | None = None,
+                  name: str | None = None) -> Strategy:
+    """Every unit replicated on all devices, the batch split between them: DDP, or with
+    ``shard`` (a level of :data:`~memflow.strategy.SHARD_LEVELS`) ZeRO-1/2/3 and FSDP full
+    shard; ``precision`` (:data:`~memflow.strategy.PRECISIONS`; None: the simulator's).
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0], "bwd_flops": [2.0]}, index=["fc"]),
+    ...             pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["fc"]]}))
+    >>> s = data_parallel(g, 8, shard="parameters", precision="bf16")
+    >>> s.name, s.shard_levels, s.precision
+    ('data parallel, shard parameters', ['parameters'], 'bf16')
+    """
     devs = tuple(device_list(devices))
     return Strategy(graph.names, devices=[devs] * len(graph), sample=[len(devs)] * len(graph),
-                    name=name)
+                    shard=shard, precision=precision,
+                    name=name or "data parallel" + (f", shard {shard}" if shard != "none" else ""))
 
 
 def model_parallel(graph, devices: Devices, *, name: str = "model parallel") -> Strategy:

@@ -18,6 +18,10 @@ The rules of :data:`RUNNABLE`:
   ``Conv*`` with one group or ``Embedding`` (the graph's ``shard_axis``,
   :mod:`memflow.graph.slicing`), called once, whose weights no other module shares, up to its
   ``max_parameter_degree``;
+* **model states as the model holds them** — shard levels in ``shard_levels``, precisions in
+  ``precisions``, optimizer offload only if ``offload_optimizer``: the simulator charges
+  ZeRO/FSDP sharding, bf16 with fp32 master weights and ZeRO-Offload, but export does not
+  write them yet (FSDP2 ``fully_shard`` is the planned form);
 * **micro-batches with the schedules in** ``schedules`` — one process runs GPipe (all
   forwards, then all backwards); 1F1B interleaves them across stages, which needs a process
   per stage. A later multi-process pipeline export widens this by adding ``"1f1b"``.
@@ -48,6 +52,12 @@ class Runnable:
     """Largest attribute (spatial / sequence) degree."""
     schedules: tuple[str, ...] = ("gpipe",)
     """Pipeline schedules export runs with more than one micro-batch."""
+    shard_levels: tuple[str, ...] = ("none",)
+    """Shard levels export writes (FSDP2 and ZeRO are simulated, not yet exported)."""
+    precisions: tuple[str | None, ...] = (None,)
+    """Strategy precisions export writes (None: the model's own dtype)."""
+    offload_optimizer: bool = False
+    """Whether export runs optimizer states and steps on the host."""
 
 
 RUNNABLE = Runnable()
@@ -130,6 +140,19 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
         return (f"schedule {strategy.schedule!r} with {strategy.microbatches} micro-batches "
                 "interleaves backward with forward, which one process cannot run; export "
                 f"supports schedule={' or '.join(map(repr, rules.schedules))}")
+    levels = strategy.shard_levels
+    odd = [i for i, lv in enumerate(levels) if lv not in rules.shard_levels]
+    if odd:
+        return (f"unit {units[odd[0]]!r} has shard level {levels[odd[0]]!r}; export does not "
+                "write sharded model states yet. Valid: shard level "
+                f"{' or '.join(map(repr, rules.shard_levels))}")
+    offload = strategy.offload_optimizer
+    if offload.any() and not rules.offload_optimizer:
+        return (f"unit {units[int(offload.argmax())]!r} has its optimizer on the host; export "
+                "does not run optimizer offload yet. Valid: the optimizer on the device")
+    if strategy.precision not in rules.precisions:
+        return (f"precision {strategy.precision!r}: export does not write mixed-precision "
+                "training yet. Valid: precision None (the model's own dtype)")
     if graph is not None:
         parameter = np.asarray(strategy.parameter)
         limits = graph.units["max_parameter_degree"].to_numpy(np.int64)

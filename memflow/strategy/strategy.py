@@ -22,6 +22,7 @@ import pandas as pd
 from .._jsonio import Fields, dumps, read_json, write_json
 from ..errors import FileFormatError, StrategyError
 from .policies import KEEP, POLICIES, parse_policy
+from .shard_levels import SHARD_LEVELS, PRECISIONS, check_precision, shard_codes
 
 __all__ = ["Strategy", "SCHEDULES"]
 
@@ -75,7 +76,8 @@ class Strategy:
     """
 
     __slots__ = ("units", "policy", "error_bound", "segment_break", "sample", "parameter",
-                 "attribute", "devices", "stage", "microbatches", "schedule", "name", "_cache")
+                 "attribute", "devices", "stage", "shard", "offload_optimizer", "precision",
+                 "microbatches", "schedule", "name", "_cache")
 
     def __init__(self, units: Sequence[str], *, devices: Sequence[Sequence[str]],
                  policy: Sequence[int] | np.ndarray | None = None,
@@ -85,7 +87,8 @@ class Strategy:
                  parameter: Sequence[int] | np.ndarray | None = None,
                  attribute: Sequence[int] | np.ndarray | None = None,
                  stage: Sequence[int] | np.ndarray | None = None,
-                 microbatches: int = 1, schedule: str = "1f1b", name: str = "strategy"):
+                 shard: Any = None, offload_optimizer: Sequence[bool] | np.ndarray | None = None,
+                 precision: str | None = None, microbatches: int = 1, schedule: str = "1f1b", name: str = "strategy"):
         n = len(units)
         self.units: tuple[str, ...] = tuple(str(u) for u in units)
 
@@ -116,6 +119,9 @@ class Strategy:
         self.parameter = arr("parameter", parameter, 1, np.int64)
         self.attribute = arr("attribute", attribute, 1, np.int64)
         self.stage = arr("stage", stage, -1, np.int64)
+        self.shard = _frozen(shard_codes(self.units, 0 if shard is None else shard))
+        self.offload_optimizer = arr("offload_optimizer", offload_optimizer, False, np.bool_)
+        self.precision = check_precision(precision)
         if len(devices) != n:
             raise StrategyError(f"expected one device tuple per unit ({n}), got {len(devices)}")
         self.devices: tuple[tuple[str, ...], ...] = tuple(tuple(map(str, d)) for d in devices)
@@ -253,6 +259,7 @@ class Strategy:
             microbatches=self.microbatches if microbatches is None else int(microbatches),
             schedule=schedule or self.schedule, name=self.name if name is None else str(name))
 
+    # Strategy.with_shard and Strategy.with_model_states are memflow.strategy.model_states.
     # Strategy.validate(graph, cluster=None) is memflow.strategy.validate, attached there.
 
     # ------------------------------------------------------------------ derived
@@ -260,6 +267,11 @@ class Strategy:
     def policies(self) -> list[str]:
         """Policy names per unit."""
         return [POLICIES[c] for c in self.policy]
+
+    @property
+    def shard_levels(self) -> list[str]:
+        """Shard level names per unit."""
+        return [SHARD_LEVELS[c] for c in self.shard]
 
     @property
     def degree(self) -> np.ndarray:
@@ -316,14 +328,15 @@ class Strategy:
     @property
     def table(self) -> pd.DataFrame:
         """One row per unit: policy, error_bound, segment_break, degrees, devices, stage,
-        segment."""
+        segment, shard level, offload_optimizer (the global precision is :attr:`precision`)."""
         return pd.DataFrame({
             "unit": list(self.units), "policy": self.policies,
             "error_bound": np.array(self.error_bound),
             "segment_break": np.array(self.segment_break), "sample": np.array(self.sample),
             "parameter": np.array(self.parameter), "attribute": np.array(self.attribute),
             "devices": list(self.devices), "stage": np.array(self.stage),
-            "segment": np.array(self.segment)})
+            "segment": np.array(self.segment), "shard": self.shard_levels,
+            "offload_optimizer": np.array(self.offload_optimizer)})
 
     # ------------------------------------------------------------------ equality, display
     def _key(self) -> tuple:
@@ -331,7 +344,8 @@ class Strategy:
                 np.nan_to_num(self.error_bound, nan=-1.0).tobytes(),
                 self.segment_break.tobytes(), self.sample.tobytes(),
                 self.parameter.tobytes(), self.attribute.tobytes(), self.devices,
-                self.stage.tobytes(), self.microbatches, self.schedule, self.name)
+                self.stage.tobytes(), self.shard.tobytes(), self.offload_optimizer.tobytes(),
+                self.precision, self.microbatches, self.schedule, self.name)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Strategy) and self._key() == other._key()
@@ -345,8 +359,14 @@ class Strategy:
     def __repr__(self) -> str:
         counts = pd.Series(self.policies).value_counts()
         pol = ", ".join(f"{k} {v}" for k, v in counts.items())
+        states = "".join(  # model-state choices, only where set (the default reads as before)
+            [f", shard {k} {v}" for k, v in pd.Series(self.shard_levels).value_counts().items()
+             if k != "none"]
+            + ([f", optimizer on host {int(self.offload_optimizer.sum())}"]
+               if self.offload_optimizer.any() else [])
+            + ([f", {self.precision}"] if self.precision else []))
         return (f"<Strategy {self.name!r}: {len(self)} units on {len(self.device_names)} "
-                f"devices, {pol}, microbatches={self.microbatches} ({self.schedule})>")
+                f"devices, {pol}{states}, microbatches={self.microbatches} ({self.schedule})>")
 
     def _repr_html_(self) -> str:
         return f"<div><b>{html.escape(repr(self))}</b>{self.table.head(30).to_html()}</div>"
@@ -356,7 +376,10 @@ class Strategy:
         """A JSON-ready description; :meth:`from_dict` rebuilds an equal strategy.
 
         ``segment_break`` is written only when some unit has one, so strategies without breaks
-        write the same document as before breaks existed (and old documents read as no breaks).
+        write the same document as before breaks existed (and old documents read as no breaks);
+        so are ``shard`` (when a unit is sharded), ``offload_optimizer`` (when a unit offloads)
+        and ``precision`` (when set): old documents read as unsharded, on the device, with the
+        simulator's precision.
         """
         doc = {"format": FORMAT, "name": self.name, "microbatches": self.microbatches,
                 "schedule": self.schedule, "units": list(self.units),
@@ -367,6 +390,12 @@ class Strategy:
                 "devices": [list(d) for d in self.devices], "stage": self.stage.tolist()}
         if self.segment_break.any():
             doc["segment_break"] = self.segment_break.tolist()
+        if self.shard.any():
+            doc["shard"] = self.shard_levels
+        if self.offload_optimizer.any():
+            doc["offload_optimizer"] = self.offload_optimizer.tolist()
+        if self.precision is not None:
+            doc["precision"] = self.precision
         return doc
 
     @classmethod
@@ -405,8 +434,14 @@ class Strategy:
             if not (isinstance(d, list) and d and all(isinstance(x, str) for x in d)):
                 raise f.fail("devices", f"a list of {n} non-empty lists of device names", d,
                              f" at [{i}] (unit {units[i]!r})")
+        shard = f.list("shard", "shard levels", length=n, default=None)
+        for u, v in zip(units, shard or ()):
+            if v not in SHARD_LEVELS:
+                raise f.fail("shard", f"one of {', '.join(SHARD_LEVELS)}", v, f" for unit {u!r}")
         try:
-            return cls(units, devices=devices, policy=codes,
+            return cls(units, devices=devices, policy=codes, shard=shard,
+                       offload_optimizer=f.bools("offload_optimizer", length=n, default=None),
+                       precision=f.str("precision", choices=PRECISIONS, default=None),
                        error_bound=[np.nan if x is None else x for x in bounds],
                        segment_break=f.bools("segment_break", length=n, default=None),
                        sample=f.ints("sample", length=n, least=1),

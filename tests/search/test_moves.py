@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memflow
-from memflow.search.moves import MOVES
+from memflow.search.moves import GLOBAL_MOVES, MOVES
 from memflow.search.space import SearchSpace
 from memflow.search.synthetic import chain_graph
 
@@ -34,7 +34,10 @@ def test_random_walks_stay_valid_and_respect_pins(n, seed, pins, batch):
         if prop is None:
             continue
         assert prop.move == name and prop.strategy != s
-        assert prop.unit in g.names and not space.pinned[g.names.index(prop.unit)]
+        if prop.move in GLOBAL_MOVES:      # changes the whole strategy, names no unit
+            assert prop.unit == ""
+        else:
+            assert prop.unit in g.names and not space.pinned[g.names.index(prop.unit)]
         prop.strategy.validate(g, FOUR)
         s = prop.strategy
         assert {i: _unit_state(s, i) for i in pinned} == frozen

@@ -1,0 +1,117 @@
+"""Model states per unit: weights, gradients and optimizer states, by precision, optimizer,
+shard level and optimizer placement (``docs/data-model.md``, "Model states").
+
+Per trainable parameter (Ψ elements), with ``w`` the graph's parameter width (4 bytes, or 2 for
+a unit captured in half precision):
+
+============  =======  =========  ==============  ============================
+precision     weights  gradients  master weights  optimizer state (per tensor)
+============  =======  =========  ==============  ============================
+fp32, amp     w        w          —               w
+bf16          2        2          4               4
+pure-bf16     2        2          —               2
+============  =======  =========  ==============  ============================
+
+The optimizer keeps :data:`~memflow.strategy.OPTIMIZERS` state tensors (Adam: 2), of 1 byte
+for ``adam8bit``. With ``bf16`` and Adam that is ZeRO's 2 + 2 + 12 = 16 bytes per parameter;
+the master weights count as optimizer state, as ZeRO counts them.
+
+Sharding over a unit's ``N`` sample replicas divides, level by level (ZeRO-1/2/3): the
+optimizer state (and master weights), then the gradients, then the parameters (buffers stay
+replicated, as FSDP leaves them). What sharding adds back for a while is counted as
+*communication* buffers: a parameter-sharded unit's gathered parameters beyond its shard, held
+during its forward, backward and recomputation; a gradient-sharded unit's full gradient
+beyond its shard, held during its backward until the reduce-scatter. An unsharded (or only
+optimizer-sharded) replicated unit keeps DDP's persistent gradient bucket. A unit whose
+optimizer is offloaded keeps its optimizer state (and a gradient copy, for the host step) in
+host memory instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..strategy.shard_levels import (OPTIMIZERS, S_GRADIENTS, S_OPTIMIZER, S_PARAMETERS)
+
+__all__ = ["UnitStates", "unit_states", "WIDTHS"]
+
+WIDTHS = {"fp32": (None, 0, None), "amp": (None, 0, None), "bf16": (2, 4, 4),
+          "pure-bf16": (2, 0, 2)}
+"""precision -> (weight and gradient width, master-weight width, optimizer-state width) in
+bytes per element; None: the graph's own width."""
+
+
+@dataclass(frozen=True)
+class UnitStates:
+    """Per unit, bytes per part of its placement."""
+
+    weights: np.ndarray          # parameters (the shard) and buffers, on the device
+    gradients: np.ndarray        # the gradient block (the shard), backward to optimizer step
+    optimizer: np.ndarray        # optimizer state and master weights on the device
+    host: np.ndarray             # ... on the host (offloaded), with a gradient copy
+    bucket: np.ndarray           # DDP's persistent gradient bucket (communication)
+    gathered: np.ndarray         # all-gathered parameters beyond the shard (communication)
+    unsharded: np.ndarray        # full gradient beyond the shard until reduce-scatter
+    gather: np.ndarray           # full parameter bytes each all-gather assembles (0: none)
+    scatter: np.ndarray          # full gradient bytes each reduce-scatter reduces (0: none)
+    state_factor: np.ndarray     # one state tensor's bytes on the device per trainable byte
+    update: np.ndarray           # bytes the optimizer step moves on the device
+    regather: np.ndarray         # parameter bytes all-gathered after the step (ZeRO-1/2)
+    host_elements: np.ndarray    # parameters the host's optimizer step updates
+
+
+def unit_states(ga, s: np.ndarray, p: np.ndarray, a: np.ndarray, shard: np.ndarray | None,
+                offload: np.ndarray | None, precision: str | None,
+                optimizer: str) -> UnitStates:
+    """The model states of every unit, given per unit its sample, parameter and attribute
+    degrees ``s``, ``p``, ``a``, shard level code, optimizer offload flag; ``precision`` (None:
+    as ``fp32``) and ``optimizer`` are global.
+
+    Factors that are exactly 1 for an unsharded ``fp32``/``amp`` strategy keep its numbers
+    those of the model before shard levels existed.
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> from memflow.memory.arrays import graph_arrays
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0], "bwd_flops": [2.0], "param_bytes": [400.0],
+    ...                           "trainable_bytes": [400.0]}, index=["fc"]),
+    ...             pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["fc"]]}))
+    >>> one = np.ones(1, np.int64)
+    >>> st = unit_states(graph_arrays(g), 4 * one, one, one, np.array([1]), None, "bf16", "adam")
+    >>> st.weights + st.gradients + st.optimizer      # 100 parameters: 2 + 2 + 12/4 bytes each
+    array([700.])
+    """
+    n = ga.n
+    shard = np.zeros(n, np.int64) if shard is None else np.asarray(shard, np.int64)
+    offload = np.zeros(n, bool) if offload is None else np.asarray(offload, bool)
+    width, master, state = WIDTHS[precision or "fp32"]
+    k, state_width = OPTIMIZERS[optimizer]
+    w0 = np.where(ga.half, 2.0, 4.0)
+    wf = 1.0 if width is None else width / w0                  # weights and gradients
+    sf = (w0 if state is None else state) / w0 if state_width is None else state_width / w0
+    mf = master / w0
+    train = ga.trainable_bytes / p
+    N = s.astype(np.float64)
+    opt_n = np.where(shard >= S_OPTIMIZER, N, 1.0)
+    grad_n = np.where(shard >= S_GRADIENTS, N, 1.0)
+    par_n = np.where(shard >= S_PARAMETERS, N, 1.0)
+    full_w = (ga.param_bytes * wf) / p
+    weights = (ga.param_bytes * wf / par_n + ga.buffer_bytes) / p
+    full_g = train * wf
+    gradients = full_g / grad_n
+    opt = (k * sf + mf) * train / opt_n
+    replicated = (s * a > 1) & (shard < S_GRADIENTS)
+    gathers, scatters = (shard >= S_PARAMETERS) & (N > 1), (shard >= S_GRADIENTS) & (N > 1)
+    return UnitStates(
+        weights=weights, gradients=gradients, optimizer=np.where(offload, 0.0, opt),
+        host=np.where(offload, opt + gradients, 0.0),
+        bucket=np.where(replicated, full_g, 0.0),
+        gathered=np.where(shard >= S_PARAMETERS, full_w - full_w / par_n, 0.0),
+        unsharded=np.where(shard >= S_GRADIENTS, full_g - gradients, 0.0),
+        gather=np.where(gathers, full_w, 0.0), scatter=np.where(scatters, full_g, 0.0),
+        state_factor=np.where(offload, 0.0, sf / opt_n),
+        # reads and writes of the parameters and states, reads of the gradients
+        update=np.where(offload, 0.0, (3 * wf + 2 * (k * sf + mf)) * train / opt_n),
+        regather=np.where((shard >= S_OPTIMIZER) & (shard < S_PARAMETERS) & (N > 1), full_w, 0.0),
+        host_elements=np.where(offload, train / w0 / opt_n, 0.0))

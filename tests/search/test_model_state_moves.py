@@ -1,0 +1,42 @@
+"""Search moves over shard level, precision and optimizer placement (issue 12 item 6)."""
+import numpy as np
+
+import memflow
+from memflow.search import MCMCSearch
+from memflow.search.moves import (DEFAULT_WEIGHTS, MODEL_STATE_MOVES, MODEL_STATE_WEIGHTS, MOVES,
+                                  optimizer_place, shard)
+from memflow.search.space import SearchSpace
+from memflow.search.synthetic import chain_graph
+
+
+def test_registered_but_off_by_default():
+    assert set(MODEL_STATE_MOVES) <= set(MOVES)
+    assert not set(MODEL_STATE_MOVES) & set(DEFAULT_WEIGHTS)
+
+
+def test_moves_respect_pins():
+    g = chain_graph(3, batch=8)
+    sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
+    sp.pinned[[0, 1]] = True
+    s = memflow.Strategy.data_parallel(g, 4)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        assert shard(rng, s, sp).unit == "l2"
+        assert optimizer_place(rng, s, sp).unit == "l2"
+
+
+def test_search_shards_what_does_not_fit():
+    g = chain_graph(6, batch=8, width=2048)
+    four = memflow.Cluster.preset("4xV100-16GB")
+    sim = memflow.sim.Simulator(g, four, optimizer="adam")
+    dp = memflow.Strategy.data_parallel(g, four)
+    z3 = dp.with_shard("parameters")
+    limit = (sim.evaluate(dp).peak.max() + sim.evaluate(z3).peak.max()) / 2
+    search = MCMCSearch(g, four, memory_limit=limit, optimizer="adam", seed=1,
+                        moves={"shard": 1.0})
+    search.run(iterations=60)
+    best = search.best
+    assert not sim.evaluate(dp).peak.max() <= limit
+    assert sim.evaluate(best).peak.max() <= limit
+    assert set(best.shard_levels) - {"none"}
+    assert {**DEFAULT_WEIGHTS, **MODEL_STATE_WEIGHTS}["shard"] > 0
