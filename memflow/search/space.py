@@ -178,8 +178,9 @@ class SearchSpace:
     def project(self, strategy):
         """``strategy`` moved into the space: unchanged when the space is the full one or it
         runs already; else every unit on the data-parallel degree of its first unit (or the
-        largest valid one below it), with :meth:`config_for`, and micro-batches on a schedule
-        export runs.
+        largest valid one below it), with :meth:`config_for`, micro-batches on a schedule
+        export runs, and model states (shard levels, optimizer place, precision) as export
+        writes them.
 
         >>> import memflow
         >>> from memflow.search.synthetic import chain_graph
@@ -197,6 +198,13 @@ class SearchSpace:
                                     for i in range(self.n)})
         if out.microbatches > 1 and out.schedule not in RUNNABLE.schedules:
             out = out.with_schedule(schedule=RUNNABLE.schedules[0])
+        # model states export does not write yet go back to how the model holds them
+        if set(out.shard_levels) - set(RUNNABLE.shard_levels):
+            out = out.with_shard(RUNNABLE.shard_levels[0])
+        if out.offload_optimizer.any() and not RUNNABLE.offload_optimizer:
+            out = out.with_model_states(offload_optimizer=False)
+        if out.precision not in RUNNABLE.precisions:
+            out = out._replace(precision=RUNNABLE.precisions[0])
         return out
 
     def groups(self, k: int) -> list[tuple[str, ...]]:

@@ -34,6 +34,7 @@ def with_shard(self: Strategy, levels: Any, units: str | Iterable[str] | None = 
     shard[list(pos)] = shard_codes([self.units[i] for i in pos], values)
     return self._replace(shard=_frozen(shard))
 
+
 def with_model_states(self: Strategy, *, precision: str | None = None,
                       offload_optimizer: Any = None) -> Strategy:
     """A copy with the global ``precision`` (one of :data:`PRECISIONS`) and/or the units
@@ -57,7 +58,6 @@ def with_model_states(self: Strategy, *, precision: str | None = None,
                                 else offload_optimizer)] = True
         fields["offload_optimizer"] = _frozen(off)
     return self._replace(**fields)
-
 
 
 Strategy.with_shard = with_shard

@@ -14,9 +14,19 @@ def test_registered_but_off_by_default():
     assert not set(MODEL_STATE_MOVES) & set(DEFAULT_WEIGHTS)
 
 
-def test_moves_respect_pins():
+def test_runnable_space_offers_no_model_state_move_until_export_writes_them():
     g = chain_graph(3, batch=8)
     sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
+    s = memflow.Strategy.data_parallel(g, 4)
+    rng = np.random.default_rng(0)
+    assert all(MOVES[m](rng, s, sp) is None for m in MODEL_STATE_MOVES)
+    assert memflow.strategy.runnable.unrunnable(s.with_shard("parameters")).startswith(
+        "unit 'l0' has shard level 'parameters'")
+
+
+def test_moves_respect_pins():
+    g = chain_graph(3, batch=8)
+    sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"), runnable=False)
     sp.pinned[[0, 1]] = True
     s = memflow.Strategy.data_parallel(g, 4)
     rng = np.random.default_rng(0)
@@ -33,7 +43,7 @@ def test_search_shards_what_does_not_fit():
     z3 = dp.with_shard("parameters")
     limit = (sim.evaluate(dp).peak.max() + sim.evaluate(z3).peak.max()) / 2
     search = MCMCSearch(g, four, memory_limit=limit, optimizer="adam", seed=1,
-                        moves={"shard": 1.0})
+                        moves={"shard": 1.0}, runnable=False)
     search.run(iterations=60)
     best = search.best
     assert not sim.evaluate(dp).peak.max() <= limit
