@@ -87,6 +87,18 @@ def test_student_copy_says_what_it_shows(tmp_path, lesson):
     assert shown == {"your"}, shown
 
 
+def test_student_copy_of_a_lesson_named_by_its_path(tmp_path):
+    """``_lesson.py --student OUT tutorials/02_...ipynb`` writes OUT/02_...ipynb and leaves the
+    lesson alone (a path once made the copy overwrite the lesson itself)."""
+    lesson = TUTORIALS / LESSONS[-1]
+    before = lesson.read_bytes()
+    [path] = student_copy(tmp_path / "out", [str(lesson)])
+    assert path == tmp_path / "out" / LESSONS[-1] and path.exists()
+    assert lesson.read_bytes() == before
+    [path] = student_copy(tmp_path / "rel", [f"tutorials/{LESSONS[0]}"])
+    assert path == tmp_path / "rel" / LESSONS[0]
+
+
 def test_student_copy_blanks_and_clears(tmp_path):
     lesson = LESSONS[0]
     [path] = student_copy(tmp_path, [lesson])
@@ -164,3 +176,22 @@ def test_checks_fail_until_answered(lesson):
     assert not not_hint, f"{lesson}: blanked checks raise other errors than their hint: {not_hint}"
     silent = [check for check, h in hints.items() if not all(m.strip() for m in h)]
     assert not silent, f"{lesson}: blanked checks fail without a hint: {silent}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_student_copy_runs_past_its_blanks(tmp_path, lesson):
+    """A student who leaves every exercise blank can still run the lesson to the end: only the
+    check cells fail (with their hints), no later cell needs an exercise's answer."""
+    from nbclient import NotebookClient
+
+    [path] = student_copy(tmp_path, [lesson])
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    failed = {i: [o["ename"] for o in c.outputs if o["output_type"] == "error"]
+              for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+    failed = {i: e for i, e in failed.items() if e}
+    outside = {i: e for i, e in failed.items() if not nb.cells[i].source.startswith("# check")}
+    assert not outside, f"{lesson}: cells other than checks fail on a blank copy: {outside}"
+    assert all(e == ["AssertionError"] for e in failed.values()), failed

@@ -133,8 +133,8 @@ def blank_answers(source: str) -> str:
 
 
 def student_copy(out_dir: str | Path, lessons: Sequence[str] | None = None) -> list[Path]:
-    """Write the lessons to ``out_dir`` with reference answers blanked, model answers left out
-    and outputs cleared.
+    """Write the lessons (file names, or paths to lessons in ``tutorials/``) to ``out_dir`` with
+    reference answers blanked, model answers left out and outputs cleared.
 
     Returns the paths written. ``_lesson.py`` is copied too, so the copies run on their own.
     """
@@ -146,7 +146,10 @@ def student_copy(out_dir: str | Path, lessons: Sequence[str] | None = None) -> l
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in lessons or LESSONS:
+    for lesson in lessons or LESSONS:
+        # a lesson is named by its file name or by a path to it (tutorials/02_...ipynb); the copy
+        # always goes into out_dir, never over the lesson
+        name = Path(lesson).name
         nb = nbformat.read(here / name, as_version=4)
         nb.cells = [c for c in nb.cells
                     if not (c.cell_type == "markdown" and c.source.startswith(MODEL_ANSWER))]
