@@ -171,7 +171,7 @@ class MemoryChart:
         at most this many points per device; the thinning keeps peaks.
     width:
         of each device's chart; default: the row of ``ncols`` charts spans ``CHART_WIDTH``
-        (940 px), wide enough for the legend's six categories and the capacity on one line.
+        (800 px). The legend above them wraps into as many rows as that width needs.
     """
 
     def __init__(self, result: Any, *, devices: Sequence[str] | None = None,

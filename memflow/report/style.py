@@ -23,8 +23,9 @@ GIB = float(2**30)
 # not (tests/report/test_palette.py checks every colour table against it).
 OOM_COLOR = "#d62728"
 
-# The width of a full-width chart in a notebook or the report (JupyterLab's default column).
-CHART_WIDTH = 940
+# The width of a full-width chart: what a JupyterLab notebook column shows without scrolling
+# on a 1280 px screen with the file browser open (a 940 px chart was cut off there).
+CHART_WIDTH = 800
 
 # Memory categories of SimResult.memory, bottom of the stack first (persistent ones at the bottom,
 # so the per-step activity reads as the moving top layer).
@@ -35,7 +36,7 @@ CATEGORY_COLORS = {
     "communication": "#8172b3",
     "gradients": "#dd8452",
     "activations": "#55a868",
-    "transient": "#c44e52",
+    "transient": "#ccb974",      # not red: red is OOM_COLOR, and the capacity line above it
 }
 
 # Task kinds of SimResult.timeline.
