@@ -22,7 +22,7 @@ from bokeh.models import ColumnDataSource, HoverTool, Range1d
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import OOM_COLOR
+from .style import CHART_WIDTH, OOM_COLOR
 
 __all__ = ["HistoryChart", "COLUMNS"]
 
@@ -38,7 +38,7 @@ class HistoryChart:
     """
 
     def __init__(self, history: pd.DataFrame, *, window: int = 100, max_points: int = 4000,
-                 width: int = 940, height: int = 260) -> None:
+                 width: int = CHART_WIDTH, height: int = 260) -> None:
         missing = [c for c in COLUMNS if c not in history.columns]
         if missing:
             raise MemflowError(f"search history lacks the columns {missing}; it has "
