@@ -2,9 +2,10 @@
 
 * :func:`line_chart` — a quick bokeh line chart for numbers that no memflow view draws
   (a trade-off curve, acceptance rate against temperature);
+* :func:`show_hints` — a check that fails shows its hint alone, not a Python traceback;
 * :func:`student_copy` — the teacher's tool: copies of the lessons with every reference answer
-  blanked and the outputs cleared, for students to fill in (``python tutorials/_lesson.py
-  --student OUT_DIR``).
+  blanked, the teacher's model answers left out and the outputs cleared, for students to fill
+  in (``python tutorials/_lesson.py --student OUT_DIR``).
 
 A reference answer is an assignment or a ``return`` in a code cell whose last line ends in
 ``# reference answer``::
@@ -13,7 +14,10 @@ A reference answer is an assignment or a ``return`` in a code cell whose last li
 
 In the student copy it becomes ``adam_bytes = ...  # your answer`` (a statement spread over
 several lines becomes one line), so the check cell below it fails until the student writes an
-answer.
+answer. The lessons' text names the marker as the teacher's copy shows it (`` `# reference
+answer` ``); the student copy names it `` `# your answer` ``, as its cells show it. A markdown
+cell that starts with ``**Model answer`` answers an *explain why* question for the teacher and
+is left out of the student copy.
 
 >>> print(blank_answers("x = 2 * y  # reference answer\\nprint(x)"))
 x = ...  # your answer
@@ -30,12 +34,15 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["line_chart", "blank_answers", "student_copy", "LESSONS"]
+__all__ = ["line_chart", "show_hints", "blank_answers", "student_text", "student_copy",
+           "LESSONS", "MODEL_ANSWER"]
 
 LESSONS = sorted(p.name for p in Path(__file__).parent.glob("[0-9][0-9]_*.ipynb"))
 """The lesson notebooks, in order."""
 
 _MARK = re.compile(r"#\s*reference answer\s*$")
+MODEL_ANSWER = "**Model answer"
+"""How a teacher-only markdown cell (the answer to an *explain why* question) starts."""
 _PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
 
 
@@ -71,6 +78,36 @@ def line_chart(data: Any, x: str, ys: Sequence[str] | Mapping[str, str], *, titl
     return fig
 
 
+def show_hints() -> None:
+    """Make a failed check show its hint in one line, not a traceback: an ``AssertionError``
+    raised in a notebook cell prints ``Not yet: <its message>``; other errors are untouched.
+    Outside IPython it does nothing.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def hint(shell, etype, value, tb, tb_offset=None):
+        stb = [f"\x1b[1;31mNot yet:\x1b[0m {value or 'this check does not hold yet'}"]
+        shell._showtraceback(etype, value, stb)   # published as the cell's error, like any
+        return stb
+
+    shell.set_custom_exc((AssertionError,), hint)
+
+
+def student_text(markdown: str) -> str:
+    """A markdown cell as the student copy shows it: the answer marker as its cells show it.
+
+    >>> student_text("write it on the line ending in `# reference answer`")
+    'write it on the line ending in `# your answer`'
+    """
+    return markdown.replace("# reference answer", "# your answer")
+
+
 def blank_answers(source: str) -> str:
     """``source`` (a code cell) with every reference answer replaced by ``...``."""
     lines = source.splitlines()
@@ -96,7 +133,8 @@ def blank_answers(source: str) -> str:
 
 
 def student_copy(out_dir: str | Path, lessons: Sequence[str] | None = None) -> list[Path]:
-    """Write the lessons to ``out_dir`` with reference answers blanked and outputs cleared.
+    """Write the lessons (file names, or paths to lessons in ``tutorials/``) to ``out_dir`` with
+    reference answers blanked, model answers left out and outputs cleared.
 
     Returns the paths written. ``_lesson.py`` is copied too, so the copies run on their own.
     """
@@ -108,10 +146,17 @@ def student_copy(out_dir: str | Path, lessons: Sequence[str] | None = None) -> l
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in lessons or LESSONS:
+    for lesson in lessons or LESSONS:
+        # a lesson is named by its file name or by a path to it (tutorials/02_...ipynb); the copy
+        # always goes into out_dir, never over the lesson
+        name = Path(lesson).name
         nb = nbformat.read(here / name, as_version=4)
+        nb.cells = [c for c in nb.cells
+                    if not (c.cell_type == "markdown" and c.source.startswith(MODEL_ANSWER))]
         for cell in nb.cells:
-            if cell.cell_type == "code":
+            if cell.cell_type == "markdown":
+                cell.source = student_text(cell.source)
+            elif cell.cell_type == "code":
                 cell.source = blank_answers(cell.source)
                 cell.outputs, cell.execution_count = [], None
         nb.metadata.pop("widgets", None)

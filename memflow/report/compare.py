@@ -22,13 +22,11 @@ from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import DEVICE_PALETTE, format_bytes, format_seconds, memory_scale
+from .style import (CHART_WIDTH, OOM_COLOR, STRATEGY_PALETTE, format_bytes, format_seconds,
+                    memory_scale)
 
 __all__ = ["ComparisonChart", "compare_table", "strategy_colors", "STRATEGY_PALETTE"]
 
-_OOM = "#d62728"
-# one colour per strategy in both charts; red marks what does not fit, so no strategy is red
-STRATEGY_PALETTE = tuple(c for c in DEVICE_PALETTE if c != _OOM)
 
 
 def strategy_colors(names: Sequence[str]) -> dict[str, str]:
@@ -43,7 +41,7 @@ def strategy_colors(names: Sequence[str]) -> dict[str, str]:
 def _marks(colors: list[str], over: list[bool]) -> dict[str, list[str]]:
     """The fill, outline and hatch columns of bars: outlined and cross-hatched in red when
     over capacity."""
-    return {"color": colors, "line": [_OOM if o else c for c, o in zip(colors, over)],
+    return {"color": colors, "line": [OOM_COLOR if o else c for c, o in zip(colors, over)],
             "hatch": ["x" if o else " " for o in over]}
 
 
@@ -80,7 +78,7 @@ class ComparisonChart:
     that does not fit is outlined and cross-hatched in red. ``root`` is the bokeh row of both.
     """
 
-    def __init__(self, results: Mapping[str, Any] | Sequence[Any], *, width: int = 940,
+    def __init__(self, results: Mapping[str, Any] | Sequence[Any], *, width: int = CHART_WIDTH,
                  height: int = 300) -> None:
         self.results = _named(results)
         table = compare_table(self.results)
@@ -95,7 +93,7 @@ class ComparisonChart:
                        title="step time (ms); red hatch: does not fit", tools="save",
                        toolbar_location=None)
         t_fig.vbar(x="strategy", top="time", width=0.7, fill_color="color", line_color="line",
-                   line_width=2, hatch_pattern="hatch", hatch_color=_OOM, hatch_alpha=0.8,
+                   line_width=2, hatch_pattern="hatch", hatch_color=OOM_COLOR, hatch_alpha=0.8,
                    source=self.time_source)
         t_fig.add_tools(HoverTool(tooltips=[("strategy", "@strategy"),
                                             ("time", "@time{0,0.00} ms"),
@@ -123,7 +121,7 @@ class ComparisonChart:
                           f" (off scale: {format_bytes(np.nanmax(cap))})"),
                        tools="save", toolbar_location=None)
         p_fig.vbar(x="x", top="peak", width=0.8, fill_color="color", line_color="line",
-                   line_width=2, hatch_pattern="hatch", hatch_color=_OOM, hatch_alpha=0.8,
+                   line_width=2, hatch_pattern="hatch", hatch_color=OOM_COLOR, hatch_alpha=0.8,
                    source=self.peak_source)
         p_fig.scatter(x="x", y="capacity", marker="dash", size=18, line_width=3,
                       color="#000000", source=self.peak_source)

@@ -21,7 +21,7 @@ from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import KIND_COLORS, OTHER_COLOR, format_seconds
+from .style import CHART_WIDTH, KIND_COLORS, OTHER_COLOR, format_seconds
 from .tasks import COMM_PREFIX, per_resource
 
 __all__ = ["GanttChart", "resource_order", "busy_table"]
@@ -59,7 +59,7 @@ class GanttChart:
     Hover a bar for its task, kind, unit, times and bytes; click a legend entry to hide a kind.
     """
 
-    def __init__(self, result: Any, *, width: int = 940, row_height: int = 22) -> None:
+    def __init__(self, result: Any, *, width: int = CHART_WIDTH, row_height: int = 22) -> None:
         self.result = result
         if result.timeline.empty:
             raise MemflowError(f"{type(self).__name__}: SimResult.timeline is empty; nothing was "

@@ -22,11 +22,12 @@ from bokeh.models import ColumnDataSource, HoverTool, Range1d
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
+from .style import CHART_WIDTH, OOM_COLOR
 
 __all__ = ["HistoryChart", "COLUMNS"]
 
 COLUMNS = ("iteration", "cost", "best_cost", "feasible", "accepted")
-_FITS, _OOM, _BEST = "#4c72b0", "#d62728", "#2ca02c"
+_FITS, _BEST = "#4c72b0", "#2ca02c"
 
 
 class HistoryChart:
@@ -37,7 +38,7 @@ class HistoryChart:
     """
 
     def __init__(self, history: pd.DataFrame, *, window: int = 100, max_points: int = 4000,
-                 width: int = 940, height: int = 260) -> None:
+                 width: int = CHART_WIDTH, height: int = 260) -> None:
         missing = [c for c in COLUMNS if c not in history.columns]
         if missing:
             raise MemflowError(f"search history lacks the columns {missing}; it has "
@@ -56,7 +57,7 @@ class HistoryChart:
         h = full.iloc[rows]
         feasible = h["feasible"].astype(bool).to_numpy()
         accepted = h["accepted"].astype(bool).to_numpy()
-        color = np.where(feasible, _FITS, _OOM)
+        color = np.where(feasible, _FITS, OOM_COLOR)
         self.cost_source = ColumnDataSource({
             "iteration": h["iteration"].to_numpy(), "cost": h["cost"].to_numpy(float) * 1e3,
             "line": color.tolist(), "fill": np.where(accepted, color, "white").tolist(),

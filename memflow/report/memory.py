@@ -24,8 +24,8 @@ from bokeh.models import ColumnDataSource, HoverTool, Range1d, Span
 from bokeh.plotting import figure
 
 from ..errors import MemflowError
-from .style import (CATEGORIES, CATEGORY_COLORS, GIB, format_bytes, format_seconds,
-                    legend_columns, memory_scale)
+from .style import (CATEGORIES, CATEGORY_COLORS, CHART_WIDTH, GIB, OOM_COLOR, format_bytes,
+                    format_seconds, legend_columns, memory_scale)
 from .tasks import per_resource
 
 __all__ = ["MemoryChart", "memory_steps", "categories_of"]
@@ -131,7 +131,7 @@ def _legend(cats: list[str], width: int) -> Any:
     for c in cats:
         fig.scatter([-1], [-1], marker="square", size=12, color=CATEGORY_COLORS[c],
                     legend_label=c)
-    fig.line([-1, -1], [-1, -1], color="#d62728", line_dash="dashed", line_width=2,
+    fig.line([-1, -1], [-1, -1], color=OOM_COLOR, line_dash="dashed", line_width=2,
              legend_label="capacity")
     fig.legend.orientation = "horizontal"
     fig.legend.ncols = ncols
@@ -169,10 +169,13 @@ class MemoryChart:
         the devices to draw; default every device of the cluster (``result.capacity.index``).
     max_points:
         at most this many points per device; the thinning keeps peaks.
+    width:
+        of each device's chart; default: the row of ``ncols`` charts spans ``CHART_WIDTH``
+        (800 px). The legend above them wraps into as many rows as that width needs.
     """
 
     def __init__(self, result: Any, *, devices: Sequence[str] | None = None,
-                 max_points: int = 4000, width: int = 400, height: int = 190,
+                 max_points: int = 4000, width: int | None = None, height: int = 190,
                  ncols: int = 2) -> None:
         self.result = result
         self.max_points = max_points
@@ -180,6 +183,7 @@ class MemoryChart:
         if not names:
             raise MemflowError(f"{type(self).__name__}: the result has no devices to draw")
         cats = categories_of(result.memory)
+        width = width or CHART_WIDTH // min(ncols, len(names))
         # the unit of the memory axis, kept by update() so that redraws stay comparable
         self.unit_name, self.unit, _ = _scale(result, names)
         self.x_range = Range1d(0, 1)
@@ -202,7 +206,7 @@ class MemoryChart:
             line = fig.line("time", "total", source=src, color="#222222", line_width=1)
             fig.add_tools(HoverTool(mode="vline", line_policy="prev", renderers=[line],
                                     tooltips=tooltips))
-            span = Span(location=0, dimension="width", line_color="#d62728", line_dash="dashed",
+            span = Span(location=0, dimension="width", line_color=OOM_COLOR, line_dash="dashed",
                         line_width=2)
             fig.add_layout(span)
             fig.toolbar.logo = None

@@ -12,11 +12,20 @@ from typing import Sequence
 
 from .._units import byte_unit, format_bytes, format_seconds
 
-__all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "DEVICE_PALETTE",
-           "MULTI_DEVICE_COLOR", "GIB", "CAPACITY_IN_VIEW", "format_bytes", "format_seconds",
+__all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "OOM_COLOR", "DEVICE_PALETTE",
+           "STRATEGY_PALETTE", "MULTI_DEVICE_COLOR", "CHART_WIDTH", "GIB", "CAPACITY_IN_VIEW", "format_bytes", "format_seconds",
            "memory_scale", "color_for", "text_width", "legend_columns"]
 
 GIB = float(2**30)
+
+# Red says "does not fit": over-capacity bars, OUT OF MEMORY proposals, the capacity line. No
+# device, strategy or policy is drawn in it, so a plan that fits is never read as one that does
+# not (tests/report/test_palette.py checks every colour table against it).
+OOM_COLOR = "#d62728"
+
+# The width of a full-width chart: what a JupyterLab notebook column shows without scrolling
+# on a 1280 px screen with the file browser open (a 940 px chart was cut off there).
+CHART_WIDTH = 800
 
 # Memory categories of SimResult.memory, bottom of the stack first (persistent ones at the bottom,
 # so the per-step activity reads as the moving top layer).
@@ -27,7 +36,7 @@ CATEGORY_COLORS = {
     "communication": "#8172b3",
     "gradients": "#dd8452",
     "activations": "#55a868",
-    "transient": "#c44e52",
+    "transient": "#ccb974",      # not red: red is OOM_COLOR, and the capacity line above it
 }
 
 # Task kinds of SimResult.timeline.
@@ -47,9 +56,12 @@ OTHER_COLOR = "#bbbbbb"
 
 # Memory policies: their colours are the policy table's (memflow.strategy.POLICIES.colors).
 
-DEVICE_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-                  "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
-                  "#c5b0d5", "#c49c94")
+# One categorical palette (tab10 then tab20's light tones, less the OOM red) for devices and for
+# the strategies a comparison draws side by side.
+DEVICE_PALETTE = tuple(c for c in (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94") if c != OOM_COLOR)
+STRATEGY_PALETTE = DEVICE_PALETTE
 MULTI_DEVICE_COLOR = "#444444"  # a unit split over several devices
 
 
