@@ -142,10 +142,14 @@ def stage_strategy(strategy, stage: int):
 
 
 @contextlib.contextmanager
-def _buffers_as_persistent(model: nn.Module):
-    """Trace with every buffer persistent: the tracer gives a stage its buffers from the state
-    dict, so a non-persistent buffer shared by modules of two stages (GPT-2's causal mask)
-    would otherwise reach only the first."""
+def _traceable(model: nn.Module):
+    """The model as the tracer needs it, and as it was afterwards.
+
+    Every buffer is persistent while tracing: the tracer gives a stage its buffers from the
+    state dict, so a non-persistent buffer shared by modules of two stages (GPT-2's causal
+    mask) would otherwise reach only the first. The split markers the tracer puts on modules'
+    ``forward`` are taken off again, so the model can be traced anew.
+    """
     saved = {m: set(m._non_persistent_buffers_set) for m in model.modules()}
     for m in saved:
         m._non_persistent_buffers_set.clear()
@@ -154,6 +158,8 @@ def _buffers_as_persistent(model: nn.Module):
     finally:
         for m, names in saved.items():
             m._non_persistent_buffers_set.update(names)
+            if "_orig_forward" in vars(m):
+                del m.forward, m._orig_forward
 
 
 def _drop_unused(stage: nn.Module) -> None:
@@ -225,11 +231,6 @@ def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, r
 
     replicas, n = _check(strategy)
     stage_ranks(strategy)       # one device per stage and replica
-    world = dist.get_world_size()
-    if world != replicas * n:
-        raise ExportError(f"the strategy has {replicas} replicas × {n} stages = "
-                          f"{replicas * n} processes; {world} are running")
-    replica, index = divmod(rank, n)
     args, kwargs = example
     m = strategy.microbatches
     batch = next((t.shape[0] for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor)),
@@ -238,12 +239,17 @@ def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, r
         raise ExportError(f"{m} micro-batches do not divide the replica's batch of {batch}: "
                           "the traced stages have fixed shapes; use a batch that is a "
                           f"multiple of {m}")
+    world = dist.get_world_size()
+    if world != replicas * n:
+        raise ExportError(f"the strategy has {replicas} replicas × {n} stages = "
+                          f"{replicas * n} processes; {world} are running")
+    replica, index = divmod(rank, n)
     split = {path: SplitPoint.BEGINNING if where == "beginning" else SplitPoint.END
              for path, where in split_points(strategy, graph).items()}
     micro = [t[:batch // m] if isinstance(t, torch.Tensor) else t for t in args]
     micro_kw = {k: t[:batch // m] if isinstance(t, torch.Tensor) else t
                 for k, t in kwargs.items()}
-    with _buffers_as_persistent(model):
+    with _traceable(model):
         pipe = pipeline(model, tuple(micro), micro_kw, split_spec=split)
     if pipe.num_stages != n:
         raise ExportError(f"the trace of the model gave {pipe.num_stages} stages where the "
