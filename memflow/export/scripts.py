@@ -28,6 +28,7 @@ from typing import Any, Mapping
 from .._jsonio import write_text
 from ..errors import ExportError, MemflowError
 from .factory import build_model, is_file_model, load_callable, takes_batch_size
+from .multiprocess import processes
 from .placement import replicas
 from .validation import capture_units
 
@@ -41,14 +42,16 @@ _BLOCK = re.compile(r"# ---- configuration \(written by memflow\.export\.script\
 def run_line(strategy, path: str | Path, *, steps: int = 10,
              batch_size: int | None = None) -> str:
     """The ``torchrun`` command that runs the script ``path`` of ``strategy``: one process per
-    data-parallel replica; ``batch_size`` overrides the script's global batch.
+    data-parallel replica, or per pipeline stage or tensor-parallel shard
+    (:func:`~memflow.export.multiprocess.processes`); ``batch_size`` overrides the script's
+    global batch.
 
     >>> from memflow.strategy import Strategy
     >>> run_line(Strategy(["a"], devices=[("gpu0", "gpu1")], sample=[2]), "plan/train.py",
     ...          batch_size=4)
     'torchrun --standalone --nproc_per_node 2 plan/train.py --steps 10 --batch-size 4'
     """
-    line = f"torchrun --standalone --nproc_per_node {replicas(strategy)} {path} --steps {steps}"
+    line = f"torchrun --standalone --nproc_per_node {processes(strategy)} {path} --steps {steps}"
     return line if batch_size is None else f"{line} --batch-size {batch_size}"
 
 

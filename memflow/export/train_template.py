@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Train a model with a memflow strategy: written by ``memflow.export.script``.
 
-Run it with ``torchrun --nproc_per_node <replicas> <this file> --steps 100``: one process per
+Run it with ``torchrun --nproc_per_node <processes> <this file> --steps 100``: one process per
 data-parallel replica of the strategy, DistributedDataParallel between them (NCCL on GPUs,
-gloo on CPU), each replica running the strategy's memory policies and placement through
+gloo on CPU; a strategy with pipeline stages or parameter splits runs one process per stage or
+shard instead, ``memflow.export.multiprocess``), each replica running the strategy's memory policies and placement through
 ``memflow.export.apply``. Without torchrun it runs one replica in this process.
 
 The configuration below was written for one model and one strategy (the JSON file beside this
@@ -28,6 +29,7 @@ from tqdm import tqdm
 
 from memflow.export import apply, replicas
 from memflow.export.factory import build_model, load_callable
+from memflow.export.multiprocess import across_processes, train_across_processes
 from memflow.strategy import Strategy
 
 # ---- configuration (written by memflow.export.script) ----
@@ -95,6 +97,14 @@ def main(argv: list[str] | None = None) -> list[float]:
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
     strategy = Strategy.from_json(Path(args.strategy))
+    # ---- pipeline stages and tensor-parallel groups across processes (memflow.export.multiprocess)
+    if distributed and across_processes(strategy):
+        losses = train_across_processes(
+            strategy, args, lambda batch: build_model(MODEL, batch, MODEL_OPTIONS, device="cpu",
+                                                      seed=args.seed), loss_of, as_args)
+        dist.destroy_process_group()
+        return losses
+    # ---- end of the multi-process path ----
     if replicas(strategy) != world:
         raise SystemExit(f"the strategy has {replicas(strategy)} data-parallel replicas; run "
                          f"torchrun --nproc_per_node {replicas(strategy)} (got {world})")

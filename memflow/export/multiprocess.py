@@ -1,0 +1,132 @@
+"""The training script's path for strategies that span processes: pipeline stages
+(:mod:`~memflow.export.pipelining`) and tensor-parallel groups
+(:mod:`~memflow.export.tensor_parallel`).
+
+The exported script (:mod:`memflow.export.train_template`) hands such a strategy to
+:func:`train_across_processes`; whole-model replicas (DistributedDataParallel) stay on its own
+path. ``torchrun --nproc_per_node`` :func:`processes` starts:
+
+* a pipelined strategy (units in stages): ``replicas × stages`` processes; rank
+  ``r * stages + s`` runs stage ``s`` of replica ``r``, fed the ``r``-th share of the batch
+  (:func:`~memflow.export.pipelining.stage_ranks` maps the strategy's devices to them); a
+  training step is ``schedule.step``;
+* a strategy with parameter splits: one process per device of the tensor-parallel group, rank
+  ``t`` its ``t``-th device (:func:`~memflow.export.tensor_parallel.tensor_ranks`); every rank
+  runs the whole batch, the split units' shards exchanging through DTensor collectives.
+
+Every rank builds the model from the same seed: a tensor-parallel rank keeps its slice of the
+same weights, a pipeline stage its stage of the same model.
+
+>>> from memflow.strategy import Strategy
+>>> pp = Strategy(["a", "b"], devices=[("gpu0", "gpu2"), ("gpu1", "gpu3")], sample=[2, 2],
+...               stage=[0, 1], microbatches=2)
+>>> tp = Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu0",)], parameter=[2, 1])
+>>> [(across_processes(s), processes(s)) for s in (pp, tp)]
+[('pipeline', 4), ('tensor', 2)]
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.utils import _pytree as pytree
+
+from ..errors import ExportError
+from .pipelining import build_pipeline, stages
+from .tensor_parallel import parallelize, tensor_group
+
+__all__ = ["across_processes", "processes", "train_across_processes"]
+
+
+def across_processes(strategy) -> str | None:
+    """``"pipeline"``, ``"tensor"``, or None for whole-model replicas (or one process)."""
+    if stages(strategy) > 1:
+        return "pipeline"
+    if (strategy.parameter > 1).any():
+        return "tensor"
+    return None
+
+
+def processes(strategy) -> int:
+    """The number of processes ``torchrun`` starts for ``strategy``."""
+    kind = across_processes(strategy)
+    if kind == "pipeline":
+        return int(strategy.sample[0]) * stages(strategy)
+    if kind == "tensor":
+        return len(tensor_group(strategy))
+    return int(strategy.sample.max())
+
+
+def _output_shape(model, args: tuple, kwargs: dict) -> torch.Size:
+    """The shape of the model's (first floating) output, from a forward on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        out = model(*args, **kwargs)
+    return next(t.shape for t in pytree.tree_leaves(out)
+                if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def train_across_processes(strategy, args, build: Callable[[int], tuple[Any, Any]],
+                           loss_of: Callable, as_args: Callable) -> list[float]:
+    """Train ``strategy`` across the processes of the running process group; returns the loss
+    of every step (averaged over the replicas).
+
+    The script passes its parsed ``args`` (``steps``, ``batch_size``, ``optimizer``, ``lr``,
+    ``loss``, ``seed``, ``data``), ``build(batch)`` -> ``(model, example)`` on CPU from the
+    fixed seed, its ``loss_of(kind, output, target, seed)`` -> ``(loss, target)`` and
+    ``as_args(inputs)`` -> ``(args, kwargs)``.
+    """
+    from tqdm import tqdm
+    from .factory import load_callable
+    from .validation import capture_units
+
+    kind = across_processes(strategy)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != processes(strategy):
+        raise ExportError(f"the strategy runs on {processes(strategy)} processes; run torchrun "
+                          f"--nproc_per_node {processes(strategy)} (got {world})")
+    n_stages = stages(strategy) if kind == "pipeline" else 1
+    replicas = world // n_stages if kind == "pipeline" else 1
+    replica = rank // n_stages
+    share = args.batch_size // replicas
+    model, example = build(share)
+    seed = args.seed + 1000 + replica
+    call = as_args(example)
+    if kind == "pipeline":
+        _, target = loss_of(args.loss, torch.zeros(_output_shape(model, *call)), None, seed)
+        run = build_pipeline(model, strategy, call, rank=rank,
+                             loss_fn=lambda out, tgt: loss_of(args.loss, out, tgt, seed)[0])
+        module = run.module
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        graph = capture_units(model, example, strategy)   # where outputs flow: Megatron pairs
+        module = parallelize(model, strategy, init_device_mesh("cpu", (world,)), graph)
+        target = None
+    batches = (itertools.cycle(load_callable(args.data)(replica, replicas, share)) if args.data
+               else itertools.repeat((example, None)))
+    params = list(module.parameters())
+    optimizer = (torch.optim.Adam(params, lr=args.lr) if args.optimizer == "adam" else
+                 torch.optim.SGD(params, lr=args.lr,
+                                 momentum=0.9 if args.optimizer == "momentum" else 0.0))
+    losses = []
+    for step in tqdm(range(args.steps), disable=rank != 0, desc=f"training ({kind})"):
+        inputs, given = next(batches)
+        target = given if given is not None else target
+        optimizer.zero_grad(set_to_none=True)
+        if kind == "pipeline":
+            loss = run.step(*as_args(inputs), target)
+        else:
+            loss, target = loss_of(args.loss, module(*as_args(inputs)[0], **as_args(inputs)[1]),
+                                   target, seed)
+            loss.backward()
+        optimizer.step()
+        # the loss lives on each replica's last stage (pipeline) or on every rank (tensor)
+        value = (loss.detach().float() if loss is not None else torch.zeros(()))
+        dist.all_reduce(value)
+        losses.append(float(value) / (replicas if kind == "pipeline" else world))
+        if rank == 0:
+            tqdm.write(f"step {step + 1}/{args.steps} loss {losses[-1]:.6f}")
+    dist.barrier()
+    return losses
