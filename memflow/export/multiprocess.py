@@ -99,6 +99,7 @@ def train_across_processes(strategy, args, build: Callable[[int], tuple[Any, Any
         run = build_pipeline(model, strategy, call, rank=rank,
                              loss_fn=lambda out, tgt: loss_of(args.loss, out, tgt, seed)[0])
         module = run.module
+        del model       # the other stages' weights
     else:
         from torch.distributed.device_mesh import init_device_mesh
         graph = capture_units(model, example, strategy)   # where outputs flow: Megatron pairs

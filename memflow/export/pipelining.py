@@ -53,8 +53,8 @@ from ..errors import ExportError
 from ..graph.units import LOSS, ROOT
 from .spans import unit_spans
 
-__all__ = ["stages", "stage_ranks", "split_points", "stage_strategy", "PipelineRun",
-           "build_pipeline"]
+__all__ = ["stages", "stage_ranks", "split_points", "stage_strategy", "stage_modules",
+           "PipelineRun", "build_pipeline"]
 
 
 def stages(strategy) -> int:
@@ -216,20 +216,19 @@ class PipelineRun:
         return torch.stack([l.detach() for l in losses]).mean() if losses else None
 
 
-def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, rank: int,
-                   loss_fn: Callable, device: torch.device | str = "cpu",
-                   graph=None) -> PipelineRun:
-    """This rank's :class:`PipelineRun` of ``strategy``; every rank of the default process
-    group calls it (the groups are made collectively).
+def stage_modules(model: nn.Module, strategy, example: tuple[tuple, dict], *,
+                  device: torch.device | str = "cpu", graph=None):
+    """The stages of ``strategy`` traced from ``model``, each running its units' memory
+    policies (an :class:`~memflow.export.Exported` module), and the tracer's tied weights
+    (``[{stage module name: weight name there}]``); no process group is needed.
 
-    ``model`` is the whole model (each rank traces it, then keeps its stage); ``example`` is
-    ``(args, kwargs)`` of one replica's batch; ``loss_fn(output, target)`` the training loss.
+    ``example`` is ``(args, kwargs)`` of one replica's batch, cut into the strategy's
+    micro-batches for the trace.
     """
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                              SplitPoint, pipeline)
+    from torch.distributed.pipelining import SplitPoint, pipeline
     from .exported import apply
 
-    replicas, n = _check(strategy)
+    _, n = _check(strategy)
     stage_ranks(strategy)       # one device per stage and replica
     args, kwargs = example
     m = strategy.microbatches
@@ -239,11 +238,6 @@ def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, r
         raise ExportError(f"{m} micro-batches do not divide the replica's batch of {batch}: "
                           "the traced stages have fixed shapes; use a batch that is a "
                           f"multiple of {m}")
-    world = dist.get_world_size()
-    if world != replicas * n:
-        raise ExportError(f"the strategy has {replicas} replicas × {n} stages = "
-                          f"{replicas * n} processes; {world} are running")
-    replica, index = divmod(rank, n)
     split = {path: SplitPoint.BEGINNING if where == "beginning" else SplitPoint.END
              for path, where in split_points(strategy, graph).items()}
     micro = [t[:batch // m] if isinstance(t, torch.Tensor) else t for t in args]
@@ -254,22 +248,48 @@ def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, r
     if pipe.num_stages != n:
         raise ExportError(f"the trace of the model gave {pipe.num_stages} stages where the "
                           f"strategy has {n}; split points: {split_points(strategy, graph)}")
-    module = pipe.get_stage_module(index)
-    _drop_unused(module)
-    exported = apply(module, stage_strategy(strategy, index), inplace=True,
-                     devices={"stage": device})
+    stages_ = []
+    for index in range(n):
+        module = pipe.get_stage_module(index)
+        _drop_unused(module)
+        stages_.append(apply(module, stage_strategy(strategy, index), inplace=True,
+                             devices={"stage": device}))
+    return stages_, pipe.replicated_params
+
+
+def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, rank: int,
+                   loss_fn: Callable, device: torch.device | str = "cpu",
+                   graph=None) -> PipelineRun:
+    """This rank's :class:`PipelineRun` of ``strategy``; every rank of the default process
+    group calls it (the groups are made collectively).
+
+    ``model`` is the whole model (each rank traces it, then keeps its stage:
+    :func:`stage_modules`); ``example`` is ``(args, kwargs)`` of one replica's batch;
+    ``loss_fn(output, target)`` the training loss.
+    """
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    replicas, n = _check(strategy)
+    modules, replicated = stage_modules(model, strategy, example, device=device, graph=graph)
+    world = dist.get_world_size()
+    if world != replicas * n:
+        raise ExportError(f"the strategy has {replicas} replicas × {n} stages = "
+                          f"{replicas * n} processes; {world} are running")
+    replica, index = divmod(rank, n)
+    exported = modules[index]
+    del modules         # the other stages' modules (their weights) are this rank's no more
     # the process groups: every rank creates every group, in the same order
     pp_groups = [dist.new_group([r * n + s for s in range(n)]) for r in range(replicas)]
     dp_groups = [dist.new_group([r * n + s for r in range(replicas)]) for s in range(n)]
     tied = []
-    for mapping in pipe.replicated_params:     # stage module name -> the weight's name there
+    for mapping in replicated:      # stage module name -> the weight's name there
         holders = sorted(int(k.rsplit("_", 1)[1]) for k in mapping)
         groups = [dist.new_group([r * n + s for s in holders]) for r in range(replicas)]
         own = mapping.get(f"submod_pp_{index}")
         if own is not None:
-            tied.append((module.get_parameter(own), groups[replica]))
+            tied.append((exported.module.get_parameter(own), groups[replica]))
     stage = PipelineStage(exported, index, n, torch.device(device), group=pp_groups[replica])
     kind = ScheduleGPipe if strategy.schedule == "gpipe" else Schedule1F1B
-    schedule = kind(stage, m, loss_fn=loss_fn)
+    schedule = kind(stage, strategy.microbatches, loss_fn=loss_fn)
     return PipelineRun(exported, stage, schedule, index, replica,
                        dp_groups[index] if replicas > 1 else None, tied)

@@ -128,7 +128,9 @@ def _pairs(strategy, graph, split: set[int]) -> dict[int, int]:
 
 
 def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
-    """Module path -> style (:data:`STYLES`) of every module the split units shard."""
+    """Module path -> style (:data:`STYLES`) of every module the split units shard; what
+    cannot run (module docstring) raises :class:`~memflow.errors.ExportError` here, before
+    any process starts."""
     tensor_group(strategy)
     spans = unit_spans(strategy.units, graph)
     modules = check_modules(model, spans)
@@ -157,6 +159,18 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
             plan[s.module] = "colwise-sharded"
         elif s.index in pairs.values():
             plan[s.module] = "rowwise"
+    moved = POLICIES.mechanism_codes[strategy.policy]
+    for i in np.flatnonzero((strategy.parameter > 1) & np.isin(moved, (M_HOST, M_COMPRESSED))):
+        raise ExportError(f"unit {strategy.units[i]!r} is split over parameters and "
+                          f"{strategy.policies[i]!r}: what it saves for backward are DTensors, "
+                          "which export's offload and compression do not move. Valid there: "
+                          "keep or recompute")
+    for i in np.flatnonzero((strategy.parameter > 1) & POLICIES.recomputes(strategy.policy)):
+        if any(p.startswith(spans[i].module + ".") for p in plan):
+            raise ExportError(f"unit {strategy.units[i]!r} is split over parameters and "
+                              "recomputed, but it is a container: DTensor's conversions run "
+                              "inside it, which recompute cannot replay. Valid: keep, or "
+                              "recompute at a finer granularity (its Linear units)")
     return plan
 
 
@@ -189,23 +203,10 @@ def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
     from .exported import apply
 
     plan = tensor_plan(model, strategy, graph)
-    moved = POLICIES.mechanism_codes[strategy.policy]
-    for i in np.flatnonzero((strategy.parameter > 1) & np.isin(moved, (M_HOST, M_COMPRESSED))):
-        raise ExportError(f"unit {strategy.units[i]!r} is split over parameters and "
-                          f"{strategy.policies[i]!r}: what it saves for backward are DTensors, "
-                          "which export's offload and compression do not move. Valid there: "
-                          "keep or recompute")
-    spans = unit_spans(strategy.units, graph)
-    for i in np.flatnonzero((strategy.parameter > 1) & POLICIES.recomputes(strategy.policy)):
-        if spans[i].module not in plan or any(
-                p.startswith(spans[i].module + ".") for p in plan):
-            raise ExportError(f"unit {strategy.units[i]!r} is split over parameters and "
-                              "recomputed, but it is a container: DTensor's conversions run "
-                              "inside it, which recompute cannot replay. Valid: keep, or "
-                              "recompute at a finer granularity (its Linear units)")
-    if mesh.size() != len(tensor_group(strategy) or ("one",)):
-        raise ExportError(f"the tensor-parallel group has {len(tensor_group(strategy))} "
-                          f"devices; the mesh has {mesh.size()} ranks")
+    group = tensor_group(strategy)
+    if group and mesh.size() != len(group):
+        raise ExportError(f"the tensor-parallel group has {len(group)} devices; the mesh has "
+                          f"{mesh.size()} ranks")
     holders: dict[int, list[tuple[nn.Module, str]]] = {}
     for m in model.modules():
         for name, p in m._parameters.items():

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import memflow
 from memflow import zoo
 from memflow.errors import ExportError
-from memflow.export import apply
-from memflow.export.pipelining import build_pipeline, split_points, stage_ranks
+from memflow.export import apply, held_bytes
+from memflow.export.pipelining import build_pipeline, split_points, stage_modules, stage_ranks
 from memflow.strategy import Strategy
 
 from distributed import gathered, run_ranks
@@ -99,6 +99,18 @@ def test_replicas_of_a_pipeline_average_their_gradients(tmp_path):
             for n, g in r[schedule][1].items():
                 torch.testing.assert_close(g, reference[n.removeprefix("module.")],
                                            rtol=1e-4, atol=1e-6, msg=f"{schedule} {n}")
+
+
+def test_stages_chain_to_the_model_and_run_their_memory_policies():
+    graph = memflow.zoo.graph("gpt2", batch_size=4, units="blocks", **GPT2)
+    s = Strategy.pipeline(graph, 2, stages=2, microbatches=2)
+    model, args = _inputs("gpt2", 4, GPT2)
+    kept, tied = stage_modules(model, s, (args, {}))
+    assert tied == [{"submod_pp_0": "wte.weight", "submod_pp_1": "lm_head.weight"}]
+    micro = args[0][:2]
+    torch.testing.assert_close(kept[1](kept[0](micro)), model(micro))
+    recomputed, _ = stage_modules(model, s.with_policy(recompute=["h.0"]), (args, {}))
+    assert held_bytes(recomputed[0], micro)["cpu"] < held_bytes(kept[0], micro)["cpu"]
 
 
 def test_cuts_fall_at_module_calls():
