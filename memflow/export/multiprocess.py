@@ -10,9 +10,11 @@ path. ``torchrun --nproc_per_node`` :func:`processes` starts:
   ``r * stages + s`` runs stage ``s`` of replica ``r``, fed the ``r``-th share of the batch
   (:func:`~memflow.export.pipelining.stage_ranks` maps the strategy's devices to them); a
   training step is ``schedule.step``;
-* a strategy with parameter splits: one process per device of the tensor-parallel group, rank
-  ``t`` its ``t``-th device (:func:`~memflow.export.tensor_parallel.tensor_ranks`); every rank
-  runs the whole batch, the split units' shards exchanging through DTensor collectives.
+* a strategy with parameter splits: ``replicas × p`` processes, rank ``r * p + t`` the ``t``-th
+  device of replica ``r``'s tensor-parallel group
+  (:func:`~memflow.export.tensor_parallel.tensor_ranks`); every rank of a replica runs that
+  replica's whole share of the batch, the split units' shards exchanging through DTensor
+  collectives, and gradients are averaged over the replicas.
 
 Every rank builds the model from the same seed: a tensor-parallel rank keeps its slice of the
 same weights, a pipeline stage its stage of the same model.
@@ -34,8 +36,8 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
-from .pipelining import build_pipeline, stages
-from .tensor_parallel import parallelize, tensor_group
+from .pipelining import average_gradients, build_pipeline, stages
+from .tensor_parallel import parallelize, tensor_groups
 
 __all__ = ["across_processes", "processes", "train_across_processes"]
 
@@ -55,7 +57,7 @@ def processes(strategy) -> int:
     if kind == "pipeline":
         return int(strategy.sample[0]) * stages(strategy)
     if kind == "tensor":
-        return len(tensor_group(strategy))
+        return int(strategy.sample[0]) * len(tensor_groups(strategy)[0])
     return int(strategy.sample.max())
 
 
@@ -87,9 +89,8 @@ def train_across_processes(strategy, args, build: Callable[[int], tuple[Any, Any
     if world != processes(strategy):
         raise ExportError(f"the strategy runs on {processes(strategy)} processes; run torchrun "
                           f"--nproc_per_node {processes(strategy)} (got {world})")
-    n_stages = stages(strategy) if kind == "pipeline" else 1
-    replicas = world // n_stages if kind == "pipeline" else 1
-    replica = rank // n_stages
+    replicas = int(strategy.sample[0])
+    replica = rank // (world // replicas)       # the ranks of a replica are adjacent
     share = args.batch_size // replicas
     model, example = build(share)
     seed = args.seed + 1000 + replica
@@ -103,7 +104,10 @@ def train_across_processes(strategy, args, build: Callable[[int], tuple[Any, Any
     else:
         from torch.distributed.device_mesh import init_device_mesh
         graph = capture_units(model, example, strategy)   # where outputs flow: Megatron pairs
-        module = parallelize(model, strategy, init_device_mesh("cpu", (world,)), graph)
+        mesh = init_device_mesh("cpu", (replicas, world // replicas),
+                                mesh_dim_names=("dp", "tp"))
+        module = parallelize(model, strategy, mesh["tp"], graph)
+        dp_group = mesh["dp"].get_group() if replicas > 1 else None
         target = None
     batches = (itertools.cycle(load_callable(args.data)(replica, replicas, share)) if args.data
                else itertools.repeat((example, None)))
@@ -122,6 +126,8 @@ def train_across_processes(strategy, args, build: Callable[[int], tuple[Any, Any
             loss, target = loss_of(args.loss, module(*as_args(inputs)[0], **as_args(inputs)[1]),
                                    target, seed)
             loss.backward()
+            if dp_group is not None:
+                average_gradients(module, dp_group)
         optimizer.step()
         # the loss lives on each replica's last stage (pipeline) or on every rank (tensor)
         value = (loss.detach().float() if loss is not None else torch.zeros(()))

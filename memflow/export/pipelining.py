@@ -54,7 +54,7 @@ from ..graph.units import LOSS, ROOT
 from .spans import unit_spans
 
 __all__ = ["stages", "stage_ranks", "split_points", "stage_strategy", "stage_modules",
-           "PipelineRun", "build_pipeline"]
+           "PipelineRun", "build_pipeline", "average_gradients"]
 
 
 def stages(strategy) -> int:
@@ -179,6 +179,17 @@ def _drop_unused(stage: nn.Module) -> None:
             delattr(stage.get_submodule(owner), attr)
 
 
+def average_gradients(module: nn.Module, group) -> None:
+    """Average ``module``'s gradients over the data-parallel ``group`` (each rank of it holds
+    the same parameters, or the same shards of them: a DTensor's local shard is averaged)."""
+    world = dist.get_world_size(group)
+    for p in module.parameters():
+        if p.grad is not None:
+            grad = getattr(p.grad, "_local_tensor", p.grad)
+            dist.all_reduce(grad, group=group)
+            grad /= world
+
+
 @dataclass
 class PipelineRun:
     """This process's stage of a pipelined strategy: ``module`` (the stage, running its memory
@@ -208,11 +219,7 @@ class PipelineRun:
             if param.grad is not None:
                 dist.all_reduce(param.grad, group=group)
         if self.dp_group is not None:
-            world = dist.get_world_size(self.dp_group)
-            for p in self.module.parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, group=self.dp_group)
-                    p.grad /= world
+            average_gradients(self.module, self.dp_group)
         return torch.stack([l.detach() for l in losses]).mean() if losses else None
 
 

@@ -1,8 +1,10 @@
 """Tensor parallelism across processes: a strategy's parameter splits run as DTensor shards.
 
 Units with a parameter split run under ``parallelize_module`` on a ``DeviceMesh`` over their
-parameter group, one process per device of the group (rank ``t`` is the group's ``t``-th
-device: :func:`tensor_ranks`). Every other unit runs replicated on every rank (SPMD: each rank
+parameter group, one process per device of the group. With data-parallel replicas (every unit
+the same sample degree) the processes form a ``replicas × group`` grid: rank ``r * p + t`` is
+device ``t`` of replica ``r``'s group (:func:`tensor_ranks`), and gradients are averaged over
+the replicas after each step. Every other unit runs replicated on every rank (SPMD: each rank
 computes it on the same full tensors, so its gradients agree without communication), where
 FlexFlow would run it on one device while the others wait.
 
@@ -32,7 +34,7 @@ runs here.
 
 Refused (:class:`~memflow.errors.ExportError`, naming the unit): split convolutions (no
 ``parallelize_module`` style shards a convolution), glue, split units on different groups,
-an unsplit unit off the group, data-parallel replicas or pipeline stages mixed in, offload or
+an unsplit unit off its replica's group, per-unit sample degrees, pipeline stages, offload or
 compression of a split unit (what it saves are DTensors; keep and recompute run). A weight
 tied between a split unit and an unsplit one (GPT-2's head and embedding) stays tied: the
 unsplit module reads the full weight (``full_tensor``, differentiable) while it runs.
@@ -42,6 +44,10 @@ unsplit module reads the full weight (``full_tensor``, differentiable) while it 
 ...              parameter=[2, 1, 2])
 >>> tensor_ranks(s)
 {'gpu0': 0, 'gpu1': 1}
+>>> dp = Strategy(["0", "1"], devices=[("gpu0", "gpu1", "gpu2", "gpu3"), ("gpu0", "gpu2")],
+...               sample=[2, 2], parameter=[2, 1])
+>>> tensor_ranks(dp)
+{'gpu0': 0, 'gpu1': 1, 'gpu2': 2, 'gpu3': 3}
 >>> from torch import nn
 >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
 >>> tensor_plan(model, s)
@@ -58,7 +64,7 @@ from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
 from .spans import check_modules, unit_spans
 
-__all__ = ["tensor_group", "tensor_ranks", "tensor_plan", "parallelize", "STYLES"]
+__all__ = ["tensor_groups", "tensor_ranks", "tensor_plan", "parallelize", "STYLES"]
 
 STYLES = ("colwise", "colwise-sharded", "rowwise")
 """Plan entries: column-parallel gathered, column-parallel left sharded (first of a pair),
@@ -70,35 +76,43 @@ _NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
 _ELEMENTWISE = {"ReLU", "GELU", "Tanh", "SiLU", "Sigmoid", "Dropout", "Identity", "LeakyReLU"}
 
 
-def tensor_group(strategy) -> tuple[str, ...]:
-    """The devices of the parameter group every split unit uses (checked as the module
-    docstring says); ``()`` when no unit is split."""
-    group: tuple[str, ...] = ()
+def tensor_groups(strategy) -> list[tuple[str, ...]]:
+    """Per data-parallel replica, the devices of the parameter group every split unit of that
+    replica uses (checked as the module docstring says); ``[]`` when no unit is split."""
+    replicas = int(strategy.sample[0])
+    groups: list[tuple[str, ...]] = []
     first = None
     for i, u in enumerate(strategy.units):
-        if int(strategy.sample[i]) > 1 or int(strategy.attribute[i]) > 1:
-            raise ExportError(f"unit {u!r} has sample or attribute degree > 1; export runs "
-                              "tensor parallelism without data-parallel replicas or attribute "
-                              "splits. Valid: sample=1 and attribute=1 with parameter splits")
+        if int(strategy.sample[i]) != replicas or int(strategy.attribute[i]) > 1:
+            raise ExportError(f"unit {u!r} has sample degree {int(strategy.sample[i])} (unit "
+                              f"{strategy.units[0]!r}: {replicas}) or an attribute split; export "
+                              "runs tensor parallelism in whole replicas. Valid: every unit the "
+                              "same sample degree, attribute=1")
         if int(strategy.stage[i]) > 0:
             raise ExportError(f"unit {u!r} is in pipeline stage {int(strategy.stage[i])}; "
                               "export does not yet run tensor parallelism inside a pipeline")
-        if int(strategy.parameter[i]) > 1:
-            if group and strategy.devices[i] != group:
+        p = int(strategy.parameter[i])
+        if p > 1:
+            mine = [strategy.devices[i][r * p:(r + 1) * p] for r in range(replicas)]
+            if groups and mine != groups:
                 raise ExportError(f"unit {u!r} is split over {strategy.devices[i]} but unit "
-                                  f"{first!r} over {group}; export runs one tensor-parallel "
-                                  "group: split every unit over the same devices")
-            group, first = strategy.devices[i], first or u
+                                  f"{first!r} over {sum(groups, ())}; export runs one "
+                                  "tensor-parallel group per replica: split every unit over "
+                                  "the same devices")
+            groups, first = mine, first or u
     for i, u in enumerate(strategy.units):
-        if group and int(strategy.parameter[i]) == 1 and strategy.devices[i][0] not in group:
-            raise ExportError(f"unit {u!r} runs on {strategy.devices[i][0]!r}, outside the "
-                              f"tensor-parallel group {group}; place it on one of those devices")
-    return group
+        for r, group in enumerate(groups if int(strategy.parameter[i]) == 1 else ()):
+            if strategy.devices[i][r] not in group:
+                raise ExportError(f"unit {u!r} runs replica {r} on {strategy.devices[i][r]!r}, "
+                                  f"outside that replica's tensor-parallel group {group}; "
+                                  "place it on one of those devices")
+    return groups
 
 
 def tensor_ranks(strategy) -> dict[str, int]:
-    """The rank of each device of the tensor-parallel group: its position in the group."""
-    return {d: t for t, d in enumerate(tensor_group(strategy))}
+    """The rank of each device: ``replica * group size + position in its group``."""
+    groups = tensor_groups(strategy)
+    return {d: r * len(g) + t for r, g in enumerate(groups) for t, d in enumerate(g)}
 
 
 def _pairs(strategy, graph, split: set[int]) -> dict[int, int]:
@@ -131,7 +145,7 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
     """Module path -> style (:data:`STYLES`) of every module the split units shard; what
     cannot run (module docstring) raises :class:`~memflow.errors.ExportError` here, before
     any process starts."""
-    tensor_group(strategy)
+    tensor_groups(strategy)
     spans = unit_spans(strategy.units, graph)
     modules = check_modules(model, spans)
     split = {s.index for s in spans if int(strategy.parameter[s.index]) > 1}
@@ -195,7 +209,7 @@ def _read_full(module: nn.Module, name: str) -> None:
 
 def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
     """``model`` (changed in place) running ``strategy``'s parameter splits on ``mesh`` (a 1-D
-    ``DeviceMesh`` over the group, :func:`tensor_ranks`) and its memory policies
+    ``DeviceMesh`` over this replica's group, :func:`tensor_ranks`) and its memory policies
     (:func:`memflow.export.apply`); returns the :class:`~memflow.export.Exported` model.
     """
     from torch.distributed.tensor import DTensor
@@ -203,10 +217,10 @@ def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
     from .exported import apply
 
     plan = tensor_plan(model, strategy, graph)
-    group = tensor_group(strategy)
-    if group and mesh.size() != len(group):
-        raise ExportError(f"the tensor-parallel group has {len(group)} devices; the mesh has "
-                          f"{mesh.size()} ranks")
+    groups = tensor_groups(strategy)
+    if groups and mesh.size() != len(groups[0]):
+        raise ExportError(f"the tensor-parallel group has {len(groups[0])} devices; the mesh "
+                          f"has {mesh.size()} ranks")
     holders: dict[int, list[tuple[nn.Module, str]]] = {}
     for m in model.modules():
         for name, p in m._parameters.items():
@@ -226,6 +240,7 @@ def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
             if (m, n) != (owner, name):
                 m._parameters[n] = owner._parameters[name]
                 _read_full(m, n)
+    spans = unit_spans(strategy.units, graph)
     modules = check_modules(model, spans)
     for s, after in zip(spans, spans[1:]):
         if s.module in plan and getattr(modules.get(after.module), "inplace", False):

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import memflow
 from memflow import zoo
 from memflow.errors import ExportError
+from memflow.export.pipelining import average_gradients
 from memflow.export.tensor_parallel import parallelize, tensor_plan, tensor_ranks
 from memflow.strategy import Strategy
 
@@ -97,6 +98,42 @@ def test_parameter_splits_match_one_process(name, tmp_path):
                                            msg=f"{units} {n}")
 
 
+def _replica_worker(rank, options, doc, target):
+    """A replica's share of the batch on its 2-rank group; gradients averaged over the 2
+    replicas, returned whole."""
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model, (x,) = _model("chain", options, batch=8)
+    replica = rank // 2
+    exported = parallelize(model, Strategy.from_dict(doc), mesh["tp"])
+    loss = mse(exported(x[replica * 4:(replica + 1) * 4]), target[replica * 4:(replica + 1) * 4])
+    loss.backward()
+    average_gradients(exported, mesh["dp"].get_group())
+    return loss.detach(), {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
+                               else p.grad) for n, p in exported.named_parameters()}
+
+
+@pytest.mark.slow       # spawns 4 processes
+def test_replicas_of_a_tensor_parallel_group_average_their_gradients(tmp_path):
+    options = {"n": 3, "width": 16, "kind": "residual"}
+    graph = memflow.zoo.graph("chain", batch_size=8, units="blocks", **options)
+    s = Strategy.tensor_parallel(graph, 4, tp=2, dp=2)
+    assert tensor_ranks(s) == {"gpu0": 0, "gpu1": 1, "gpu2": 2, "gpu3": 3}
+    model, (x,) = _model("chain", options, batch=8)
+    out = model(x)
+    torch.manual_seed(1)
+    target = torch.randn(out.shape)
+    loss = mse(out, target)
+    loss.backward()
+    ranks = run_ranks(_replica_worker, 4, tmp_path, options, s.to_dict(), target)
+    torch.testing.assert_close(torch.stack([r[0] for r in ranks]).mean(), loss.detach(),
+                               rtol=1e-5, atol=1e-6)
+    for _, grads in ranks:
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(grads[f"module.{n}"], p.grad, rtol=1e-4, atol=1e-6,
+                                       msg=n)
+
+
 def test_the_plan_pairs_megatron_linears_and_gathers_the_rest():
     graph = _graph("gpt2", GPT2, "leaves")
     s = _split(graph, CASES["gpt2"][1][0][1])
@@ -133,5 +170,5 @@ def test_what_tensor_parallelism_cannot_run_is_refused():
         parallelize(_model("gpt2", GPT2)[0], Strategy.tensor_parallel(blocks, 2, tp=2)
                     .with_policy(recompute=["h.0"]), mesh=None, graph=blocks)
     off = _split(graph, ["classifier.1"]).with_config("classifier.6", devices=("gpu5",))
-    with pytest.raises(ExportError, match="unit 'classifier.6' runs on 'gpu5', outside"):
+    with pytest.raises(ExportError, match="unit 'classifier.6' runs replica 0 on 'gpu5', outside"):
         tensor_ranks(off)
