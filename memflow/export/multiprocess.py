@@ -17,7 +17,9 @@ path. ``torchrun --nproc_per_node`` :func:`processes` starts:
   collectives, and gradients are averaged over the replicas.
 
 Every rank builds the model from the same seed: a tensor-parallel rank keeps its slice of the
-same weights, a pipeline stage its stage of the same model.
+same weights, a pipeline stage its stage of the same model. The synthetic batch and target of
+replica ``r`` are those of rank ``r`` on the DistributedDataParallel path, so the same model
+trains along the same losses whichever way the strategy splits it.
 
 >>> from memflow.strategy import Strategy
 >>> pp = Strategy(["a", "b"], devices=[("gpu0", "gpu2"), ("gpu1", "gpu3")], sample=[2, 2],
@@ -70,15 +72,16 @@ def _output_shape(model, args: tuple, kwargs: dict) -> torch.Size:
                 if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
-def train_across_processes(strategy, args, build: Callable[[int], tuple[Any, Any]],
+def train_across_processes(strategy, args, build: Callable[[int, int], tuple[Any, Any]],
                            loss_of: Callable, as_args: Callable) -> list[float]:
     """Train ``strategy`` across the processes of the running process group; returns the loss
     of every step (averaged over the replicas).
 
     The script passes its parsed ``args`` (``steps``, ``batch_size``, ``optimizer``, ``lr``,
-    ``loss``, ``seed``, ``data``), ``build(batch)`` -> ``(model, example)`` on CPU from the
-    fixed seed, its ``loss_of(kind, output, target, seed)`` -> ``(loss, target)`` and
-    ``as_args(inputs)`` -> ``(args, kwargs)``.
+    ``loss``, ``seed``, ``data``), ``build(batch, seed)`` -> ``(model, example)`` on CPU (every
+    rank's weights from ``args.seed``, replica ``r``'s synthetic batch from ``args.seed + r``,
+    as on the DistributedDataParallel path), its ``loss_of(kind, output, target, seed)`` ->
+    ``(loss, target)`` and ``as_args(inputs)`` -> ``(args, kwargs)``.
     """
     from tqdm import tqdm
     from .factory import load_callable
@@ -92,7 +95,9 @@ def train_across_processes(strategy, args, build: Callable[[int], tuple[Any, Any
     replicas = int(strategy.sample[0])
     replica = rank // (world // replicas)       # the ranks of a replica are adjacent
     share = args.batch_size // replicas
-    model, example = build(share)
+    model, example = build(share, args.seed)
+    if replica:     # this replica's own batch, as DistributedDataParallel's rank gets it
+        example = build(share, args.seed + replica)[1]
     seed = args.seed + 1000 + replica
     call = as_args(example)
     if kind == "pipeline":

@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> list[float]:
     # ---- pipeline stages and tensor-parallel groups across processes (memflow.export.multiprocess)
     if distributed and across_processes(strategy):
         losses = train_across_processes(
-            strategy, args, lambda batch: build_model(MODEL, batch, MODEL_OPTIONS, device="cpu",
-                                                      seed=args.seed), loss_of, as_args)
+            strategy, args, lambda batch, seed: build_model(MODEL, batch, MODEL_OPTIONS,
+                                                            device="cpu", seed=seed),
+            loss_of, as_args)
         dist.destroy_process_group()
         return losses
     # ---- end of the multi-process path ----

@@ -1,5 +1,7 @@
 """The exported script runs pipelined and tensor-parallel strategies under torchrun (gloo on
-CPU), one process per stage or shard, and trains."""
+CPU), one process per stage or shard, and trains along the losses of the same script run in
+one process."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -25,7 +27,16 @@ def _torchrun(path, tmp_path, n):
     losses = [float(line.rsplit(" ", 1)[1]) for line in run.stdout.splitlines()
               if line.startswith("step ")]
     assert len(losses) == 3 and losses[-1] < losses[0], run.stdout
-    return run.stdout
+    return losses
+
+
+def _in_process(graph, tmp_path):
+    path = script(Strategy.single_device(graph), tmp_path / "one" / "train.py", model="chain",
+                  model_options=CHAIN, batch_size=8, lr=0.05, graph=graph)
+    spec = importlib.util.spec_from_file_location("one_train", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(["--steps", "3"])
 
 
 @pytest.mark.slow       # torchrun, 2 processes
@@ -38,4 +49,4 @@ def test_torchrun_trains_a_strategy_across_processes(kind, tmp_path):
     path = script(s, tmp_path / "train.py", model="chain", model_options=CHAIN, batch_size=8,
                   lr=0.05, graph=g)
     assert "--nproc_per_node 2" in run_line(s, path)
-    _torchrun(path, tmp_path, 2)
+    assert _torchrun(path, tmp_path, 2) == pytest.approx(_in_process(g, tmp_path), rel=1e-5)
