@@ -13,7 +13,10 @@ Anything PyTorch code cannot do as the strategy says raises
 stretches of the forward), :mod:`~.tracker` (following them at run time), :mod:`~.segment`
 (recompute), :mod:`~.saved` (offload, compress), :mod:`~.placement`, :mod:`~.sharding`, :mod:`~.exported`,
 :mod:`~.measure`, :mod:`~.validation`, :mod:`~.scripts` and its :mod:`~.train_template`,
-:mod:`~.factory` (a model from a zoo name or the user's ``file.py:factory``).
+:mod:`~.factory` (a model from a zoo name or the user's ``file.py:factory``). Across processes:
+:mod:`~.pipelining` (pipeline stages, ``torch.distributed.pipelining``),
+:mod:`~.tensor_parallel` (parameter splits as DTensor shards) and :mod:`~.multiprocess` (the
+training script's path for both).
 
 >>> import memflow
 >>> sorted(memflow.export.__all__)

@@ -21,14 +21,16 @@ the same code memflow tests. The strategy's JSON is written beside it.
 """
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from .._jsonio import write_text
 from ..errors import ExportError, MemflowError
-from .factory import build_model, is_file_model, load_callable, takes_batch_size
 from ..strategy.runnable import unrunnable
+from .factory import build_model, is_file_model, load_callable, takes_batch_size
+from .multiprocess import across_processes, process_path, processes
 from .placement import replicas
 from .validation import capture_units
 
@@ -42,18 +44,34 @@ _BLOCK = re.compile(r"# ---- configuration \(written by memflow\.export\.script\
 def run_line(strategy, path: str | Path, *, steps: int = 10,
              batch_size: int | None = None) -> str:
     """The ``torchrun`` command that runs the script ``path`` of ``strategy``: one process per
-    data-parallel replica; ``batch_size`` overrides the script's global batch.
+    data-parallel replica, or per pipeline stage or tensor-parallel shard when the script runs
+    the strategy across processes (its ``ACROSS`` setting, :func:`written_path`);
+    ``batch_size`` overrides the script's global batch.
 
     >>> from memflow.strategy import Strategy
     >>> run_line(Strategy(["a"], devices=[("gpu0", "gpu1")], sample=[2]), "plan/train.py",
     ...          batch_size=4)
     'torchrun --standalone --nproc_per_node 2 plan/train.py --steps 10 --batch-size 4'
     """
-    line = f"torchrun --standalone --nproc_per_node {replicas(strategy)} {path} --steps {steps}"
+    n = processes(strategy, written_path(path))
+    line = f"torchrun --standalone --nproc_per_node {n} {path} --steps {steps}"
     return line if batch_size is None else f"{line} --batch-size {batch_size}"
 
 
-def launch_problem(strategy, world: int, batch_size: int) -> str | None:
+_ACROSS = re.compile(r"^ACROSS = (.+?)\s*(#.*)?$", re.M)
+
+
+def written_path(path: str | Path) -> str | None:
+    """The path (:func:`~memflow.export.multiprocess.process_path`) the script at ``path``
+    was written for: ``"pipeline"``, ``"tensor"``, or None (whole-model replicas; also for a
+    script not written yet)."""
+    path = Path(path)
+    found = _ACROSS.search(path.read_text()) if path.is_file() else None
+    return None if found is None else ast.literal_eval(found.group(1))
+
+
+def launch_problem(strategy, world: int, batch_size: int,
+                   kind: str | None = None) -> str | None:
     """Why ``world`` processes cannot train ``strategy`` at global batch ``batch_size`` (one
     line naming what would be valid), or None. The script asks this before anything starts.
 
@@ -66,12 +84,15 @@ def launch_problem(strategy, world: int, batch_size: int) -> str | None:
     'the strategy has 2 data-parallel replicas but 4 processes started; run it with torchrun --nproc_per_node 2'
     """
     try:
-        n = replicas(strategy)
+        n = replicas(strategy) if kind is None else int(strategy.sample[0])
+        want = processes(strategy, kind)
     except MemflowError as exc:
         return str(exc)
-    if world != n:
-        return (f"the strategy has {n} data-parallel replicas but {world} processes started; "
-                f"run it with torchrun --nproc_per_node {n}")
+    if world != want:
+        what = (f"{n} data-parallel replicas" if kind is None else
+                f"{want} processes ({kind} parallelism over {n} replicas)")
+        return (f"the strategy has {what} but {world} processes started; "
+                f"run it with torchrun --nproc_per_node {want}")
     parts = n * strategy.microbatches
     if batch_size < parts or batch_size % parts:
         return (f"the global batch of {batch_size} does not split over the strategy's {n} "
@@ -92,9 +113,25 @@ def _model_graph(strategy, model: str, options: Mapping[str, Any], batch_size: i
                           f"{exc}") from None
 
 
-def check_fit(strategy, graph, model: str, batch_size: int | None = None) -> int:
+def _path(strategy, graph, model: str, options: Mapping[str, Any], batch_size: int | None):
+    """The script's path for ``strategy`` (:func:`~memflow.export.multiprocess.process_path`),
+    decided on the model itself (which modules a tensor split shards)."""
+    if across_processes(strategy) is None:
+        return None
+    made, _ = build_model(model, batch_size or int(graph.meta.get("batch_size", 0)) or None,
+                          options)
+    try:
+        return process_path(strategy, made, graph)
+    except ExportError as exc:
+        raise ExportError(f"strategy {strategy.name!r} cannot run on model {model!r}: "
+                          f"{exc}") from None
+
+
+def check_fit(strategy, graph, model: str, batch_size: int | None = None,
+              kind: str | None = None) -> int:
     """Raise :class:`~memflow.errors.ExportError` unless ``strategy`` runs ``graph`` (its
-    units, their shapes' splits, the batch over the replicas); the batch it trains.
+    units, their shapes' splits, the batch over the replicas) on the script's path ``kind``
+    (:func:`~memflow.export.multiprocess.process_path`); the batch it trains.
 
     >>> import memflow
     >>> from memflow.strategy import Strategy
@@ -118,10 +155,10 @@ def check_fit(strategy, graph, model: str, batch_size: int | None = None) -> int
     except MemflowError as exc:
         raise ExportError(f"strategy {strategy.name!r} does not fit model {model!r} at batch "
                           f"{captured}: {exc}") from None
-    reason = unrunnable(strategy, graph)        # a parameter split of a unit export cannot slice
+    reason = None if kind else unrunnable(strategy, graph)   # e.g. a split export cannot slice
     if reason is not None:
         raise ExportError(f"strategy {strategy.name!r} cannot run on model {model!r}: {reason}")
-    problem = launch_problem(strategy, replicas(strategy), captured)
+    problem = launch_problem(strategy, processes(strategy, kind), captured, kind)
     if problem is not None:
         raise ExportError(problem)
     return captured
@@ -165,7 +202,8 @@ def script(strategy, path: str | Path, *, model: str, model_options: Mapping[str
         zoo.spec_of(model).options(options)   # unknown names fail here, before a capture
     if graph is None:
         graph = _model_graph(strategy, model, options, batch_size)
-    batch_size = check_fit(strategy, graph, model, batch_size)
+    kind = _path(strategy, graph, model, options, batch_size)
+    batch_size = check_fit(strategy, graph, model, batch_size, kind)
     config = (
         "# ---- configuration (written by memflow.export.script) ----\n"
         f"MODEL = {model!r}\n"
@@ -176,8 +214,10 @@ def script(strategy, path: str | Path, *, model: str, model_options: Mapping[str
         f"LR = {float(lr)!r}\n"
         f"LOSS = {loss!r}\n"
         f"DEVICES: dict = {dict(devices or {})!r}\n"
+        f"ACROSS = {kind!r}\n"
         "# ---- end of configuration ----\n")
-    usage = (f"\nRun: ``{run_line(strategy, path.name, steps=100)}`` "
+    n = processes(strategy, kind)
+    usage = (f"\nRun: ``torchrun --standalone --nproc_per_node {n} {path.name} --steps 100`` "
              f"(strategy {strategy.name!r}, model {model!r}).\n")
     text = _BLOCK.sub(lambda _: config, _TEMPLATE.read_text(), count=1)
     text = text.replace('"""\nfrom __future__', usage + '"""\nfrom __future__', 1)

@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """Train a model with a memflow strategy: written by ``memflow.export.script``.
 
-Run it with ``torchrun --nproc_per_node <replicas> <this file> --steps 100``: one process per
+Run it with ``torchrun --nproc_per_node <processes> <this file> --steps 100``: one process per
 data-parallel replica of the strategy (another process count stops it with one line saying the
 right one; ``--batch-size`` shrinks the global batch for a try-out on a laptop, to a multiple of
 replicas x micro-batches), DistributedDataParallel between them (NCCL on GPUs,
-gloo on CPU), each replica running the strategy's memory policies and placement through
+gloo on CPU; with ``ACROSS`` set, one process per pipeline stage or tensor-parallel shard
+instead, ``memflow.export.multiprocess``), each replica running the strategy's memory policies
+and placement through
 ``memflow.export.apply``. Without torchrun it runs one replica in this process.
 
 The configuration below was written for one model and one strategy (the JSON file beside this
@@ -30,6 +32,7 @@ from torch.utils import _pytree as pytree
 from tqdm import tqdm
 
 from memflow.export import apply
+from memflow.export.multiprocess import train_across_processes
 from memflow.export.scripts import launch_problem
 from memflow.export.factory import build_model, load_callable
 from memflow.strategy import Strategy
@@ -43,6 +46,7 @@ OPTIMIZER = "sgd"               # sgd, momentum or adam
 LR = 0.01
 LOSS = "auto"                   # auto, cross_entropy or mse
 DEVICES: dict = {}              # strategy device name -> torch device (default: gpuK -> cuda:K)
+ACROSS = None                   # "pipeline"/"tensor": a process per stage/shard; None: per replica
 # ---- end of configuration ----
 
 HERE = Path(__file__).resolve().parent
@@ -100,13 +104,22 @@ def main(argv: list[str] | None = None) -> list[float]:
     # checked before the process group starts: one line from rank 0, not one error per rank;
     # the other ranks leave quietly (status 0), so torchrun names rank 0 as the failure rather
     # than stopping it before it has printed
-    problem = launch_problem(strategy, world, args.batch_size)
+    problem = launch_problem(strategy, world, args.batch_size, ACROSS)
     if problem is not None:
         if rank == 0:
             print(f"{Path(__file__).name}: error: {problem}", file=sys.stderr)
         raise SystemExit(2 if rank == 0 else 0)
     if distributed:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    # ---- pipeline stages and tensor-parallel groups across processes (memflow.export.multiprocess)
+    if distributed and ACROSS:
+        losses = train_across_processes(
+            strategy, ACROSS, args, lambda batch, seed: build_model(MODEL, batch, MODEL_OPTIONS,
+                                                                    device="cpu", seed=seed),
+            loss_of, as_args)
+        dist.destroy_process_group()
+        return losses
+    # ---- end of the multi-process path ----
     torch.manual_seed(args.seed)
     # this replica's share of the global batch
     model, example = build_model(MODEL, args.batch_size // world, MODEL_OPTIONS, device="cpu",

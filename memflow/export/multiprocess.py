@@ -1,0 +1,180 @@
+"""The training script's path for strategies that span processes: pipeline stages
+(:mod:`~memflow.export.pipelining`) and tensor-parallel groups
+(:mod:`~memflow.export.tensor_parallel`).
+
+The exported script (:mod:`memflow.export.train_template`) hands such a strategy to
+:func:`train_across_processes`; whole-model replicas (DistributedDataParallel) stay on its own
+path. ``torchrun --nproc_per_node`` :func:`processes` starts:
+
+* a pipelined strategy (units in stages): ``replicas × stages`` processes; rank
+  ``r * stages + s`` runs stage ``s`` of replica ``r``, fed the ``r``-th share of the batch
+  (:func:`~memflow.export.pipelining.stage_ranks` maps the strategy's devices to them); a
+  training step is ``schedule.step``;
+* a strategy with parameter splits: ``replicas × p`` processes, rank ``r * p + t`` the ``t``-th
+  device of replica ``r``'s tensor-parallel group
+  (:func:`~memflow.export.tensor_parallel.tensor_ranks`); every rank of a replica runs that
+  replica's whole share of the batch, the split units' shards exchanging through DTensor
+  collectives, and gradients are averaged over the replicas.
+
+Every rank builds the model from the same seed: a tensor-parallel rank keeps its slice of the
+same weights, a pipeline stage its stage of the same model. The synthetic batch and target of
+replica ``r`` are those of rank ``r`` on the DistributedDataParallel path, so the same model
+trains along the same losses whichever way the strategy splits it.
+
+>>> from memflow.strategy import Strategy
+>>> pp = Strategy(["a", "b"], devices=[("gpu0", "gpu2"), ("gpu1", "gpu3")], sample=[2, 2],
+...               stage=[0, 1], microbatches=2)
+>>> tp = Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu0",)], parameter=[2, 1])
+>>> [(across_processes(s), processes(s, across_processes(s))) for s in (pp, tp)]
+[('pipeline', 4), ('tensor', 2)]
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..errors import ExportError
+from ..strategy import Strategy
+from ..strategy.runnable import unrunnable
+from .pipelining import (average_gradients, build_pipeline, replicas_and_stages, split_points,
+                         stage_ranks, stages)
+from .tensor_parallel import parallelize, tensor_groups, tensor_plan
+
+__all__ = ["across_processes", "process_path", "processes", "train_across_processes"]
+
+
+def across_processes(strategy) -> str | None:
+    """By the strategy's shape alone: ``"pipeline"`` (units in stages), ``"tensor"``
+    (parameter splits), or None (whole-model replicas, or one process)."""
+    if stages(strategy) > 1:
+        return "pipeline"
+    if (strategy.parameter > 1).any():
+        return "tensor"
+    return None
+
+
+def process_path(strategy, model: nn.Module, graph=None) -> str | None:
+    """How the training script runs ``strategy``: across processes (:func:`across_processes`)
+    where that path takes it, else None — whole-model replicas, each running its units in one
+    process (:func:`memflow.export.apply`: in-process stages and parameter shards, GPipe).
+    Raises :class:`~memflow.errors.ExportError` with the multi-process path's reason when
+    neither path runs the strategy.
+
+    >>> import memflow
+    >>> g = memflow.zoo.graph("chain", batch_size=8, units="blocks", n=2, width=8)
+    >>> model, _ = memflow.zoo.get("chain", batch_size=8, n=2, width=8)
+    >>> s = Strategy.pipeline(g, 2, stages=2, microbatches=2, schedule="1f1b")
+    >>> process_path(s, model, g), process_path(Strategy.data_parallel(g, 2), model, g)
+    ('pipeline', None)
+    """
+    kind = across_processes(strategy)
+    try:
+        if kind == "pipeline":
+            replicas_and_stages(strategy)
+            stage_ranks(strategy)
+            split_points(strategy, graph)
+        elif kind == "tensor":
+            tensor_plan(model, strategy, graph)
+        return kind
+    except ExportError:
+        if unrunnable(strategy, graph) is None:
+            return None
+        raise
+
+
+def processes(strategy, kind: str | None) -> int:
+    """The number of processes ``torchrun`` starts for ``strategy`` on path ``kind``
+    (:func:`process_path`).
+
+    >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu0",)], parameter=[2, 1])
+    >>> processes(s, "tensor"), processes(s, None)
+    (2, 1)
+    """
+    if kind == "pipeline":
+        return int(strategy.sample[0]) * stages(strategy)
+    if kind == "tensor":
+        return int(strategy.sample[0]) * len(tensor_groups(strategy)[0])
+    return int(strategy.sample.max())
+
+
+def _output_shape(model, args: tuple, kwargs: dict) -> torch.Size:
+    """The shape of the model's (first floating) output, from a forward on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        out = model(*args, **kwargs)
+    return next(t.shape for t in pytree.tree_leaves(out)
+                if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def train_across_processes(strategy, kind: str, args,
+                           build: Callable[[int, int], tuple[Any, Any]], loss_of: Callable,
+                           as_args: Callable) -> list[float]:
+    """Train ``strategy`` across the processes of the running process group; returns the loss
+    of every step (averaged over the replicas).
+
+    The script passes its parsed ``args`` (``steps``, ``batch_size``, ``optimizer``, ``lr``,
+    ``loss``, ``seed``, ``data``), ``build(batch, seed)`` -> ``(model, example)`` on CPU (every
+    rank's weights from ``args.seed``, replica ``r``'s synthetic batch from ``args.seed + r``,
+    as on the DistributedDataParallel path), its ``loss_of(kind, output, target, seed)`` ->
+    ``(loss, target)`` and ``as_args(inputs)`` -> ``(args, kwargs)``.
+    """
+    from tqdm import tqdm
+    from .factory import load_callable
+    from .validation import capture_units
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    replicas = int(strategy.sample[0])
+    replica = rank // (world // replicas)       # the ranks of a replica are adjacent
+    share = args.batch_size // replicas
+    model, example = build(share, args.seed)
+    if replica:     # this replica's own batch, as DistributedDataParallel's rank gets it
+        example = build(share, args.seed + replica)[1]
+    seed = args.seed + 1000 + replica
+    call = as_args(example)
+    if kind == "pipeline":
+        _, target = loss_of(args.loss, torch.zeros(_output_shape(model, *call)), None, seed)
+        run = build_pipeline(model, strategy, call, rank=rank,
+                             loss_fn=lambda out, tgt: loss_of(args.loss, out, tgt, seed)[0])
+        module = run.module
+        del model       # the other stages' weights
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        graph = capture_units(model, example, strategy)   # where outputs flow: Megatron pairs
+        mesh = init_device_mesh("cpu", (replicas, world // replicas),
+                                mesh_dim_names=("dp", "tp"))
+        module = parallelize(model, strategy, mesh["tp"], graph)
+        dp_group = mesh["dp"].get_group() if replicas > 1 else None
+        target = None
+    batches = (itertools.cycle(load_callable(args.data)(replica, replicas, share)) if args.data
+               else itertools.repeat((example, None)))
+    params = list(module.parameters())
+    optimizer = (torch.optim.Adam(params, lr=args.lr) if args.optimizer == "adam" else
+                 torch.optim.SGD(params, lr=args.lr,
+                                 momentum=0.9 if args.optimizer == "momentum" else 0.0))
+    losses = []
+    for step in tqdm(range(args.steps), disable=rank != 0, desc=f"training ({kind})"):
+        inputs, given = next(batches)
+        target = given if given is not None else target
+        optimizer.zero_grad(set_to_none=True)
+        if kind == "pipeline":
+            loss = run.step(*as_args(inputs), target)
+        else:
+            loss, target = loss_of(args.loss, module(*as_args(inputs)[0], **as_args(inputs)[1]),
+                                   target, seed)
+            loss.backward()
+            if dp_group is not None:
+                average_gradients(module, dp_group)
+        optimizer.step()
+        # the loss lives on each replica's last stage (pipeline) or on every rank (tensor)
+        value = (loss.detach().float() if loss is not None else torch.zeros(()))
+        dist.all_reduce(value)
+        losses.append(float(value) / (replicas if kind == "pipeline" else world))
+        if rank == 0:
+            tqdm.write(f"step {step + 1}/{args.steps} loss {losses[-1]:.6f}")
+    dist.barrier()
+    return losses

@@ -1,0 +1,255 @@
+"""Tensor parallelism across processes: a strategy's parameter splits run as DTensor shards.
+
+Units with a parameter split run under ``parallelize_module`` on a ``DeviceMesh`` over their
+parameter group, one process per device of the group. With data-parallel replicas (every unit
+the same sample degree) the processes form a ``replicas × group`` grid: rank ``r * p + t`` is
+device ``t`` of replica ``r``'s group (:func:`tensor_ranks`), and gradients are averaged over
+the replicas after each step. Every other unit runs replicated on every rank (SPMD: each rank
+computes it on the same full tensors, so its gradients agree without communication), where
+FlexFlow would run it on one device while the others wait.
+
+The plan (:func:`tensor_plan`), per split unit, in FlexFlow's per-unit semantics — the next
+unit sees the whole tensor — unless two adjacent linears allow Megatron's pairing:
+
+* ``Linear``: ``ColwiseParallel`` with its output gathered (``Replicate``): an all-gather of
+  the output in forward, an all-reduce of the input gradient in backward;
+* ``Embedding``: ``ColwiseParallel``, the embedding dimension sharded and the output gathered
+  (memflow's and FlexFlow's parameter dimension of an embedding);
+* a **Megatron pair**: a split ``Linear`` whose output flows, only through parameter-free
+  element-wise units (activations, dropout), into a split ``Linear`` on the same group runs
+  column-parallel with its output left sharded, and the second row-parallel
+  (``RowwiseParallel``, its output all-reduced): one all-reduce in forward and one in backward
+  for the pair. This needs the graph (its tensors say where each output flows);
+* a unit that is a container (a block, an MLP, an attention): each ``Linear`` and
+  ``Embedding`` inside it as above, gathered;
+* a normalization (``LayerNorm``, ``RMSNorm``, ``GroupNorm``): replicated, as an unsplit unit
+  (its weights are one vector; sharding its features would need its statistics all-reduced).
+
+What the simulator charges (``memflow.sim.structure``: ``tp_out``/``tp_in``): every split unit
+all-reduces its whole output in forward and its input gradient in backward. For a Megatron
+pair that is twice what runs (one all-reduce each way for the pair); for a gathered
+column-parallel unit the forward is an all-gather, half an all-reduce. So the simulator is
+pessimistic for tensor parallelism; it charges weights and gradients at ``1/p`` per device, as
+runs here.
+
+Refused (:class:`~memflow.errors.ExportError`, naming the unit): split convolutions (no
+``parallelize_module`` style shards a convolution), glue, split units on different groups,
+an unsplit unit off its replica's group, per-unit sample degrees, pipeline stages, offload or
+compression of a split unit (what it saves are DTensors; keep and recompute run). A weight
+tied between a split unit and an unsplit one (GPT-2's head and embedding) stays tied: the
+unsplit module reads the full weight (``full_tensor``, differentiable) while it runs.
+
+>>> from memflow.strategy import Strategy
+>>> s = Strategy(["0", "1", "2"], devices=[("gpu0", "gpu1"), ("gpu0",), ("gpu0", "gpu1")],
+...              parameter=[2, 1, 2])
+>>> tensor_ranks(s)
+{'gpu0': 0, 'gpu1': 1}
+>>> dp = Strategy(["0", "1"], devices=[("gpu0", "gpu1", "gpu2", "gpu3"), ("gpu0", "gpu2")],
+...               sample=[2, 2], parameter=[2, 1])
+>>> tensor_ranks(dp)
+{'gpu0': 0, 'gpu1': 1, 'gpu2': 2, 'gpu3': 3}
+>>> from torch import nn
+>>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+>>> tensor_plan(model, s)
+{'0': 'colwise', '2': 'colwise'}
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ExportError
+from ..graph.units import LOSS
+from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
+from .spans import check_modules, unit_spans
+
+__all__ = ["tensor_groups", "tensor_ranks", "tensor_plan", "parallelize", "STYLES"]
+
+STYLES = ("colwise", "colwise-sharded", "rowwise")
+"""Plan entries: column-parallel gathered, column-parallel left sharded (first of a pair),
+row-parallel (second of a pair)."""
+
+# A split normalization runs replicated: its weights are a vector, and sharding its hidden
+# dimension would need the statistics all-reduced (no parallelize_module style does that).
+_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
+_ELEMENTWISE = {"ReLU", "GELU", "Tanh", "SiLU", "Sigmoid", "Dropout", "Identity", "LeakyReLU"}
+
+
+def tensor_groups(strategy) -> list[tuple[str, ...]]:
+    """Per data-parallel replica, the devices of the parameter group every split unit of that
+    replica uses (checked as the module docstring says); ``[]`` when no unit is split."""
+    replicas = int(strategy.sample[0])
+    groups: list[tuple[str, ...]] = []
+    first = None
+    for i, u in enumerate(strategy.units):
+        if int(strategy.sample[i]) != replicas or int(strategy.attribute[i]) > 1:
+            raise ExportError(f"unit {u!r} has sample degree {int(strategy.sample[i])} (unit "
+                              f"{strategy.units[0]!r}: {replicas}) or an attribute split; export "
+                              "runs tensor parallelism in whole replicas. Valid: every unit the "
+                              "same sample degree, attribute=1")
+        if int(strategy.stage[i]) > 0:
+            raise ExportError(f"unit {u!r} is in pipeline stage {int(strategy.stage[i])}; "
+                              "export does not yet run tensor parallelism inside a pipeline")
+        p = int(strategy.parameter[i])
+        if p > 1:
+            mine = [strategy.devices[i][r * p:(r + 1) * p] for r in range(replicas)]
+            if groups and mine != groups:
+                raise ExportError(f"unit {u!r} is split over {strategy.devices[i]} but unit "
+                                  f"{first!r} over {sum(groups, ())}; export runs one "
+                                  "tensor-parallel group per replica: split every unit over "
+                                  "the same devices")
+            groups, first = mine, first or u
+    for i, u in enumerate(strategy.units):
+        for r, group in enumerate(groups if int(strategy.parameter[i]) == 1 else ()):
+            if strategy.devices[i][r] not in group:
+                raise ExportError(f"unit {u!r} runs replica {r} on {strategy.devices[i][r]!r}, "
+                                  f"outside that replica's tensor-parallel group {group}; "
+                                  "place it on one of those devices")
+    return groups
+
+
+def tensor_ranks(strategy) -> dict[str, int]:
+    """The rank of each device: ``replica * group size + position in its group``."""
+    groups = tensor_groups(strategy)
+    return {d: r * len(g) + t for r, g in enumerate(groups) for t, d in enumerate(g)}
+
+
+def _pairs(strategy, graph, split: set[int]) -> dict[int, int]:
+    """Megatron pairs ``first -> second`` of split Linear units, from the graph's tensors."""
+    if graph is None:
+        return {}
+    kind = graph.units["kind"].to_numpy()
+    role = graph.units["role"].to_numpy()
+    producers = graph.tensors["producer"].to_numpy()
+    consumers = graph.tensors["consumers"].to_numpy()
+    names = list(strategy.units)
+    pairs: dict[int, int] = {}
+    for i in sorted(split):
+        if kind[i] != "Linear" or i in pairs.values():
+            continue
+        k = i + 1
+        while k < len(names) and kind[k] in _ELEMENTWISE and role[k] == "module" \
+                and int(strategy.parameter[k]) == 1:
+            k += 1
+        if k >= len(names) or k not in split or kind[k] != "Linear" \
+                or strategy.devices[k] != strategy.devices[i]:
+            continue
+        chain = set(names[i:k + 1])
+        if all(set(c) <= chain for p, c in zip(producers, consumers) if p in names[i:k]):
+            pairs[i] = k
+    return pairs
+
+
+def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
+    """Module path -> style (:data:`STYLES`) of every module the split units shard; what
+    cannot run (module docstring) raises :class:`~memflow.errors.ExportError` here, before
+    any process starts."""
+    tensor_groups(strategy)
+    spans = unit_spans(strategy.units, graph)
+    modules = check_modules(model, spans)
+    split = {s.index for s in spans if int(strategy.parameter[s.index]) > 1}
+    pairs = _pairs(strategy, graph, split)
+    plan: dict[str, str] = {}
+    for s in spans:
+        if s.index not in split:
+            continue
+        if s.role != "module" or s.module == LOSS:
+            raise ExportError(f"unit {s.name!r} is glue (its module's own code), which export "
+                              "cannot split over parameters; use parameter=1 for it")
+        module = modules[s.module]
+        inside = [(f"{s.module}.{p}" if p else s.module, m) for p, m in module.named_modules()
+                  if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d))]
+        if not inside and not isinstance(module, _NORMS):
+            raise ExportError(f"unit {s.name!r} ({type(module).__name__}) holds no Linear or "
+                              "Embedding to shard; use parameter=1 for it")
+        for path, m in inside:
+            if not isinstance(m, (nn.Linear, nn.Embedding)):
+                raise ExportError(f"unit {s.name!r}: {path} is a {type(m).__name__}, which "
+                                  "tensor parallelism (parallelize_module) cannot shard; use "
+                                  "parameter=1 for it")
+            plan[path] = "colwise"
+        if s.index in pairs:
+            plan[s.module] = "colwise-sharded"
+        elif s.index in pairs.values():
+            plan[s.module] = "rowwise"
+    moved = POLICIES.mechanism_codes[strategy.policy]
+    for i in np.flatnonzero((strategy.parameter > 1) & np.isin(moved, (M_HOST, M_COMPRESSED))):
+        raise ExportError(f"unit {strategy.units[i]!r} is split over parameters and "
+                          f"{strategy.policies[i]!r}: what it saves for backward are DTensors, "
+                          "which export's offload and compression do not move. Valid there: "
+                          "keep or recompute")
+    for i in np.flatnonzero((strategy.parameter > 1) & POLICIES.recomputes(strategy.policy)):
+        if any(p.startswith(spans[i].module + ".") for p in plan):
+            raise ExportError(f"unit {strategy.units[i]!r} is split over parameters and "
+                              "recomputed, but it is a container: DTensor's conversions run "
+                              "inside it, which recompute cannot replay. Valid: keep, or "
+                              "recompute at a finer granularity (its Linear units)")
+    return plan
+
+
+def _styles():
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    return {"colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
+            "colwise-sharded": ColwiseParallel, "rowwise": RowwiseParallel}
+
+
+def _read_full(module: nn.Module, name: str) -> None:
+    """``module`` reads parameter ``name`` (a DTensor shard) as the full tensor while it runs:
+    an instance attribute shadows the parameter for the call."""
+    def gather(mod, args):
+        mod.__dict__[name] = mod._parameters[name].full_tensor()
+
+    def drop(mod, args, output):
+        mod.__dict__.pop(name, None)
+    module.register_forward_pre_hook(gather)
+    module.register_forward_hook(drop)
+
+
+def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
+    """``model`` (changed in place) running ``strategy``'s parameter splits on ``mesh`` (a 1-D
+    ``DeviceMesh`` over this replica's group, :func:`tensor_ranks`) and its memory policies
+    (:func:`memflow.export.apply`); returns the :class:`~memflow.export.Exported` model.
+    """
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import parallelize_module
+    from .exported import apply
+
+    plan = tensor_plan(model, strategy, graph)
+    groups = tensor_groups(strategy)
+    if groups and mesh.size() != len(groups[0]):
+        raise ExportError(f"the tensor-parallel group has {len(groups[0])} devices; the mesh "
+                          f"has {mesh.size()} ranks")
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for m in model.modules():
+        for name, p in m._parameters.items():
+            if p is not None:
+                holders.setdefault(id(p), []).append((m, name))
+    styles = _styles()
+    parallelize_module(model, mesh, {path: styles[style]() for path, style in plan.items()})
+    for uses in holders.values():
+        sharded = [(m, n) for m, n in uses if isinstance(m._parameters[n], DTensor)]
+        if len(uses) < 2 or not sharded:
+            continue
+        if len(sharded) > 1:
+            raise ExportError(f"a weight is tied between {len(sharded)} split modules; each "
+                              "would shard its own copy. Split at most one of them")
+        owner, name = sharded[0]
+        for m, n in uses:
+            if (m, n) != (owner, name):
+                m._parameters[n] = owner._parameters[name]
+                _read_full(m, n)
+    spans = unit_spans(strategy.units, graph)
+    modules = check_modules(model, spans)
+    for s, after in zip(spans, spans[1:]):
+        if s.module in plan and getattr(modules.get(after.module), "inplace", False):
+            # a shard's output is a view made by DTensor's autograd function, which autograd
+            # forbids writing in place: the next unit (an in-place ReLU) gets a copy
+            modules[s.module].register_forward_hook(lambda m, a, out: out.clone())
+    one = type(strategy)(strategy.units, devices=[("tp",)] * len(strategy),
+                         policy=strategy.policy, error_bound=strategy.error_bound,
+                         segment_break=strategy.segment_break, name=strategy.name)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return apply(model, one, graph, inplace=True, devices={"tp": device})
+

@@ -1,0 +1,54 @@
+"""Run a function on a gloo process group of a few CPU processes, as the exported script's
+ranks do under torchrun, and collect what each rank returns."""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, fn: Callable, world: int, port: int, folder: str, args: tuple) -> None:
+    os.environ.update(OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        result = fn(rank, *args)
+        dist.barrier()      # every rank leaves together (gloo aborts on a peer torn down)
+    finally:
+        dist.destroy_process_group()
+    torch.save(result, Path(folder) / f"rank{rank}.pt")
+
+
+def run_ranks(fn: Callable, world: int, folder: Path, *args: Any) -> list[Any]:
+    """``fn(rank, *args)`` on ``world`` spawned processes; their results, by rank."""
+    mp.spawn(_entry, (fn, world, _free_port(), str(folder), args), nprocs=world)
+    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def gathered(results: list[dict], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """One gradient per parameter of ``model`` from the ranks' ``{name: grad}``. A weight two
+    ranks hold (a tied weight, under either of its names) must be complete, alike, on both."""
+    canonical: dict[int, str] = {}
+    alias = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        alias[name] = canonical.setdefault(id(p), name)
+    out: dict[str, torch.Tensor] = {}
+    for grads in results:
+        for name, g in grads.items():
+            name = alias[name.removeprefix("module.")]
+            if name in out:
+                torch.testing.assert_close(g, out[name], msg=f"{name} differs between ranks")
+            out.setdefault(name, g)
+    return out

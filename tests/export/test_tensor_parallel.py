@@ -1,0 +1,174 @@
+"""Tensor parallelism across processes (DTensor, gloo on CPU): one step of a strategy with
+parameter splits gives the single-process loss and gradients (gathered to full tensors): a
+CNN's classifier (a Megatron pair and a gathered column split) and GPT-2 (embeddings, a
+Megatron MLP pair, gathered attention projections, a tied head, whole blocks split)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import memflow
+from memflow import zoo
+from memflow.errors import ExportError
+from memflow.export.pipelining import average_gradients
+from memflow.export.tensor_parallel import parallelize, tensor_plan, tensor_ranks
+from memflow.strategy import Strategy
+
+from distributed import gathered, run_ranks
+
+GPT2 = dict(n_layer=2, hidden=16, n_head=2, vocab=40, seq_len=6, dropout=0.0)
+ALEXNET = dict(num_classes=6, hidden=16, image_size=64, dropout=0.0)
+
+
+def mse(output, target):
+    return F.mse_loss(output.float(), target)
+
+
+def _model(name, options, batch=4):
+    model, inputs = zoo.get(name, batch, device="cpu", seed=0, **options)
+    return model, inputs if isinstance(inputs, tuple) else (inputs,)
+
+
+def _graph(name, options, units):
+    return memflow.zoo.graph(name, batch_size=4, units=units, **options)
+
+
+def _split(graph, units, tp=2):
+    devices = tuple(f"gpu{t}" for t in range(tp))
+    return Strategy.single_device(graph).with_config(
+        {u: {"parameter": tp, "devices": devices} for u in units})
+
+
+def _worker(rank, name, options, strategies, target):
+    """Per ``(units, strategy document)``: the loss and full gradients of one step."""
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    out = []
+    for units, doc in strategies:
+        model, args = _model(name, options)
+        exported = parallelize(model, Strategy.from_dict(doc), mesh, _graph(name, options, units))
+        loss = mse(exported(*args), target)
+        loss.backward()
+        out.append((loss.detach(), {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
+                                        else p.grad) for n, p in exported.named_parameters()}))
+    return out
+
+
+# model: (options, [(units, split units or "constructor", policies)])
+CASES = {
+    "alexnet": (ALEXNET, [("leaves", ["classifier.1", "classifier.4", "classifier.6"],
+                           {"recompute": ["features.0", "features.1"],
+                            "offload": ["classifier.2"]})]),
+    "gpt2": (GPT2, [("leaves", ["wte", "wpe", "h.0.attn.qkv", "h.0.attn.proj", "h.0.mlp.fc",
+                                "h.0.mlp.proj", "h.1.mlp.fc"],
+                     {"recompute": ["h.0.ln_1", "h.0.attn.qkv"], "offload": ["h.1.mlp.act"]}),
+                    # Strategy.tensor_parallel: whole blocks, embeddings and ln_f split
+                    ("blocks", "constructor", {"recompute": ["lm_head"],
+                                                "offload": ["<root>#2"]})]),
+}
+
+
+def _strategy(name, options, units, split, policies):
+    graph = _graph(name, options, units)
+    s = (Strategy.tensor_parallel(graph, 2, tp=2) if split == "constructor"
+         else _split(graph, split))
+    return s.with_policy(**policies)
+
+
+@pytest.mark.slow       # spawns 2 processes (each imports torch and memflow)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_parameter_splits_match_one_process(name, tmp_path):
+    options, cases = CASES[name]
+    model, args = _model(name, options)
+    out = model(*args)
+    torch.manual_seed(1)
+    target = torch.randn(out.shape)
+    loss = mse(out, target)
+    loss.backward()
+    strategies = [(units, _strategy(name, options, *case).to_dict())
+                  for units, *case in [(c[0], c[0], c[1], c[2]) for c in cases]]
+    ranks = run_ranks(_worker, 2, tmp_path, name, options, strategies, target)
+    for k, (units, doc) in enumerate(strategies):
+        for rank in ranks:
+            rank_loss, rank_grads = rank[k]
+            torch.testing.assert_close(rank_loss, loss.detach(), rtol=1e-5, atol=1e-6)
+            grads = gathered([rank_grads], model)
+            assert grads.keys() == {n for n, _ in model.named_parameters()}
+            for n, p in model.named_parameters():
+                torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6,
+                                           msg=f"{units} {n}")
+
+
+def _replica_worker(rank, options, doc, target):
+    """A replica's share of the batch on its 2-rank group; gradients averaged over the 2
+    replicas, returned whole."""
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model, (x,) = _model("chain", options, batch=8)
+    replica = rank // 2
+    exported = parallelize(model, Strategy.from_dict(doc), mesh["tp"])
+    loss = mse(exported(x[replica * 4:(replica + 1) * 4]), target[replica * 4:(replica + 1) * 4])
+    loss.backward()
+    average_gradients(exported, mesh["dp"].get_group())
+    return loss.detach(), {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
+                               else p.grad) for n, p in exported.named_parameters()}
+
+
+@pytest.mark.slow       # spawns 4 processes
+def test_replicas_of_a_tensor_parallel_group_average_their_gradients(tmp_path):
+    options = {"n": 3, "width": 16, "kind": "residual"}
+    graph = memflow.zoo.graph("chain", batch_size=8, units="blocks", **options)
+    s = Strategy.tensor_parallel(graph, 4, tp=2, dp=2)
+    assert tensor_ranks(s) == {"gpu0": 0, "gpu1": 1, "gpu2": 2, "gpu3": 3}
+    model, (x,) = _model("chain", options, batch=8)
+    out = model(x)
+    torch.manual_seed(1)
+    target = torch.randn(out.shape)
+    loss = mse(out, target)
+    loss.backward()
+    ranks = run_ranks(_replica_worker, 4, tmp_path, options, s.to_dict(), target)
+    torch.testing.assert_close(torch.stack([r[0] for r in ranks]).mean(), loss.detach(),
+                               rtol=1e-5, atol=1e-6)
+    for _, grads in ranks:
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(grads[f"module.{n}"], p.grad, rtol=1e-4, atol=1e-6,
+                                       msg=n)
+
+
+def test_the_plan_pairs_megatron_linears_and_gathers_the_rest():
+    graph = _graph("gpt2", GPT2, "leaves")
+    s = _split(graph, CASES["gpt2"][1][0][1])
+    model, _ = _model("gpt2", GPT2)
+    assert tensor_plan(model, s, graph) == {
+        "wte": "colwise", "wpe": "colwise", "h.0.attn.qkv": "colwise",
+        "h.0.attn.proj": "colwise", "h.0.mlp.fc": "colwise-sharded",
+        "h.0.mlp.proj": "rowwise", "h.1.mlp.fc": "colwise"}
+    # without the graph, where each output flows is unknown: every split is gathered
+    assert set(tensor_plan(model, s).values()) == {"colwise"}
+    blocks = _graph("gpt2", GPT2, "blocks")
+    plan = tensor_plan(model, Strategy.tensor_parallel(blocks, 2, tp=2), blocks)
+    assert plan["h.1.mlp.proj"] == "colwise" and "ln_f" not in plan
+    assert tensor_ranks(s) == {"gpu0": 0, "gpu1": 1}
+
+
+def test_what_tensor_parallelism_cannot_run_is_refused():
+    graph = _graph("alexnet", ALEXNET, "leaves")
+    model, _ = _model("alexnet", ALEXNET)
+    with pytest.raises(ExportError, match="unit 'features.0': features.0 is a Conv2d"):
+        tensor_plan(model, _split(graph, ["features.0"]), graph)
+    two = _split(graph, ["classifier.1"]).with_config(
+        "classifier.4", parameter=2, devices=("gpu2", "gpu3"))
+    with pytest.raises(ExportError, match="unit 'classifier.4' is split over .* but unit "
+                                          "'classifier.1' over"):
+        tensor_ranks(two)
+    saved = _split(graph, ["classifier.1"]).with_policy(offload=["classifier.1"])
+    with pytest.raises(ExportError, match="unit 'classifier.1' is split over parameters and "
+                                          "'offload'"):
+        parallelize(model, saved, mesh=None, graph=graph)
+    blocks = _graph("gpt2", GPT2, "blocks")
+    with pytest.raises(ExportError, match="unit 'h.0' is split over parameters and recomputed, "
+                                          "but it is a container"):
+        parallelize(_model("gpt2", GPT2)[0], Strategy.tensor_parallel(blocks, 2, tp=2)
+                    .with_policy(recompute=["h.0"]), mesh=None, graph=blocks)
+    off = _split(graph, ["classifier.1"]).with_config("classifier.6", devices=("gpu5",))
+    with pytest.raises(ExportError, match="unit 'classifier.6' runs replica 0 on 'gpu5', outside"):
+        tensor_ranks(off)
