@@ -7,11 +7,11 @@
 from . import constructors as _constructors  # noqa: F401  (attaches the constructors)
 from .constructors import (balanced_split, data_parallel, device_list, hybrid, model_parallel,
                            pipeline, single_device, tensor_parallel)
-from .policies import (COMPRESS, KEEP, MECHANISMS, OFFLOAD, POLICIES, RECOMPUTE, Policy,
+from .policies import (COMPRESS, KEEP, MECHANISMS, OFFLOAD, POLICIES, RECOMPUTE, SELECTIVE, Policy,
                        PolicyTable, parse_policy)
 from .strategy import SCHEDULES, Strategy
 from .validate import validate
 
-__all__ = ["Strategy", "Policy", "PolicyTable", "POLICIES", "MECHANISMS", "SCHEDULES", "KEEP", "RECOMPUTE", "OFFLOAD", "COMPRESS",
+__all__ = ["Strategy", "Policy", "PolicyTable", "POLICIES", "MECHANISMS", "SCHEDULES", "KEEP", "RECOMPUTE", "OFFLOAD", "COMPRESS", "SELECTIVE",
            "parse_policy", "validate", "device_list", "balanced_split", "single_device",
            "data_parallel", "model_parallel", "hybrid", "pipeline", "tensor_parallel"]
