@@ -6,8 +6,8 @@ and sets each unit's policy up for exactly its span:
 
 * ``keep``: nothing — autograd keeps what it saves;
 * ``recompute``: consecutive recomputed units (``strategy.segment``) run as one non-reentrant
-  checkpoint (:class:`~memflow.export.segment.Segment`); ``selective``: each unit one such
-  checkpoint with PyTorch's selective policy, saving its expensive ops' outputs
+  checkpoint (:class:`~memflow.export.segment.Segment`); ``selective``: consecutive selective
+  units likewise, the checkpoint with PyTorch's selective policy, saving expensive ops' outputs
   (:mod:`memflow.export.selective`);
 * ``offload``: what the unit saves goes to host memory; ``compress``: it is packed by
   memflow's error-bounded quantizer, each element within the bound

@@ -18,8 +18,8 @@ mechanism      memory rule / simulator tasks / export hook
 ``compressed`` held compressed on the device / compress and decompress on the compute
                stream / ``saved_tensors_hooks`` with the error-bounded quantizer
 ``selective``  the outputs of its expensive ops (:mod:`memflow.graph.selective`) held as by
-               ``keep``, the rest as by ``recompute``; each unit its own segment / recompute
-               tasks re-running only its cheap ops / a selective checkpoint
+               ``keep``, the rest as by ``recompute``, in segments of selective units /
+               recompute tasks re-running only the cheap ops / a selective checkpoint
                (``create_selective_checkpoint_contexts``: the expensive ops must be saved)
 =============  ===========================================================================
 
@@ -203,8 +203,8 @@ class PolicyTable(Sequence[str]):
                        (M_RECOMPUTE, M_SELECTIVE))
 
     def selective(self, policy: np.ndarray) -> np.ndarray:
-        """Per unit, whether its mechanism is ``selective`` (a segment of its own, re-running
-        only its cheap ops).
+        """Per unit, whether its mechanism is ``selective`` (segments re-running only their
+        cheap ops).
 
         >>> POLICIES.selective(np.array([KEEP, RECOMPUTE, SELECTIVE])).tolist()
         [False, False, True]

@@ -5,8 +5,12 @@ for backward are the memory model's to the byte."""
 import pytest
 import torch
 
+from torch import nn
+
 from memflow import zoo
+from memflow.errors import ExportError
 from memflow.export import apply, validate
+from memflow.strategy import Strategy
 from memflow.export.selective import selective_policy
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -43,3 +47,21 @@ def test_the_policy_saves_matmuls_and_convolutions_only():
         CheckpointPolicy.MUST_SAVE, CheckpointPolicy.MUST_SAVE,
         CheckpointPolicy.PREFER_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE]
     assert selective_policy({"gelu"})(None, aten.gelu.default) == CheckpointPolicy.MUST_SAVE
+
+
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x).mul_(2.0))
+
+
+def test_a_non_idempotent_write_to_a_saved_output_is_refused():
+    # mul_ writes the Linear's output, which the selective checkpoint saves: recompute would
+    # read the doubled value
+    model = nn.Sequential(_Scaled())
+    s = Strategy(["0"], devices=[("gpu0",)]).with_policy({"0": "selective"})
+    with pytest.raises(ExportError, match="mul_ writes in place the output of an expensive op"):
+        apply(model, s)(torch.randn(4, 8)).sum().backward()
