@@ -65,3 +65,14 @@ def test_a_non_idempotent_write_to_a_saved_output_is_refused():
     s = Strategy(["0"], devices=[("gpu0",)]).with_policy({"0": "selective"})
     with pytest.raises(ExportError, match="mul_ writes in place the output of an expensive op"):
         apply(model, s)(torch.randn(4, 8)).sum().backward()
+
+
+def test_megatron_selective_recompute_of_the_attention_core_exports():
+    model, inputs, graph = captured("gpt2")
+    core = [n for n in graph.names if n.endswith((".attn", ".attn.attn_dropout"))
+            or ".attn#" in n]
+    strategy = Strategy.single_device(graph).with_policy({n: "recompute" for n in core})
+    assert len(set(strategy.segment[strategy.segment >= 0])) == 2     # one per layer
+    exported = apply(model, strategy, graph)
+    assert mismatches(grads(model, inputs), grads(exported, inputs)) == []
+    assert abs(validate(model, inputs, strategy, graph).loc["saved_bytes", "error"]) <= 0.01

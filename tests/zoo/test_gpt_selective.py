@@ -6,7 +6,9 @@ expensive ops — qkv (6sbh), ``q @ k^T`` (2as²b), ``att @ v`` (2sbh), ``proj``
 against ``sbh(34 + 5as/h)`` kept. That is what ``create_selective_checkpoint_contexts`` holds
 when matmuls must be saved. Megatron's own selective recomputation (``34sbh``) recomputes the
 attention core instead and keeps the cheap LayerNorm, GELU and dropout outputs; no op-name rule
-reaches it (a saved ``native_dropout`` keeps its output as well as its mask).
+reaches it (a saved ``native_dropout`` keeps its output as well as its mask), but with leaf units
+it is ``recompute`` on the attention core's units (the attention's glue around
+``attn_dropout``): the qkv output, their segment's input, takes the place of q, k and v.
 """
 import numpy as np
 import pytest
@@ -61,3 +63,22 @@ def test_selective_recomputes_only_the_cheap_ops():
     both = st.with_policy({"h.0": "selective", "h.1": "selective"}).segment[layers]
     mixed = st.with_policy({"h.0": "selective", "h.1": "recompute"}).segment[layers]
     assert np.unique(both).size == 1 and np.unique(mixed).size == 2
+
+
+def _core(names, layer):
+    return [n for n in names if n in (f"{layer}.attn", f"{layer}.attn.attn_dropout")
+            or n.startswith(f"{layer}.attn#")]
+
+
+@pytest.mark.parametrize("s, b, h, a", [(128, 2, 256, 4), (256, 1, 512, 8), (64, 4, 384, 6)])
+def test_megatron_selective_is_recompute_of_the_attention_core(s, b, h, a):
+    model, ids = zoo.get("gpt2", batch_size=b, n_layer=2, hidden=h, n_head=a, seq_len=s,
+                         vocab=1000)
+    g = from_torch(model.half(), ids, backend="cuda", units="leaves")
+    core = _core(g.names, "h.1")
+    assert len(core) == 3
+    st = Strategy(g.names, devices=[("gpu0",)] * len(g))
+    layer = [n for n in g.names if n.startswith("h.1")]
+    held = (g.units.loc[layer, "saved_bytes"].sum() - predicted_held(g, st)["gpu0"]
+            + predicted_held(g, st.with_policy({n: "recompute" for n in core}))["gpu0"])
+    assert held == pytest.approx(34 * s * b * h, rel=0.02)
