@@ -15,7 +15,7 @@ True
 Memory policies live in one table, ``memflow.POLICIES`` (see ``docs/architecture.md``):
 
 >>> list(memflow.POLICIES), memflow.POLICIES["offload"].mechanism
-(['keep', 'recompute', 'offload', 'compress'], 'host')
+(['keep', 'recompute', 'offload', 'compress', 'selective'], 'host')
 
 The names below load on first use, so ``import memflow`` stays fast.
 """

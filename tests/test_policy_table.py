@@ -32,7 +32,7 @@ def chain():
 
 
 def test_builtin_table():
-    assert list(POLICIES) == ["keep", "recompute", "offload", "compress"]
+    assert list(POLICIES) == ["keep", "recompute", "offload", "compress", "selective"]
     assert set(POLICIES[p].mechanism for p in POLICIES) == set(MECHANISMS)
     assert POLICIES.searched == ("keep", "recompute", "offload")
     assert parse_policy("u", "compress") == (POLICIES.index("compress"), 1e-3)
@@ -104,3 +104,15 @@ def test_export_runs_the_registered_policy_as_its_mechanism(swap):
     assert table.loc["offloaded_bytes", "predicted"] > 0
     assert table.loc["offloaded_bytes", "measured"] == table.loc["offloaded_bytes", "predicted"]
     assert isinstance(exported, torch.nn.Module)
+
+
+def test_policy_colours_are_distinct_and_not_the_out_of_memory_red():
+    colours = [c.lower() for c in POLICIES.colors.values()]
+    assert len(set(colours)) == len(colours)
+    assert "#d62728" not in colours      # the report's out-of-memory marks
+
+
+def test_pins_offer_every_policy_of_the_table():
+    pins = pytest.importorskip("memflow_widgets.pins")
+    assert list(pins._Row().policy.options) == list(POLICIES)
+    assert "selective" in POLICIES

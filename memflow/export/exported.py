@@ -6,7 +6,9 @@ and sets each unit's policy up for exactly its span:
 
 * ``keep``: nothing — autograd keeps what it saves;
 * ``recompute``: consecutive recomputed units (``strategy.segment``) run as one non-reentrant
-  checkpoint (:class:`~memflow.export.segment.Segment`);
+  checkpoint (:class:`~memflow.export.segment.Segment`); ``selective``: consecutive selective
+  units likewise, the checkpoint with PyTorch's selective policy, saving expensive ops' outputs
+  (:mod:`memflow.export.selective`);
 * ``offload``: what the unit saves goes to host memory; ``compress``: it is packed by
   memflow's error-bounded quantizer, each element within the bound
   (:class:`~memflow.export.saved.SavedStore`);
@@ -46,14 +48,16 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
+from torch.utils.checkpoint import noop_context_fn
 
 from ..errors import ExportError
 from ..graph.units import LOSS, ROOT
-from ..strategy.policies import KEEP, M_COMPRESSED, M_HOST, M_RECOMPUTE, POLICIES
+from ..strategy.policies import KEEP, M_COMPRESSED, M_HOST, M_RECOMPUTE, M_SELECTIVE, POLICIES
 from ..strategy.runnable import unrunnable
 from .saved import SavedStore
 from .placement import MoveTo, place, replica_devices, torch_devices
 from .segment import Segment, storage_key
+from .selective import graph_expensive_ops, selective_context
 from .sharding import shard
 from .spans import Span, check_modules, unit_spans
 from .tracker import UnitTracker
@@ -69,8 +73,9 @@ class Exported(nn.Module):
     """
 
     def __init__(self, module: nn.Module, strategy, spans: list[Span],
-                 devices: list[tuple[torch.device, ...]]):
+                 devices: list[tuple[torch.device, ...]], expensive_ops: frozenset[str]):
         super().__init__()
+        self._selective = selective_context(expensive_ops)
         self.module = module
         self.strategy = strategy
         self.spans = spans
@@ -126,10 +131,11 @@ class Exported(nn.Module):
     def _start(self, i: int) -> None:
         mechanism = int(self._mechanism[i])
         units = self._segment_units.get(int(self.strategy.segment[i]), [])
-        if mechanism == M_RECOMPUTE and units[0] == i:
+        if mechanism in (M_RECOMPUTE, M_SELECTIVE) and units[0] == i:
             seg = Segment([self.spans[u].name for u in units],
                           sorted({d for u in units for d in self.devices[u]}, key=str),
-                          self._unit_name, self._state)
+                          self._unit_name, self._state,
+                          self._selective if mechanism == M_SELECTIVE else noop_context_fn)
             seg.open()
             self.segments.append(seg)
             self._open.append(seg)
@@ -145,7 +151,7 @@ class Exported(nn.Module):
             self._open.pop().__exit__(None, None, None)
         mechanism = int(self._mechanism[i])
         units = self._segment_units.get(int(self.strategy.segment[i]), [])
-        if mechanism == M_RECOMPUTE and units[-1] == i:
+        if mechanism in (M_RECOMPUTE, M_SELECTIVE) and units[-1] == i:
             seg = self._open.pop()
             seg.close()
             for entry in seg.inputs if seg.saves else ():   # held by the checkpoint
@@ -232,7 +238,7 @@ def apply(model: nn.Module, strategy, graph=None, *, inplace: bool = False, repl
     modules = check_modules(target, spans)
     place(target, spans, modules, parts)
     _shard_units(target, strategy, spans, modules, parts)
-    return Exported(target, strategy, spans, parts)
+    return Exported(target, strategy, spans, parts, graph_expensive_ops(graph))
 
 
 def _shard_units(model: nn.Module, strategy, spans: list[Span], modules: dict[str, nn.Module],

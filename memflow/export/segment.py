@@ -36,6 +36,7 @@ stop and shape check). What the checkpoint must replay in backward is recorded o
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -44,6 +45,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import _checkpoint_without_reentrant_generator, noop_context_fn
 
 from ..errors import ExportError
@@ -228,12 +230,15 @@ class Segment:
 
     :meth:`open` when its first unit starts, :meth:`close` when its last unit ends;
     ``unit_of()`` names the unit running now (for errors); ``state`` holds the storage keys
-    of the model's parameters and buffers.
+    of the model's parameters and buffers; ``context_fn`` is the checkpoint's (a selective
+    policy's: :mod:`memflow.export.selective`).
     """
 
     def __init__(self, units: Sequence[str], devices: Sequence[torch.device],
-                 unit_of: Callable[[], str], state: set[int]):
+                 unit_of: Callable[[], str], state: set[int],
+                 context_fn: Callable = noop_context_fn):
         self.units = list(units)
+        self.context_fn = context_fn        # selective checkpointing's, for selective units
         self.devices = list(devices)
         self.unit_of = unit_of
         self.state = state
@@ -251,7 +256,7 @@ class Segment:
         # Empty tensors on the segment's devices tell checkpoint whose RNG state to restore.
         anchors = [torch.empty(0, device=d) for d in self.devices]
         self._gen = _checkpoint_without_reentrant_generator(
-            self._replay, True, noop_context_fn, "default", False, True, *anchors)
+            self._replay, True, self.context_fn, "default", False, True, *anchors)
         next(self._gen)
         self._recorder = _Recorder(self)
         self._recorder.__enter__()
@@ -302,21 +307,35 @@ class Segment:
             self.calls[i].frees.append((made, j))
             self.calls[made].kept.add(j)
 
+    def _unmatched(self) -> Any:
+        """Around what replay runs that the forward did not (a scratch copy of a buffer, the
+        out-of-place form of ``relu_``): a selective checkpoint matches the replay's ops one by
+        one with the forward's, so these run outside its dispatch mode."""
+        if self.context_fn is noop_context_fn:
+            return contextlib.nullcontext()
+        return _disable_current_modes()
+
     def _replay(self, *anchors: torch.Tensor) -> None:
         self.check_inputs()
         values: dict[tuple[int, int], Any] = {}
         for i, call in enumerate(self.calls):
-            leaves = [values[x] if isinstance(x, tuple) else
-                      x.tensor if isinstance(x, _Input) else
-                      (x.tensor.clone() if x.scratch else x.tensor) if isinstance(x, _State)
-                      else x for x in call.leaves]
+            leaves = []
+            for x in call.leaves:
+                if isinstance(x, _State) and x.scratch:
+                    with self._unmatched():
+                        x = x.tensor.clone()
+                leaves.append(values[x] if isinstance(x, tuple) else
+                              x.tensor if isinstance(x, (_Input, _State)) else x)
             with torch.set_grad_enabled(call.grad):
                 if call.kind == _SKIP:
                     outs = [leaves[b] if b >= 0 else None for b in call.bind]
+                elif call.kind == _OUT_OF_PLACE:
+                    args, kwargs = pytree.tree_unflatten(leaves, call.spec)
+                    with self._unmatched():
+                        outs = pytree.tree_leaves(_IDEMPOTENT[call.name](*args, **kwargs))
                 else:
                     args, kwargs = pytree.tree_unflatten(leaves, call.spec)
-                    func = _IDEMPOTENT[call.name] if call.kind == _OUT_OF_PLACE else call.func
-                    outs = pytree.tree_leaves(func(*args, **kwargs))
+                    outs = pytree.tree_leaves(call.func(*args, **kwargs))
             for key in call.frees:
                 del values[key]
             for j in call.kept:

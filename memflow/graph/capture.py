@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ from .backend import Backend, get_backend
 from .opcost import OpCounter
 from .opgraph import OpGraph
 from .recorder import Recorder
+from .selective import EXPENSIVE_OPS
 from .tables import parameter_table, tensor_table, unit_table
 from .units import describe_units, module_paths, select_units
 
@@ -158,7 +159,8 @@ def _default_loss(outputs: list[torch.Tensor]) -> torch.Tensor | None:
 def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
                backend: str | Backend = "cpu", autocast: Any = None,
                loss_fn: Callable[[Any], torch.Tensor] | None = None,
-               name: str | None = None) -> OpGraph:
+               name: str | None = None,
+               expensive_ops: Iterable[str] = EXPENSIVE_OPS) -> OpGraph:
     """Capture ``model`` on ``example_inputs`` as a graph of units for one training step.
 
     ``example_inputs`` is a tensor, a tuple/list of positional inputs or a dict of keyword
@@ -167,7 +169,9 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     ``autocast`` (``"float16"`` or ``"bfloat16"``) runs under autocast semantics.
     ``loss_fn(output) -> scalar`` adds a ``<loss>`` unit; without it backward starts from the
     sum of the outputs that require grad. The model runs in its current mode (``train()``
-    for a training step). Columns are described in ``docs/data-model.md``.
+    for a training step). ``expensive_ops`` names the aten ops whose outputs selective
+    recomputation keeps (:mod:`memflow.graph.selective`). Columns are described in
+    ``docs/data-model.md``.
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -179,7 +183,8 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     modules = {p: m for m, p in paths.items()}
     inputs = describe_inputs(args, kwargs)
     batch = _batch_size(args, kwargs)
-    recorder = Recorder(rules, OpCounter(), selected, paths, batch)
+    expensive = frozenset(expensive_ops)
+    recorder = Recorder(rules, OpCounter(), selected, paths, batch, expensive)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode:
         fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, _fake_like, (args, kwargs))
@@ -214,6 +219,8 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     meta = {"model": name or type(model).__name__, "batch_size": batch, "backend": rules.name,
             "autocast": None if dtype is None else str(dtype).replace("torch.", ""),
             "units": describe_units(units), "torch": torch.__version__, "inputs": inputs}
+    if expensive != EXPENSIVE_OPS:
+        meta["expensive_ops"] = sorted(expensive)
     return OpGraph(unit_table(recorder, modules), tensor_table(recorder), meta,
                    parameters=parameter_table(recorder))
 

@@ -56,6 +56,13 @@ UNIT_COLUMNS: dict[str, Any] = {
     "max_parameter_degree": 1,
     "max_attribute_degree": 1,
     "shard_axis": -1,        # weight axis a parameter split slices (graph.slicing); -1: none
+    # selective recomputation (memflow.graph.selective): the forward cost of the unit's
+    # expensive ops, which it does not re-run, and the bytes of their outputs used only inside
+    # the unit, which it keeps
+    "expensive_fwd_flops": 0.0,
+    "expensive_fwd_bytes_moved": 0,
+    "expensive_fwd_ops": 0,
+    "cached_bytes": 0,
 }
 DERIVED_UNIT_COLUMNS = ("input_bytes", "output_bytes", "saved_bytes")
 
@@ -69,11 +76,13 @@ TENSOR_COLUMNS: dict[str, Any] = {
     "per_sample": True,       # its size scales with the batch
     "dtype": "float32",
     "shape": (),
+    "expensive": False,       # made by an expensive op: selective recomputation keeps it
 }
 
 _INT_COLUMNS = ("fwd_bytes_moved", "bwd_bytes_moved", "fwd_ops", "bwd_ops", "fwd_tmp_bytes",
-                "bwd_tmp_bytes", "max_parameter_degree", "max_attribute_degree", "call")
-_FLOAT_COLUMNS = ("fwd_flops", "bwd_flops")
+                "bwd_tmp_bytes", "max_parameter_degree", "max_attribute_degree", "call",
+                "expensive_fwd_bytes_moved", "expensive_fwd_ops", "cached_bytes")
+_FLOAT_COLUMNS = ("fwd_flops", "bwd_flops", "expensive_fwd_flops")
 
 
 class OpGraph:

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backend import Backend
 from .opcost import OpCounter, tensors_in
+from .selective import EXPENSIVE_OPS, is_expensive
 from .units import LOSS, ROOT
 
 __all__ = ["Recorder", "Span", "Storage", "Weight", "Window"]
@@ -62,6 +63,10 @@ class Span:
     bwd_ops: int = 0
     fwd_tmp: int = 0
     bwd_tmp: int = 0
+    # the forward cost of its expensive ops (selective recomputation does not re-run them)
+    expensive_flops: float = 0.0
+    expensive_bytes: int = 0
+    expensive_ops: int = 0
     last_out: tuple[str, tuple[int, ...]] | None = None    # dtype, shape of its last op's result
     main_out: tuple[str, tuple[int, ...]] | None = None    # … of what its module returned
     reads_params: bool = False
@@ -79,6 +84,7 @@ class Storage:
     tainted: bool
     requires_grad: bool = False
     is_output: bool = False
+    expensive: bool = False        # made by an expensive op (:mod:`memflow.graph.selective`)
     consumers: list[int] = field(default_factory=list)
     savers: list[int] = field(default_factory=list)
 
@@ -144,8 +150,10 @@ class Recorder(TorchDispatchMode):
     """Records spans, costs, storages and saves of one forward and backward (see module doc)."""
 
     def __init__(self, backend: Backend, counter: OpCounter, selected: set[str],
-                 paths: dict[nn.Module, str], batch_size: int):
+                 paths: dict[nn.Module, str], batch_size: int,
+                 expensive_ops: frozenset[str] = EXPENSIVE_OPS):
         super().__init__()
+        self.expensive_ops = expensive_ops
         self.backend = backend
         self.counter = counter
         self.selected = selected
@@ -348,7 +356,12 @@ class Recorder(TorchDispatchMode):
             span.fwd_flops += cost.flops
             span.fwd_bytes += cost.bytes_moved
             span.fwd_ops += cost.kernels
-            self._track_forward(span, args, kwargs, outs)
+            expensive = is_expensive(func, self.expensive_ops)
+            if expensive:
+                span.expensive_flops += cost.flops
+                span.expensive_bytes += cost.bytes_moved
+                span.expensive_ops += cost.kernels
+            self._track_forward(span, args, kwargs, outs, expensive)
             if _writes_input(func) and torch.is_grad_enabled() and any(
                     t.requires_grad for t in (*tensors_in(args), *tensors_in(kwargs))):
                 # autograd made this op's node before dispatching it: the latest number
@@ -361,7 +374,7 @@ class Recorder(TorchDispatchMode):
         return out
 
     def _track_forward(self, span: Span, args: tuple, kwargs: dict,
-                       outs: list[torch.Tensor]) -> None:
+                       outs: list[torch.Tensor], expensive: bool = False) -> None:
         tainted = False
         for t in (*tensors_in(args), *tensors_in(kwargs)):
             key = _key(t)
@@ -385,6 +398,7 @@ class Recorder(TorchDispatchMode):
             rec = self._lookup(key)
             if rec is None:
                 rec = self._new_storage(t, span.index, tainted)
+                rec.expensive = expensive
                 self._window.add(rec.ref, rec.nbytes)
             elif tainted:                      # written in place from per-sample data
                 rec.tainted = True

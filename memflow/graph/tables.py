@@ -92,7 +92,10 @@ def unit_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFram
     """The ``units`` table (derived byte and parameter columns are added by :class:`OpGraph`)."""
     spans = recorder.spans
     main: dict[int, Storage] = {}
+    cached = [0] * len(spans)      # expensive outputs used only inside their unit
     for rec in recorder.storages:
+        if rec.expensive and rec.producer >= 0 and not _kept(rec):
+            cached[rec.producer] += rec.nbytes
         if rec.producer >= 0 and (rec.is_output or any(c != rec.producer
                                                        for c in rec.consumers)):
             best = main.get(rec.producer)
@@ -110,6 +113,9 @@ def unit_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFram
             "fwd_bytes_moved": s.fwd_bytes, "bwd_bytes_moved": s.bwd_bytes,
             "fwd_ops": s.fwd_ops, "bwd_ops": s.bwd_ops,
             "fwd_tmp_bytes": s.fwd_tmp, "bwd_tmp_bytes": s.bwd_tmp, "dtype": dtype,
+            "expensive_fwd_flops": s.expensive_flops,
+            "expensive_fwd_bytes_moved": s.expensive_bytes,
+            "expensive_fwd_ops": s.expensive_ops, "cached_bytes": cached[s.index],
             "max_parameter_degree": parameter, "max_attribute_degree": attribute,
             "shard_axis": (shard_axis(modules.get(s.module))
                            if s.role == "module" and s.module != ROOT else -1),
@@ -135,8 +141,8 @@ def tensor_table(recorder: Recorder) -> pd.DataFrame:
             "savers": [names[c] for c in rec.savers],
             "is_output": rec.is_output, "requires_grad": rec.requires_grad,
             "per_sample": rec.tainted and numel >= batch,
-            "dtype": rec.dtype, "shape": list(rec.shape),
+            "dtype": rec.dtype, "shape": list(rec.shape), "expensive": rec.expensive,
         })
     columns = ["bytes", "producer", "consumers", "savers", "is_output", "requires_grad",
-               "per_sample", "dtype", "shape"]
+               "per_sample", "dtype", "shape", "expensive"]
     return pd.DataFrame(rows, columns=columns)

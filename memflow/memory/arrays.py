@@ -35,12 +35,19 @@ class GraphArrays:
     bwd_tmp: np.ndarray
     half: np.ndarray            # unit computes in fp16/bf16
     recomputable: np.ndarray
+    # selective recomputation: the forward cost of the unit's expensive ops, and the bytes of
+    # their outputs used only inside it (held by a selective unit until its recomputation)
+    expensive_fwd_flops: np.ndarray
+    expensive_fwd_bytes_moved: np.ndarray
+    expensive_fwd_ops: np.ndarray
+    cached: np.ndarray
     # tensors
     bytes: np.ndarray
     producer: np.ndarray        # unit position, -1 for the model's inputs
     is_output: np.ndarray
     requires_grad: np.ndarray
     per_sample: np.ndarray
+    expensive: np.ndarray       # made by an expensive op
     readers: tuple[tuple[int, ...], ...]   # distinct forward readers other than the producer
     savers: tuple[tuple[int, ...], ...]    # distinct savers, in execution order
     batch_size: int | None
@@ -123,9 +130,13 @@ def graph_arrays(graph) -> GraphArrays:
         fwd_ops=col("fwd_ops"), bwd_ops=col("bwd_ops"), fwd_tmp=col("fwd_tmp_bytes"),
         bwd_tmp=col("bwd_tmp_bytes"),
         half=np.array([str(d) in _HALF for d in u["dtype"]], bool), recomputable=recomputable,
+        expensive_fwd_flops=col("expensive_fwd_flops"),
+        expensive_fwd_bytes_moved=col("expensive_fwd_bytes_moved"),
+        expensive_fwd_ops=col("expensive_fwd_ops"), cached=col("cached_bytes"),
         bytes=t["bytes"].to_numpy(np.float64), producer=producer,
         is_output=t["is_output"].to_numpy(bool), requires_grad=t["requires_grad"].to_numpy(bool),
-        per_sample=t["per_sample"].to_numpy(bool), readers=tuple(readers),
+        per_sample=t["per_sample"].to_numpy(bool), expensive=t["expensive"].to_numpy(bool),
+        readers=tuple(readers),
         savers=tuple(savers), batch_size=graph.meta.get("batch_size"), readers_ptr=r_ptr,
         readers_idx=r_idx, savers_ptr=s_ptr, savers_idx=s_idx, param_owner=p_owner,
         param_grad_bytes=np.where(pt["trainable"].to_numpy(bool),

@@ -12,7 +12,9 @@ are those of ``docs/data-model.md`` ("Memory model"), which follow PyTorch:
 * an activation storage lives from its producer's forward to the later of its last forward
   read, the start of backward (model outputs) and, when held for backward, the end of the
   backward of its first saver. Policies decide what *holds* it (keep > segment input >
-  compress > offload > recompute); a recompute segment holds its inputs only if one of its
+  compress > offload > selective > recompute); a selective unit holds what its expensive ops
+  make until its backward (their outputs used only inside it until its recomputation, as
+  ``create_selective_checkpoint_contexts`` caches them); a recompute segment holds its inputs only if one of its
   units saves something (else it is no segment: :func:`holding_segments`);
 * a storage read by a unit on another placement is copied there by a transfer, and that copy
   follows the same rules among the readers on that placement;
@@ -35,7 +37,8 @@ from functools import cached_property
 
 import numpy as np
 
-from ..strategy.policies import MECHANISMS, M_COMPRESSED, M_HOST, M_KEEP, M_RECOMPUTE, POLICIES
+from ..strategy.policies import (MECHANISMS, M_COMPRESSED, M_HOST, M_KEEP, M_RECOMPUTE,
+                                 M_SELECTIVE, POLICIES)
 from ..strategy.shard_levels import OPTIMIZERS
 from .arrays import GraphArrays
 from .records import (A_BWD, A_COMPRESS, A_DECOMP, A_FWD, A_GXFER, A_OFFLOAD, A_OPT,
@@ -57,9 +60,10 @@ SLOTS = ("produced", "stored", "restored", "rematerialized")
 the storage re-materialized by its segment's recomputation."""
 PRODUCED, STORED, RESTORED, REMAT = range(len(SLOTS))
 UNIT_SLOTS = ("forward temporaries", "backward temporaries", "recompute temporaries",
-              "parameter gradients")
-"""The block rows of one unit."""
-FWD_TMP, BWD_TMP, REC_TMP, PARAM_GRAD = range(len(UNIT_SLOTS))
+              "parameter gradients", "cached outputs")
+"""The block rows of one unit; "cached outputs" are a selective unit's expensive outputs
+used only inside it, held from its forward to its recomputation."""
+FWD_TMP, BWD_TMP, REC_TMP, PARAM_GRAD, CACHED = range(len(UNIT_SLOTS))
 STATE_SLOTS = ("gathered for forward", "gathered for backward", "gathered for recompute",
                "unsharded gradients", "host optimizer state")
 """The model-state block rows of one unit (:mod:`memflow.memory.states`): zero bytes unless
@@ -154,7 +158,8 @@ class StepBlocks:
         """
         alloc = self.alloc[:, 0]
         in_forward = np.isin(alloc, (A_FWD, A_XFER, A_COMPRESS, A_OFFLOAD))
-        to_backward = ((self.free[:, :, 0] == A_BWD) & (self.free[:, :, 2] == END)).any(1)
+        to_backward = (((self.free[:, :, 0] == A_BWD) & (self.free[:, :, 2] == END))
+                       | (self.free[:, :, 0] == A_RECOMP)).any(1)
         act = self.category == ACTIVATIONS
         device = act & ~self.on_host & in_forward & (to_backward | (alloc == A_COMPRESS))
         host = act & self.on_host & (alloc == A_OFFLOAD)
@@ -179,8 +184,8 @@ def _set(a, row, slot, kind, key, edge):
 @njit
 def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr, touched,
             sv_ptr, sv, m_ptr, m, r_ptr, r, prod, home, nbytes, model_out, rec_alloc,
-            fwd_free, last_xfer, n_units, unit_row, recompute_tmp, bytes_, host, alloc, free,
-            carrier, compress, mark, offloaded, compressed):
+            fwd_free, last_xfer, expensive, n_units, unit_row, recompute_tmp, cached, bytes_,
+            host, alloc, free, carrier, compress, mark, offloaded, compressed):
     """Re-derive the slots of the records whose rules read a unit whose policy, segment start
     or ratio changed (every record when ``first``); then the units' recomputation
     temporaries and the bytes each unit offloads and compresses. ``pol`` is per unit the
@@ -218,7 +223,9 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
             st = start[m[j]]
             if st >= 0 and st != own and st < seg_in:
                 seg_in = st
-        keep = has[M_KEEP] or seg_in < far
+        # made by an expensive op of a selective unit: cached until the unit's backward
+        sel = home[x] and p >= 0 and expensive[x] and pol[p] == M_SELECTIVE and own >= 0
+        keep = has[M_KEEP] or seg_in < far or sel
         state = NONE               # the first mechanism (in MECHANISMS' order) any saver uses
         if keep:
             state = M_KEEP
@@ -240,7 +247,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         # main: the storage as produced (or copied), until the policy lets it go
         bytes_[row] = b
         if keep:
-            hold = min(first_saver if first_saver >= 0 else far, seg_in)
+            hold = min(first_saver if first_saver >= 0 else far, seg_in, p if sel else far)
             for j in range(3):
                 _set(free, row, j, A_BWD, hold, END)
         else:
@@ -262,7 +269,8 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
             _set(free, row + STORED, j, back, cc, END)
             _set(free, row + RESTORED, j, A_BWD, max(first_saver, 0), END)
         # re-materialized by its segment's recomputation
-        remat = own >= 0 and (state == M_RECOMPUTE or state == NONE)
+        replayed = state == M_RECOMPUTE or state == M_SELECTIVE
+        remat = own >= 0 and (replayed or state == NONE)
         last_in = -1
         for j in range(r_ptr[x], r_ptr[x + 1]):
             if start[r[j]] == own and r[j] > last_in:
@@ -270,7 +278,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         bytes_[row + REMAT] = b if remat else 0.0
         alloc[row + REMAT, 0], alloc[row + REMAT, 1], alloc[row + REMAT, 2] = A_RECOMP, max(p, 0), START
         for j in range(3):
-            if state == M_RECOMPUTE:
+            if replayed:
                 _set(free, row + REMAT, j, A_BWD, max(first_saver, 0), END)
             else:
                 _set(free, row + REMAT, j, A_RECOMP, last_in if last_in >= 0 else max(p, 0), END)
@@ -278,6 +286,8 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         compress[x] = state == M_COMPRESSED
     for u in range(n_units):
         bytes_[unit_row + NU * u + REC_TMP] = recompute_tmp[u] if start[u] >= 0 else 0.0
+        bytes_[unit_row + NU * u + CACHED] = (cached[u] if start[u] >= 0
+                                              and pol[u] == M_SELECTIVE else 0.0)
         offloaded[u] = 0.0
         compressed[u] = 0.0
     for x in range(R):        # summed in record order, whatever changed
@@ -354,7 +364,9 @@ class BlockTable:
             "layout": np.concatenate([np.repeat(P.layout, NS), P.grad_layout, np.repeat(layout, NU),
                                       o_lay, np.repeat(layout, NM)]).astype(np.int64),
             "category": np.concatenate([np.full(NS * R, ACTIVATIONS), np.full(G, TRANSIENT),
-                                        np.tile(np.where(unit_slots == PARAM_GRAD, GRADIENTS, TRANSIENT), n),
+                                        np.tile(np.select([unit_slots == PARAM_GRAD,
+                                                           unit_slots == CACHED],
+                                                          [GRADIENTS, ACTIVATIONS], TRANSIENT), n),
                                         np.full(len(o_lay), TRANSIENT),
                                         np.tile([COMMUNICATION] * 4 + [OPTIMIZER], n)]).astype(np.int64),
             "per_mb": np.concatenate([np.full(NS * R + G, EVERY_MB),
@@ -371,13 +383,18 @@ class BlockTable:
         self.free[g] = P.grad_free[:, None, :]
         u = self.unit_row
         self.recompute_tmp = ga.fwd_tmp * per
+        self.cached = ga.cached * per
+        self.expensive = ga.expensive[P.tensor]
         bwd_tmp = ga.bwd_tmp * per + _accumulated(ga, p)
         by_slot = {FWD_TMP: ga.fwd_tmp * per, BWD_TMP: bwd_tmp, REC_TMP: np.zeros(n),
-                   PARAM_GRAD: train}
+                   PARAM_GRAD: train, CACHED: np.zeros(n)}
         self.bytes[u:u + NU * n] = np.stack([by_slot[j] for j in range(NU)], 1).ravel()
         for slot, kind in ((FWD_TMP, A_FWD), (BWD_TMP, A_BWD), (REC_TMP, A_RECOMP)):
             self.alloc[u + slot:u + NU * n:NU] = _anchor(kind, units, START, n)
             self.free[u + slot:u + NU * n:NU] = _anchor(kind, units, END, n)[:, None, :]
+        cached = slice(u + CACHED, u + NU * n, NU)
+        self.alloc[cached] = _anchor(A_FWD, units, END, n)
+        self.free[cached] = _anchor(A_RECOMP, units, END, n)[:, None, :]
         grads = slice(u + PARAM_GRAD, u + NU * n, NU)
         self.alloc[grads] = _anchor(A_BWD, _gradient_unit(ga), START, n)
         self.free[grads] = _anchor(A_OPT, layout, END, n)[:, None, :]
@@ -425,9 +442,9 @@ class BlockTable:
         offloaded, compressed = np.empty(self.n), np.empty(self.n)
         _replan(pol, start, ratio, *old, self._key is None, *P.touched, *P.savers, *P.members,
                 *P.readers, P.prod, P.home, P.nbytes, P.model_out, P.alloc, P.fwd_free,
-                P.last_xfer, self.n, self.unit_row, self.recompute_tmp, self.bytes, self.host,
-                self.alloc, self.free, self.carrier, self.compress, self._mark, offloaded,
-                compressed)
+                P.last_xfer, self.expensive, self.n, self.unit_row, self.recompute_tmp,
+                self.cached, self.bytes, self.host, self.alloc, self.free, self.carrier,
+                self.compress, self._mark, offloaded, compressed)
         self._key = (pol, start, ratio)
         # gathered parameters for a recomputation: only where the unit is recomputed
         self.bytes[self.state_row + 2:self.state_row + NM * self.n:NM] = np.where(

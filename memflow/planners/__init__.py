@@ -10,6 +10,8 @@
   √n, Griewank's revolve, recompute-all, the optimal chain schedule), edge boards included.
 * :func:`optimal_checkpointing` — the optimal keep/recompute schedule of a chain, an exact
   dynamic program after rotor (:mod:`memflow.planners.checkpointing`).
+* :func:`selective_plan` — keep or selective recomputation per unit (per operation on leaf
+  units) under a budget of bytes held for backward, an ILP (HiGHS) over the storages.
 * :func:`compress` / :func:`compress_strategy` — COMET's error-bounded compression of saved
   activations: ratios charged and measured, memory, gradient error, the batch it allows.
 
@@ -34,8 +36,9 @@ from .convergence import CriticalBatch, Measured
 from .hybrid import hybrid_projection
 from .offload import offload, offload_table
 from .pipeline import pipeline, pipeline_table
+from .selective import selective_plan
 
 __all__ = ["Infeasible", "CriticalBatch", "Measured", "at_batch", "checkpoint",
            "checkpoint_table", "optimal_checkpointing", "CheckpointResult", "chain_violation",
            "hybrid_projection", "offload", "offload_table", "pipeline", "pipeline_table",
-           "compress", "compress_strategy"]
+           "compress", "compress_strategy", "selective_plan"]

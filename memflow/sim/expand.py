@@ -83,7 +83,7 @@ class Tasks:
 class Timing:
     """Durations the cluster gives: per unit, per bucket, per copy, per layout."""
 
-    forward: np.ndarray        # per unit (recomputation takes as long)
+    forward: np.ndarray        # per unit
     backward: np.ndarray
     allreduce: np.ndarray      # per bucket
     copy: np.ndarray           # per copy
@@ -97,6 +97,10 @@ class Timing:
     decompress: np.ndarray
     gather: np.ndarray         # per unit: its parameters' all-gather (parameter sharding)
     scatter: np.ndarray        # per unit: its gradients' reduce-scatter (gradient sharding)
+    # per unit: its recomputation (None: as long as its forward); a selective unit re-runs
+    # only its cheap ops, whose forward alone is ``cheap_forward``
+    recompute: np.ndarray | None = None
+    cheap_forward: np.ndarray | None = None
 
     @classmethod
     def untimed(cls, S: "Structure", n_units: int) -> "Timing":
@@ -208,9 +212,9 @@ def _scatter(out, t, d, dep_idx, last4, u, m, lay, nbytes, duration, after):
 def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units, final_mb,
             rd_ptr, rd_kind, rd_key, gi_ptr, gi_kind, gi_key, cf_ptr, cf_copy, cb_ptr,
             cb_copy, copy_src, copy_bytes, layout, tp_out, tp_in, off, comp, seg_start,
-            seg_last, bk_ptr, bk_lay, bk_bytes, bu_ptr, bu_units, d_fwd, d_bwd, d_ar, d_cp,
-            d_cpb, d2h, h2d, host_scale, d_opt, r_comp, r_decomp, gather, scatter, d_gather,
-            d_scatter, n_tasks, n_deps):
+            seg_last, bk_ptr, bk_lay, bk_bytes, bu_ptr, bu_units, d_fwd, d_rec, d_bwd, d_ar,
+            d_cp, d_cpb, d2h, h2d, host_scale, d_opt, r_comp, r_decomp, gather, scatter,
+            d_gather, d_scatter, n_tasks, n_deps):
     """The tasks of one step in program order, in arrays of the sizes :func:`_count` gives.
 
     In step with ``_count``: every task emitted and every dependency written here is one of
@@ -304,7 +308,7 @@ def _expand(n, M, n_layouts, n_copies, op_stage, op_back, op_mb, S_ptr, S_units,
                         d += 1
                     prev_compute = t
                     compute_start = t
-                    t = _emit(out, t, d, K_RECOMP, v, m, R_COMPUTE, lay, tp_out[v], d_fwd[v],
+                    t = _emit(out, t, d, K_RECOMP, v, m, R_COMPUTE, lay, tp_out[v], d_rec[v],
                               A_RECOMP, v)
             if comp[u] > 0:
                 dep_idx[d] = table[A_COMPRESS, u, m]
@@ -405,7 +409,9 @@ def expand(S: Structure, timing: Timing, plan: StepBlocks) -> Tasks:
                   S.copies_back[0], S.copies_back[1], S.copy_src, S.copy_bytes, S.layout,
                   S.tp_out, S.tp_in, off, comp, seg_start, seg_last, S.buckets[0],
                   S.bucket_layout, S.bucket_bytes, S.bucket_units[0], S.bucket_units[1],
-                  timing.forward, timing.backward, timing.allreduce, timing.copy,
+                  timing.forward,
+                  timing.forward if timing.recompute is None else timing.recompute,
+                  timing.backward, timing.allreduce, timing.copy,
                   timing.copy_back, timing.d2h, timing.h2d, timing.host_scale,
                   timing.optimizer, timing.compress, timing.decompress, S.gather, S.scatter,
                   timing.gather, timing.scatter, n_tasks, n_deps)

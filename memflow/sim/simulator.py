@@ -255,6 +255,9 @@ class Simulator:
                     + ring_time(work, ring[:, 0], ring[:, 1], ring[:, 2]))
 
         fwd = compute(ga.fwd_flops, ga.fwd_bytes_moved, ga.fwd_ops, S.tp_out)
+        cheap = compute(ga.fwd_flops - ga.expensive_fwd_flops,
+                        ga.fwd_bytes_moved - ga.expensive_fwd_bytes_moved,
+                        ga.fwd_ops - ga.expensive_fwd_ops, S.tp_out)
         bwd = compute(ga.bwd_flops, ga.bwd_bytes_moved, ga.bwd_ops, S.tp_in)
         rr = np.array([lc.replica_ring for lc in lcs]).reshape(-1, 3)[S.bucket_layout]
         allreduce = ring_time(S.bucket_bytes, rr[:, 0], rr[:, 1], rr[:, 2])
@@ -296,7 +299,7 @@ class Simulator:
                         h2d=np.array([lc.h2d[1:] for lc in lcs], np.float64).reshape(-1, 2),
                         host_scale=np.ones(ga.n), optimizer=optimizer,
                         compress=np.ones(ga.n), decompress=np.ones(ga.n), gather=gather,
-                        scatter=scatter)
+                        scatter=scatter, cheap_forward=cheap)
         # channel sets: compute, comm, to-host, from-host per layout, then copies, copies back
         raw = ([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
                + [2 * n + lc.d2h[0] for lc in lcs] + [2 * n + lc.h2d[0] for lc in lcs]
@@ -344,13 +347,18 @@ class Simulator:
         """``P.timing`` with what the units' policies set: the policy table's host time factor
         (``Policy.host_scale``) and the compression speed of the units that compress — the
         quantizer's memory-bound throughput on the unit's devices plus its kernel launches
-        (at the code width of the unit's ratio), as one rate over the bytes it compresses."""
+        (at the code width of the unit's ratio), as one rate over the bytes it compresses; a
+        selective unit's recomputation re-runs its cheap ops only."""
         scale = POLICIES.host_scales[strategy.policy]
         units = np.flatnonzero(plan.compressed > 0)
+        sel = POLICIES.selective(strategy.policy)
+        fixed = {"host_scale": scale}
+        if sel.any():
+            fixed["recompute"] = np.where(sel, P.timing.cheap_forward, P.timing.forward)
         if not len(units):
-            if (scale == 1.0).all():
+            if (scale == 1.0).all() and not sel.any():
                 return P.timing
-            return Timing(**{**P.timing.__dict__, "host_scale": scale})
+            return Timing(**{**P.timing.__dict__, **fixed})
         comp, decomp = np.ones(self.ga.n), np.ones(self.ga.n)
         ratio = self._ratios(strategy)
         _, throughput, launches = self.compression
@@ -364,8 +372,7 @@ class Simulator:
                 if r is None:
                     r = self._rates[k] = throughput(k[0], decompress=back, error_bound=eb)
                 out[u] = nbytes / (nbytes / r + launches(bits, decompress=back) * P.launch[lay])
-        return Timing(**{**P.timing.__dict__, "compress": comp, "decompress": decomp,
-                         "host_scale": scale})
+        return Timing(**{**P.timing.__dict__, "compress": comp, "decompress": decomp, **fixed})
 
     # ------------------------------------------------------------------ runs
     def _prepared(self, strategy: Strategy, fold: bool) -> _Prepared:

@@ -17,10 +17,14 @@ mechanism      memory rule / simulator tasks / export hook
                prefetch on the host link / ``saved_tensors_hooks`` moving to and from the CPU
 ``compressed`` held compressed on the device / compress and decompress on the compute
                stream / ``saved_tensors_hooks`` with the error-bounded quantizer
+``selective``  the outputs of its expensive ops (:mod:`memflow.graph.selective`) held as by
+               ``keep``, the rest as by ``recompute``, in segments of selective units /
+               recompute tasks re-running only the cheap ops / a selective checkpoint
+               (``create_selective_checkpoint_contexts``: the expensive ops must be saved)
 =============  ===========================================================================
 
 When several savers of one storage disagree, the mechanism earlier in :data:`MECHANISMS`
-holds it (keep > compressed > host > recompute), as a tensor saved by one kept unit is held
+holds it (keep > compressed > host > selective > recompute), as a tensor saved by one kept unit is held
 whatever its other savers do.
 
 Everything else reads the table: :func:`parse_policy` and validation (names, parameters),
@@ -53,14 +57,14 @@ import numpy as np
 from ..errors import StrategyError
 
 __all__ = ["Policy", "PolicyTable", "POLICIES", "MECHANISMS", "parse_policy",
-           "KEEP", "RECOMPUTE", "OFFLOAD", "COMPRESS",
-           "M_KEEP", "M_RECOMPUTE", "M_HOST", "M_COMPRESSED"]
+           "KEEP", "RECOMPUTE", "OFFLOAD", "COMPRESS", "SELECTIVE",
+           "M_KEEP", "M_RECOMPUTE", "M_HOST", "M_COMPRESSED", "M_SELECTIVE"]
 
-MECHANISMS = ("keep", "compressed", "host", "recompute")
+MECHANISMS = ("keep", "compressed", "host", "selective", "recompute")
 """What the memory model can do with a saved storage, in the order that decides who holds a
 storage several units save (the first wins)."""
-M_KEEP, M_COMPRESSED, M_HOST, M_RECOMPUTE = (MECHANISMS.index(m) for m in
-                                             ("keep", "compressed", "host", "recompute"))
+M_KEEP, M_COMPRESSED, M_HOST, M_SELECTIVE, M_RECOMPUTE = (
+    MECHANISMS.index(m) for m in ("keep", "compressed", "host", "selective", "recompute"))
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,7 @@ class PolicyTable(Sequence[str]):
     :meth:`register`, so compiled kernels read them as plain arrays.
 
     >>> list(POLICIES)
-    ['keep', 'recompute', 'offload', 'compress']
+    ['keep', 'recompute', 'offload', 'compress', 'selective']
     >>> POLICIES["compress"].mechanism, POLICIES.index("offload")
     ('compressed', 2)
     """
@@ -189,13 +193,23 @@ class PolicyTable(Sequence[str]):
         return self._by_mechanism[mechanism]
 
     def recomputes(self, policy: np.ndarray) -> np.ndarray:
-        """Per unit (``policy``: codes), whether its mechanism is ``recompute`` — the units that
-        form checkpoint segments.
+        """Per unit (``policy``: codes), whether its mechanism re-runs its forward
+        (``recompute`` or ``selective``) — the units that form checkpoint segments.
 
-        >>> POLICIES.recomputes(np.array([KEEP, RECOMPUTE])).tolist()
-        [False, True]
+        >>> POLICIES.recomputes(np.array([KEEP, RECOMPUTE, SELECTIVE])).tolist()
+        [False, True, True]
         """
-        return self.mechanism_codes[np.asarray(policy, np.int64)] == M_RECOMPUTE
+        return np.isin(self.mechanism_codes[np.asarray(policy, np.int64)],
+                       (M_RECOMPUTE, M_SELECTIVE))
+
+    def selective(self, policy: np.ndarray) -> np.ndarray:
+        """Per unit, whether its mechanism is ``selective`` (segments re-running only their
+        cheap ops).
+
+        >>> POLICIES.selective(np.array([KEEP, RECOMPUTE, SELECTIVE])).tolist()
+        [False, False, True]
+        """
+        return self.mechanism_codes[np.asarray(policy, np.int64)] == M_SELECTIVE
 
     @property
     def colors(self) -> dict[str, str]:
@@ -223,10 +237,13 @@ POLICIES = PolicyTable([
     Policy("compress", "compressed",
            "hold what it saves compressed within an error bound (COMET)", "#da8bc3",
            parameter="error_bound", default=1e-3),
+    Policy("selective", "selective",
+           "keep its expensive ops' outputs (matmul, convolution); recompute the rest",
+           "#dd8452"),
 ])
 """The memory policies: a sequence of names in the order of their codes."""
-KEEP, RECOMPUTE, OFFLOAD, COMPRESS = (POLICIES.index(n) for n in
-                                      ("keep", "recompute", "offload", "compress"))
+KEEP, RECOMPUTE, OFFLOAD, COMPRESS, SELECTIVE = (
+    POLICIES.index(n) for n in ("keep", "recompute", "offload", "compress", "selective"))
 
 
 def parse_policy(unit: str, spec: Any) -> tuple[int, float]:
@@ -239,7 +256,7 @@ def parse_policy(unit: str, spec: Any) -> tuple[int, float]:
     >>> parse_policy("fc", "swap")
     Traceback (most recent call last):
     ...
-    memflow.errors.StrategyError: unit 'fc': unknown memory policy 'swap'; valid: keep, recompute, offload, compress:<error_bound>
+    memflow.errors.StrategyError: unit 'fc': unknown memory policy 'swap'; valid: keep, recompute, offload, compress:<error_bound>, selective
     """
     value: Any = None
     given = spec

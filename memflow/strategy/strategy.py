@@ -284,14 +284,16 @@ class Strategy:
 
         A segment is a maximal run of consecutive recomputed units with the same placement and
         pipeline stage and no :attr:`segment_break` after its first unit, as one
-        ``torch.utils.checkpoint`` call would run them.
+        ``torch.utils.checkpoint`` call would run them; ``selective`` and ``recompute`` units
+        never share one (a selective segment's checkpoint has a selective policy).
         """
         seg = self._cache.get("segment")
         if seg is None:
             layout = self.layout_ids
             rec = POLICIES.recomputes(self.policy)
+            sel = POLICIES.selective(self.policy)
             start = rec.copy()
-            start[1:] &= ~(rec[:-1] & (layout[1:] == layout[:-1])
+            start[1:] &= ~(rec[:-1] & (layout[1:] == layout[:-1]) & (sel[1:] == sel[:-1])
                            & (self.stage[1:] == self.stage[:-1]) & ~self.segment_break[1:])
             seg = np.where(rec, np.cumsum(start) - 1, -1)
             seg = self._cache["segment"] = _frozen(seg.astype(np.int64))
