@@ -14,7 +14,7 @@ from memflow.export import apply, held_bytes
 from memflow.export.pipelining import build_pipeline, split_points, stage_modules, stage_ranks
 from memflow.strategy import Strategy
 
-from distributed import gathered, run_ranks
+from gloo_ranks import gathered, run_ranks
 
 GPT2 = dict(n_layer=2, hidden=16, n_head=2, vocab=40, seq_len=6, dropout=0.0)
 RESNET = dict(num_classes=5, width=4, image_size=32, blocks=(1, 2, 1, 1))

@@ -13,7 +13,7 @@ from memflow.export.pipelining import average_gradients
 from memflow.export.tensor_parallel import parallelize, tensor_plan, tensor_ranks
 from memflow.strategy import Strategy
 
-from distributed import gathered, run_ranks
+from gloo_ranks import gathered, run_ranks
 
 GPT2 = dict(n_layer=2, hidden=16, n_head=2, vocab=40, seq_len=6, dropout=0.0)
 ALEXNET = dict(num_classes=6, hidden=16, image_size=64, dropout=0.0)
