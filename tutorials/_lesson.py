@@ -61,7 +61,6 @@ def line_chart(data: Any, x: str, ys: Sequence[str] | Mapping[str, str], *, titl
     e.g. by ``memflow_widgets.setup()``) and returned.
     """
     import pandas as pd
-    from bokeh.io import show as bokeh_show
     from bokeh.models import ColumnDataSource
     from bokeh.plotting import figure
 
@@ -75,8 +74,15 @@ def line_chart(data: Any, x: str, ys: Sequence[str] | Mapping[str, str], *, titl
         color = _PALETTE[i % len(_PALETTE)]
         fig.line(x, col, source=source, color=color, line_width=2, legend_label=label)
         fig.scatter(x, col, source=source, color=color, size=6, legend_label=label)
-    fig.legend.location = "top_right"
-    fig.legend.click_policy = "hide"
+    return _finish(fig, show, location="top_right", click_policy="hide")
+
+
+def _finish(fig, show: bool, **legend: Any):
+    """``fig`` with its legend's ``legend`` settings and no logo, shown if ``show``."""
+    from bokeh.io import show as bokeh_show
+
+    for name, value in legend.items():
+        setattr(fig.legend, name, value)
     fig.toolbar.logo = None
     if show:
         bokeh_show(fig)
@@ -199,7 +205,6 @@ def measured_chart(frame, *, x: str = "op", title: str = "measured", width: int 
     """A measured profile drawn as memflow draws a predicted one: :func:`profile_step`'s
     categories stacked in memflow's colours, or :func:`cuda_profile_step`'s ``allocated`` and
     ``reserved`` as lines. Shown (bokeh set up in the notebook) and returned."""
-    from bokeh.io import show as bokeh_show
     from bokeh.models import ColumnDataSource, HoverTool
     from bokeh.plotting import figure
     from memflow.report.style import CATEGORY_COLORS
@@ -218,19 +223,14 @@ def measured_chart(frame, *, x: str = "op", title: str = "measured", width: int 
         tips = [("op", "@name (@phase)"), ("memory", "@bytes{0,0.00} MiB"),
                 *[(c, f"@{c}{{0,0.00}} MiB") for c in cats]]
     else:
-        fig.line(x, "reserved", source=source, color="#8172b3", line_width=2,
+        fig.line(x, "reserved", source=source, color=_PALETTE[4], line_width=2,
                  legend_label="reserved (segments)")
-        line = fig.line(x, "allocated", source=source, color="#55a868", line_width=2,
+        line = fig.line(x, "allocated", source=source, color=_PALETTE[2], line_width=2,
                         legend_label="allocated (blocks)")
         tips = [("event", "@action"), ("allocated", "@allocated{0,0.00} MiB"),
                 ("reserved", "@reserved{0,0.00} MiB")]
     fig.add_tools(HoverTool(mode="vline", renderers=[line], tooltips=tips))
-    fig.legend.location = "top_left"
-    fig.legend.orientation = "horizontal"
-    fig.toolbar.logo = None
-    if show:
-        bokeh_show(fig)
-    return fig
+    return _finish(fig, show, location="top_left", orientation="horizontal")
 
 
 def show_hints() -> None:
