@@ -37,7 +37,8 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["line_chart", "show_hints", "profile_step", "cuda_profile_step", "measured_chart", "blank_answers", "student_text", "student_copy",
+__all__ = ["line_chart", "show_hints", "profile_step", "cuda_profile_step", "allocator_timeline",
+           "measured_chart", "blank_answers", "student_text", "student_copy",
            "LESSONS", "MODEL_ANSWER"]
 
 LESSONS = sorted(p.name for p in Path(__file__).parent.glob("[0-9][0-9]_*.ipynb"))
@@ -127,7 +128,8 @@ def profile_step(module, inputs: Sequence[Any], optimizer, loss):
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class Recorder(MemTracker):
-        """MemTracker that also keeps its running totals after each operation."""
+        """MemTracker that also keeps its running totals after each operation (read from its
+        private state, as of torch 2.13: MemTracker offers only the current and peak totals)."""
 
         rows: list = []
 
@@ -170,7 +172,6 @@ def cuda_profile_step(module, inputs: Sequence[Any], optimizer, loss):
     >>> bool((trace["reserved"] >= trace["allocated"]).all())  # doctest: +SKIP
     True
     """
-    import pandas as pd
     import torch
 
     step = _training_step(module, inputs, optimizer, loss)
@@ -178,20 +179,40 @@ def cuda_profile_step(module, inputs: Sequence[Any], optimizer, loss):
     torch.cuda.synchronize()
     base_allocated = torch.cuda.memory_allocated()
     base_reserved = torch.cuda.memory_reserved()
-    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    # clear_history: only this step's events, not those of an earlier call
+    torch.cuda.memory._record_memory_history(max_entries=200_000, clear_history=True)
     try:
         step()
         torch.cuda.synchronize()
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    device = torch.cuda.current_device()
-    rows, allocated, reserved = [], base_allocated, base_reserved
-    # (allocated, reserved) changes; segment_map/unmap are expandable segments' growth
-    change = {"alloc": (1, 0), "free_completed": (-1, 0), "segment_alloc": (0, 1),
-              "segment_free": (0, -1), "segment_map": (0, 1), "segment_unmap": (0, -1)}
-    for event in snapshot["device_traces"][device]:
-        da, dr = change.get(event["action"], (0, 0))
+    return allocator_timeline(snapshot["device_traces"][torch.cuda.current_device()],
+                              base_allocated, base_reserved)
+
+
+# How each allocator event changes (allocated, reserved); segment_map/unmap are how expandable
+# segments grow and shrink. free_requested changes nothing until its free_completed.
+_ALLOCATOR_CHANGE = {"alloc": (1, 0), "free_completed": (-1, 0), "segment_alloc": (0, 1),
+                     "segment_free": (0, -1), "segment_map": (0, 1), "segment_unmap": (0, -1)}
+
+
+def allocator_timeline(trace: Sequence[Mapping[str, Any]], allocated: int = 0,
+                       reserved: int = 0):
+    """:func:`cuda_profile_step`'s table from one device's trace of a CUDA memory snapshot
+    (``torch.cuda.memory._snapshot()["device_traces"][device]``), starting from ``allocated``
+    and ``reserved`` bytes.
+
+    >>> trace = [{"action": "segment_alloc", "size": 2 << 20}, {"action": "alloc", "size": 512},
+    ...          {"action": "free_requested", "size": 512}, {"action": "free_completed", "size": 512}]
+    >>> allocator_timeline(trace)[["allocated", "reserved"]].values.tolist()
+    [[0, 2097152], [512, 2097152], [512, 2097152], [0, 2097152]]
+    """
+    import pandas as pd
+
+    rows = []
+    for event in trace:
+        da, dr = _ALLOCATOR_CHANGE.get(event["action"], (0, 0))
         allocated += da * event["size"]
         reserved += dr * event["size"]
         rows.append({"action": event["action"], "allocated": allocated, "reserved": reserved})
