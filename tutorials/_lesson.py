@@ -3,6 +3,9 @@
 * :func:`line_chart` — a quick bokeh line chart for numbers that no memflow view draws
   (a trade-off curve, acceptance rate against temperature);
 * :func:`show_hints` — a check that fails shows its hint alone, not a Python traceback;
+* :func:`profile_step` and :func:`cuda_profile_step` — a real training step's memory after
+  every operation, measured with PyTorch's own tools (MemTracker on any machine, the CUDA
+  caching allocator's memory snapshots on a GPU), and :func:`measured_chart` to draw it;
 * :func:`student_copy` — the teacher's tool: copies of the lessons with every reference answer
   blanked, the teacher's model answers left out and the outputs cleared, for students to fill
   in (``python tutorials/_lesson.py --student OUT_DIR``).
@@ -34,7 +37,8 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["line_chart", "show_hints", "blank_answers", "student_text", "student_copy",
+__all__ = ["line_chart", "show_hints", "profile_step", "cuda_profile_step", "allocator_timeline",
+           "measured_chart", "blank_answers", "student_text", "student_copy",
            "LESSONS", "MODEL_ANSWER"]
 
 LESSONS = sorted(p.name for p in Path(__file__).parent.glob("[0-9][0-9]_*.ipynb"))
@@ -43,6 +47,8 @@ LESSONS = sorted(p.name for p in Path(__file__).parent.glob("[0-9][0-9]_*.ipynb"
 _MARK = re.compile(r"#\s*reference answer\s*$")
 MODEL_ANSWER = "**Model answer"
 """How a teacher-only markdown cell (the answer to an *explain why* question) starts."""
+CATEGORY_ORDER = ("weights", "optimizer", "gradients", "activations", "transient")
+"""The memory categories a measured step shows, bottom of the stack first (memflow's order)."""
 _PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
 
 
@@ -56,7 +62,6 @@ def line_chart(data: Any, x: str, ys: Sequence[str] | Mapping[str, str], *, titl
     e.g. by ``memflow_widgets.setup()``) and returned.
     """
     import pandas as pd
-    from bokeh.io import show as bokeh_show
     from bokeh.models import ColumnDataSource
     from bokeh.plotting import figure
 
@@ -70,12 +75,183 @@ def line_chart(data: Any, x: str, ys: Sequence[str] | Mapping[str, str], *, titl
         color = _PALETTE[i % len(_PALETTE)]
         fig.line(x, col, source=source, color=color, line_width=2, legend_label=label)
         fig.scatter(x, col, source=source, color=color, size=6, legend_label=label)
-    fig.legend.location = "top_right"
-    fig.legend.click_policy = "hide"
+    return _finish(fig, show, location="top_right", click_policy="hide")
+
+
+def _finish(fig, show: bool, **legend: Any):
+    """``fig`` with its legend's ``legend`` settings and no logo, shown if ``show``."""
+    from bokeh.io import show as bokeh_show
+
+    for name, value in legend.items():
+        setattr(fig.legend, name, value)
     fig.toolbar.logo = None
     if show:
         bokeh_show(fig)
     return fig
+
+
+# MemTracker's categories in memflow's words (memflow.report.style.CATEGORIES). "Other" is what
+# track_external counts beyond modules and optimizers: nothing in the lessons' steps.
+MEMTRACKER_CATEGORIES = {"Parameter": "weights", "Buffer": "weights", "Gradient": "gradients",
+                         "Optstate": "optimizer", "Activation": "activations",
+                         "Temp": "transient", "Other": "transient"}
+
+
+def _training_step(module, inputs: Sequence[Any], optimizer, loss):
+    def step() -> None:
+        loss(module(*inputs)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def profile_step(module, inputs: Sequence[Any], optimizer, loss):
+    """Memory after every operation of one training step (``loss(module(*inputs))``, backward,
+    ``optimizer.step()``, ``zero_grad``), measured by PyTorch's MemTracker.
+
+    A first step runs untracked (it creates the optimizer's state: the steady state starts at
+    the second). Returns a DataFrame, one row per operation: ``op`` (its index), ``name`` (the
+    aten operator), ``phase`` (forward, backward or optimizer), ``bytes`` and one column per
+    memflow category (:data:`MEMTRACKER_CATEGORIES`). MemTracker counts every tensor storage
+    as PyTorch allocates and frees it, on any device, CPU included.
+
+    >>> import torch
+    >>> layer = torch.nn.Linear(4, 2)
+    >>> sgd = torch.optim.SGD(layer.parameters(), lr=0.1)
+    >>> step = profile_step(layer, (torch.ones(8, 4),), sgd, lambda y: y.sum())
+    >>> int(step["weights"].max()), sorted(set(step["phase"]))     # 4 * (4*2 + 2) bytes
+    (40, ['backward', 'forward', 'optimizer'])
+    >>> measured_chart(step, show=False).title.text
+    'measured'
+    """
+    import pandas as pd
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class Recorder(MemTracker):
+        """MemTracker that also keeps its running totals after each operation (read from its
+        private state, as of torch 2.13: MemTracker offers only the current and peak totals)."""
+
+        rows: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            snap = next(iter(self._curr_mem_snap.values()), {})
+            row = dict.fromkeys(CATEGORY_ORDER, 0)
+            for ref, n in snap.items():
+                if ref in MEMTRACKER_CATEGORIES:      # skips the "Total" key
+                    row[MEMTRACKER_CATEGORIES[ref]] += n
+            phase = ("optimizer" if self._in_opt else
+                     "backward" if self._mod_tracker.is_bw else "forward")
+            self.rows.append({"name": str(func.overloadpacket.__name__), "phase": phase, **row})
+            return out
+
+    step = _training_step(module, inputs, optimizer, loss)
+    step()
+    tracker = Recorder()
+    tracker.rows = []
+    tracker.track_external(module, optimizer)
+    with tracker:
+        step()
+    frame = pd.DataFrame(tracker.rows)
+    frame.insert(0, "op", range(len(frame)))
+    frame.insert(3, "bytes", frame[list(CATEGORY_ORDER)].sum(axis=1))
+    return frame
+
+
+def cuda_profile_step(module, inputs: Sequence[Any], optimizer, loss):
+    """Memory after every allocation and free of one training step on a GPU, from the CUDA
+    caching allocator's own record (``torch.cuda.memory._record_memory_history``).
+
+    A first step runs unrecorded, as in :func:`profile_step`. Returns a DataFrame, one row per
+    event: ``event``, ``action`` (``alloc``, ``free_completed``...), ``allocated`` (bytes in live
+    blocks, each rounded up by the allocator) and ``reserved`` (bytes of the segments it holds
+    from the driver). The allocator records no categories.
+
+    >>> trace = cuda_profile_step(layer.cuda(), (torch.ones(8, 4, device="cuda"),),
+    ...                           sgd, lambda y: y.sum())      # doctest: +SKIP
+    >>> bool((trace["reserved"] >= trace["allocated"]).all())  # doctest: +SKIP
+    True
+    """
+    import torch
+
+    step = _training_step(module, inputs, optimizer, loss)
+    step()
+    torch.cuda.synchronize()
+    base_allocated = torch.cuda.memory_allocated()
+    base_reserved = torch.cuda.memory_reserved()
+    # clear_history: only this step's events, not those of an earlier call
+    torch.cuda.memory._record_memory_history(max_entries=200_000, clear_history=True)
+    try:
+        step()
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return allocator_timeline(snapshot["device_traces"][torch.cuda.current_device()],
+                              base_allocated, base_reserved)
+
+
+# How each allocator event changes (allocated, reserved); segment_map/unmap are how expandable
+# segments grow and shrink. free_requested changes nothing until its free_completed.
+_ALLOCATOR_CHANGE = {"alloc": (1, 0), "free_completed": (-1, 0), "segment_alloc": (0, 1),
+                     "segment_free": (0, -1), "segment_map": (0, 1), "segment_unmap": (0, -1)}
+
+
+def allocator_timeline(trace: Sequence[Mapping[str, Any]], allocated: int = 0,
+                       reserved: int = 0):
+    """:func:`cuda_profile_step`'s table from one device's trace of a CUDA memory snapshot
+    (``torch.cuda.memory._snapshot()["device_traces"][device]``), starting from ``allocated``
+    and ``reserved`` bytes.
+
+    >>> trace = [{"action": "segment_alloc", "size": 2 << 20}, {"action": "alloc", "size": 512},
+    ...          {"action": "free_requested", "size": 512}, {"action": "free_completed", "size": 512}]
+    >>> allocator_timeline(trace)[["allocated", "reserved"]].values.tolist()
+    [[0, 2097152], [512, 2097152], [512, 2097152], [0, 2097152]]
+    """
+    import pandas as pd
+
+    rows = []
+    for event in trace:
+        da, dr = _ALLOCATOR_CHANGE.get(event["action"], (0, 0))
+        allocated += da * event["size"]
+        reserved += dr * event["size"]
+        rows.append({"action": event["action"], "allocated": allocated, "reserved": reserved})
+    frame = pd.DataFrame(rows, columns=["action", "allocated", "reserved"])
+    frame.insert(0, "event", range(len(frame)))
+    return frame
+
+
+def measured_chart(frame, *, x: str = "op", title: str = "measured", width: int = 800,
+                   height: int = 260, show: bool = True):
+    """A measured profile drawn as memflow draws a predicted one: :func:`profile_step`'s
+    categories stacked in memflow's colours, or :func:`cuda_profile_step`'s ``allocated`` and
+    ``reserved`` as lines. Shown (bokeh set up in the notebook) and returned."""
+    from bokeh.models import ColumnDataSource, HoverTool
+    from bokeh.plotting import figure
+    from memflow.report.style import CATEGORY_COLORS
+
+    data = frame.assign(**{c: frame[c] / 2**20 for c in frame.columns
+                           if c in (*CATEGORY_ORDER, "bytes", "allocated", "reserved")})
+    source = ColumnDataSource(data)
+    fig = figure(width=width, height=height, title=title, y_axis_label="MiB",
+                 x_axis_label="operations run" if x == "op" else "allocator events",
+                 tools="xpan,xwheel_zoom,reset,save")
+    if "bytes" in frame:
+        cats = [c for c in CATEGORY_ORDER if frame[c].any()]
+        fig.varea_stack(stackers=cats, x=x, source=source, alpha=0.85,
+                        color=[CATEGORY_COLORS[c] for c in cats], legend_label=cats)
+        line = fig.line(x, "bytes", source=source, color="#222222", line_width=1)
+        tips = [("op", "@name (@phase)"), ("memory", "@bytes{0,0.00} MiB"),
+                *[(c, f"@{c}{{0,0.00}} MiB") for c in cats]]
+    else:
+        fig.line(x, "reserved", source=source, color=_PALETTE[4], line_width=2,
+                 legend_label="reserved (segments)")
+        line = fig.line(x, "allocated", source=source, color=_PALETTE[2], line_width=2,
+                        legend_label="allocated (blocks)")
+        tips = [("event", "@action"), ("allocated", "@allocated{0,0.00} MiB"),
+                ("reserved", "@reserved{0,0.00} MiB")]
+    fig.add_tools(HoverTool(mode="vline", renderers=[line], tooltips=tips))
+    return _finish(fig, show, location="top_left", orientation="horizontal")
 
 
 def show_hints() -> None:
