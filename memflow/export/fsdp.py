@@ -28,6 +28,7 @@ replayed forward all-gathers again under FSDP2.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,7 +169,8 @@ def shard_model(exported, device: torch.device | None = None) -> Sharding:
     fsdp = root_level in (S_GRADIENTS, S_PARAMETERS) or any(
         levels[s.index] in (S_GRADIENTS, S_PARAMETERS) for s, _ in alone)
     if not fsdp:
-        single = device is not None and device.type == "cuda"
+        single = device is not None and device.type == "cuda" and len(
+            {d for parts in exported.devices for d in parts}) == 1
         ddp = DistributedDataParallel(exported, device_ids=[device] if single else None)
         return Sharding(ddp, whole, zero, fsdp=False)
     from torch.distributed.device_mesh import init_device_mesh
@@ -179,10 +181,33 @@ def shard_model(exported, device: torch.device | None = None) -> Sharding:
     mesh = init_device_mesh(kind, (dist.get_world_size(),))
     for s, m in alone:
         if levels[s.index] in (S_GRADIENTS, S_PARAMETERS):
-            fully_shard(m, mesh=mesh, reshard_after_forward=bool(levels[s.index] == S_PARAMETERS))
-    fully_shard(exported.module, mesh=mesh, reshard_after_forward=root_level == S_PARAMETERS,
-                ignored_params=set(whole))
+            with _on(_devices(m.parameters(), [s])):    # a group stays on its unit's device
+                fully_shard(m, mesh=mesh,
+                            reshard_after_forward=bool(levels[s.index] == S_PARAMETERS))
+    ignored = set(whole)
+    rest = [p for p in exported.module.parameters() if p not in ignored and not
+            hasattr(p, "device_mesh")]
+    with _on(_devices(rest, root)):
+        fully_shard(exported.module, mesh=mesh, reshard_after_forward=root_level == S_PARAMETERS,
+                    ignored_params=ignored)
     return Sharding(exported, whole, zero, fsdp=True)
+
+
+def _devices(params, spans) -> torch.device | None:
+    """The one device of ``params`` (the parameters of units ``spans``), None for none."""
+    found = {p.device for p in params}
+    if len(found) > 1:
+        raise ExportError(f"units {[s.name for s in spans]} are one fully_shard group but "
+                          f"their parameters lie on {sorted(map(str, found))}; a group's "
+                          "parameters share one device. Valid: the same devices for them")
+    return found.pop() if found else None
+
+
+def _on(device: torch.device | None):
+    """The context in which FSDP2 places a group on ``device`` (the current CUDA device)."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 def _unit_params(exported, span) -> list[nn.Parameter]:

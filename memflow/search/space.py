@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..strategy import POLICIES, parse_policy
-from ..strategy.runnable import RUNNABLE, parameter_limits, unrunnable
+from ..strategy.runnable import RUNNABLE, parameter_limits, root_sharded, unrunnable
 
 __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label", "OPTIMIZER_PLACES",
            "shard_choices", "precision_choices"]
@@ -82,9 +82,12 @@ class SearchSpace:
         if self.runnable:       # what export runs: sliceable units only, no attribute split
             self.max_p = parameter_limits(graph)
             self.max_a = np.ones(self.n, np.int64)
+            # units sharded in the model's root fully_shard group change level together
+            self.root_sharded = root_sharded(graph)
         else:
             self.max_p = u["max_parameter_degree"].to_numpy(np.int64)
             self.max_a = u["max_attribute_degree"].to_numpy(np.int64)
+            self.root_sharded = np.zeros(self.n, bool)
         self.batch = int(graph.meta.get("batch_size") or 0)
         self.recomputable = graph_arrays(graph).recomputable
         bad = [p for p in policies if p not in POLICIES]

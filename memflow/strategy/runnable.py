@@ -20,9 +20,9 @@ The rules of :data:`RUNNABLE`:
   ``max_parameter_degree``;
 * **shard levels over whole-model replicas** — any of ``shard_levels``, written as FSDP2
   ``fully_shard`` per unit and ZeRO-1's ``ZeroRedundancyOptimizer``
-  (:mod:`memflow.export.fsdp`), when each replica is one process on one device: no parameter
-  split, no pipeline stages and every unit on the same devices (``fully_shard`` moves a
-  group's parameters to its process's device). Units whose parameters cannot be a
+  (:mod:`memflow.export.fsdp`), when each replica is one process: no parameter split and no
+  pipeline stages (FSDP2 is not yet composed with the DTensor and pipelining paths). Units
+  whose parameters cannot be a
   ``fully_shard`` group of their own — glue (their module's own code), a module called more
   than once, tied weights (:func:`root_sharded`) — are sharded together at the model's root,
   so they share one level;
@@ -168,12 +168,6 @@ def _shard_problem(strategy, graph) -> str | None:
         return (f"{sharded} in a pipelined strategy; export shards model states with FSDP2 "
                 f"over whole-model replicas, not yet composed with pipeline stages. {valid}"
                 "one stage")
-    odd = [i for i, d in enumerate(strategy.devices) if d != strategy.devices[0]]
-    if odd:
-        return (f"{sharded}, and unit {units[odd[0]]!r} runs on devices "
-                f"{list(strategy.devices[odd[0]])} but unit {units[0]!r} on "
-                f"{list(strategy.devices[0])}; fully_shard keeps a replica's parameters on its "
-                f"process's one device. {valid}the same devices for every unit")
     if graph is not None:
         root = np.flatnonzero(root_sharded(graph))
         odd = [i for i in root if levels[i] != levels[root[0]]]

@@ -1,12 +1,16 @@
 """Shard levels in the exported script (issue 14 item 2, FSDP2 and ZeRO-1): one step of a
 sharded strategy over 2 gloo processes gives the loss and the full gradients of the
 single-process original, and each rank holds the model-state bytes the simulator predicts."""
-import numpy as np
+import importlib.util
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import memflow
-from memflow.export import apply
+from memflow.export import apply, script
 from memflow.export.factory import build_model
 from memflow.export.fsdp import shard_model, sharded
 from memflow.export.train_template import loss_of
@@ -120,3 +124,34 @@ def test_sharded_step_matches_the_original(model, kind, tmp_path):
     if kind != "zero1":
         assert [h["optimizer"] for h in held] == pytest.approx(
             [predicted["optimizer"]] * WORLD, rel=0.01)
+
+
+def _script_losses(s, g, path, *torchrun):
+    path = script(s, path, model="chain", model_options=MODELS["chain"], batch_size=BATCH,
+                  lr=0.05, optimizer="adam", graph=g)
+    if not torchrun:
+        spec = importlib.util.spec_from_file_location("one_train", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.main(["--steps", "3"])
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node", str(WORLD), str(path), "--steps", "3"],
+                         capture_output=True, text=True, timeout=300, cwd=path.parent,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    return [float(line.rsplit(" ", 1)[1]) for line in run.stdout.splitlines()
+            if line.startswith("step ")]
+
+
+@pytest.mark.slow       # torchrun, 2 processes
+def test_the_script_trains_sharded_model_states_under_torchrun(tmp_path):
+    """The exported script runs a per-unit mix of ZeRO-3, ZeRO-1 and none with FSDP2 and
+    ZeroRedundancyOptimizer: 3 Adam steps along the losses of the unsharded strategy."""
+    g, strategies = _strategies("chain")
+    mixed = strategies["mixed"].with_shard({"layers.1.fc": "optimizer"})
+    assert list(mixed.shard_levels[::2]) == ["parameters", "optimizer", "parameters"]
+    plain = Strategy.data_parallel(g, WORLD)
+    losses = _script_losses(mixed, g, tmp_path / "sharded" / "train.py", "torchrun")
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert losses == pytest.approx(_script_losses(plain, g, tmp_path / "plain" / "train.py",
+                                                  "torchrun"), rel=1e-5)
