@@ -59,13 +59,16 @@ class Sharding:
     """Parameters FSDP2 leaves whole (levels none and optimizer), averaged by hand."""
     zero: list[nn.Parameter] = field(default_factory=list)
     """Parameters whose optimizer states ZeroRedundancyOptimizer partitions (ZeRO-1)."""
-    fsdp: bool = False
+    average: bool = True
+    """Whether :meth:`after_backward` averages ``replicated`` (False under
+    DistributedDataParallel, which does it itself)."""
+    group: Any = None
+    """The data-parallel process group (None: all processes)."""
 
     def after_backward(self) -> None:
-        """Average the replicated parameters' gradients (DistributedDataParallel does it
-        itself when no unit is a ``fully_shard`` group)."""
-        if self.fsdp and self.replicated:
-            average_gradients(_Params(self.replicated), None)
+        """Average the replicated parameters' gradients over the data-parallel group."""
+        if self.average and self.replicated:
+            average_gradients(_Params(self.replicated), self.group)
 
     def optimizer(self, cls: type, **options: Any):
         """``cls(params, **options)`` for the module's parameters, with the ZeRO-1 ones under
@@ -75,8 +78,13 @@ class Sharding:
         if not self.zero:
             return cls(rest, **options)
         from torch.distributed.optim import ZeroRedundancyOptimizer
-        parts = [ZeroRedundancyOptimizer(self.zero, optimizer_class=cls, **options)]
-        return _Optimizers(parts + ([cls(rest, **options)] if rest else []))
+        # it broadcasts plain tensors: a tensor-parallel (DTensor) parameter's local shard
+        # stands in for it, sharing its storage
+        links = [(p, nn.Parameter(p._local_tensor) if hasattr(p, "_local_tensor") else p)
+                 for p in self.zero]
+        parts = [ZeroRedundancyOptimizer([q for _, q in links], optimizer_class=cls,
+                                         process_group=self.group, **options)]
+        return _Optimizers(parts + ([cls(rest, **options)] if rest else []), links)
 
 
 class _Params(nn.Module):
@@ -91,16 +99,21 @@ class _Params(nn.Module):
 
 
 class _Optimizers:
-    """Several optimizers stepped as one (ZeRO-1 parameters beside the others)."""
+    """Several optimizers stepped as one (ZeRO-1 parameters beside the others); ``links``
+    pairs each ZeRO-1 parameter with the tensor its optimizer steps."""
 
-    def __init__(self, parts: list[torch.optim.Optimizer]):
-        self.parts = parts
+    def __init__(self, parts: list[torch.optim.Optimizer], links: list[tuple]):
+        self.parts, self.links = parts, [(p, q) for p, q in links if p is not q]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for o in self.parts:
             o.zero_grad(set_to_none=set_to_none)
+        for p, _ in self.links:
+            p.grad = None
 
     def step(self, closure=None):
+        for p, q in self.links:
+            q.grad = None if p.grad is None else p.grad._local_tensor
         for o in self.parts:
             o.step()
 
@@ -136,10 +149,16 @@ def _groups(exported) -> tuple[list[tuple[Any, nn.Module]], list[Any], list[nn.P
     return alone, root, unread
 
 
-def shard_model(exported, device: torch.device | None = None) -> Sharding:
+def shard_model(exported, device: torch.device | None = None, *, levels=None,
+                mesh=None) -> Sharding:
     """Shard the model states of ``exported`` (one replica from
     :func:`memflow.export.apply`, in a running process group of its replicas) as its
     strategy's shard levels say; returns the :class:`Sharding` to train.
+
+    On the tensor-parallel path, ``exported`` is one rank's shard of a replica
+    (:func:`~memflow.export.tensor_parallel.parallelize`), ``levels`` the strategy's shard
+    codes and ``mesh`` the data-parallel ``DeviceMesh`` of its 2-D mesh: FSDP2 then shards the
+    DTensor shards over the replicas, as torchtitan composes FSDP2 with tensor parallelism.
 
     Raises :class:`~memflow.errors.ExportError` naming the units when the units sharded at
     the root ask for different levels.
@@ -147,8 +166,7 @@ def shard_model(exported, device: torch.device | None = None) -> Sharding:
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    strategy = exported.strategy
-    levels = strategy.shard
+    levels = exported.strategy.shard if levels is None else levels
     alone, root, unread = _groups(exported)
     root_levels = {int(levels[s.index]) for s in root}
     if len(root_levels) > 1:
@@ -168,17 +186,21 @@ def shard_model(exported, device: torch.device | None = None) -> Sharding:
     whole, zero = _unique(whole), _unique(zero)
     fsdp = root_level in (S_GRADIENTS, S_PARAMETERS) or any(
         levels[s.index] in (S_GRADIENTS, S_PARAMETERS) for s, _ in alone)
+    group = mesh.get_group() if mesh is not None else None
+    if not fsdp and mesh is not None:
+        return Sharding(exported, whole, zero, group=group)
     if not fsdp:
         single = device is not None and device.type == "cuda" and len(
             {d for parts in exported.devices for d in parts}) == 1
         ddp = DistributedDataParallel(exported, device_ids=[device] if single else None)
-        return Sharding(ddp, whole, zero, fsdp=False)
-    from torch.distributed.device_mesh import init_device_mesh
-    # every replica starts from rank 0's weights, as DistributedDataParallel makes them
-    for t in [*exported.module.parameters(), *exported.module.buffers()]:
-        dist.broadcast(t.data, 0)
-    kind = device.type if device is not None else "cpu"
-    mesh = init_device_mesh(kind, (dist.get_world_size(),))
+        return Sharding(ddp, whole, zero, average=False)
+    if mesh is None:
+        from torch.distributed.device_mesh import init_device_mesh
+        # every replica starts from rank 0's weights, as DistributedDataParallel makes them
+        for t in [*exported.module.parameters(), *exported.module.buffers()]:
+            dist.broadcast(t.data, 0)
+        kind = device.type if device is not None else "cpu"
+        mesh = init_device_mesh(kind, (dist.get_world_size(),))
     for s, m in alone:
         if levels[s.index] in (S_GRADIENTS, S_PARAMETERS):
             with _on(_devices(m.parameters(), [s])):    # a group stays on its unit's device
@@ -190,7 +212,7 @@ def shard_model(exported, device: torch.device | None = None) -> Sharding:
     with _on(_devices(rest, root)):
         fully_shard(exported.module, mesh=mesh, reshard_after_forward=root_level == S_PARAMETERS,
                     ignored_params=ignored)
-    return Sharding(exported, whole, zero, fsdp=True)
+    return Sharding(exported, whole, zero, group=mesh.get_group())
 
 
 def _devices(params, spans) -> torch.device | None:

@@ -20,8 +20,8 @@ The rules of :data:`RUNNABLE`:
   ``max_parameter_degree``;
 * **shard levels over whole-model replicas** — any of ``shard_levels``, written as FSDP2
   ``fully_shard`` per unit and ZeRO-1's ``ZeroRedundancyOptimizer``
-  (:mod:`memflow.export.fsdp`), when each replica is one process: no parameter split and no
-  pipeline stages (FSDP2 is not yet composed with the DTensor and pipelining paths). Units
+  (:mod:`memflow.export.fsdp`; over the tensor-parallel shards too, as torchtitan composes
+  FSDP2 with DTensor), but not with pipeline stages (not yet composed). Units
   whose parameters cannot be a
   ``fully_shard`` group of their own — glue (their module's own code), a module called more
   than once, tied weights (:func:`root_sharded`) — are sharded together at the model's root,
@@ -158,16 +158,10 @@ def _shard_problem(strategy, graph) -> str | None:
         return None     # one replica: a level shards nothing, the model runs as it is
     k = int(np.flatnonzero(levels != S_NONE)[0])
     sharded = f"unit {units[k]!r} shards its model states ({SHARD_LEVELS[levels[k]]!r})"
-    valid = "Valid: shard level 'none' for every unit, or "
-    split = np.flatnonzero(np.asarray(strategy.parameter) > 1)
-    if len(split):
-        return (f"{sharded} while unit {units[int(split[0])]!r} is split over its parameters; "
-                "export shards model states with FSDP2 over whole-model replicas, not yet "
-                f"composed with tensor parallelism. {valid}parameter=1 for every unit")
     if (np.asarray(strategy.stage) > 0).any():
         return (f"{sharded} in a pipelined strategy; export shards model states with FSDP2 "
-                f"over whole-model replicas, not yet composed with pipeline stages. {valid}"
-                "one stage")
+                "over data-parallel replicas, not yet composed with pipeline stages. Valid: shard "
+                "level 'none' for every unit, or one stage")
     if graph is not None:
         root = np.flatnonzero(root_sharded(graph))
         odd = [i for i in root if levels[i] != levels[root[0]]]

@@ -126,7 +126,7 @@ def test_sharded_step_matches_the_original(model, kind, tmp_path):
             [predicted["optimizer"]] * WORLD, rel=0.01)
 
 
-def _script_losses(s, g, path, *torchrun):
+def _script_losses(s, g, path, *torchrun, nproc=WORLD):
     path = script(s, path, model="chain", model_options=MODELS["chain"], batch_size=BATCH,
                   lr=0.05, optimizer="adam", graph=g)
     if not torchrun:
@@ -135,7 +135,7 @@ def _script_losses(s, g, path, *torchrun):
         spec.loader.exec_module(module)
         return module.main(["--steps", "3"])
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc_per_node", str(WORLD), str(path), "--steps", "3"],
+                          "--nproc_per_node", str(nproc), str(path), "--steps", "3"],
                          capture_output=True, text=True, timeout=300, cwd=path.parent,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
@@ -155,3 +155,20 @@ def test_the_script_trains_sharded_model_states_under_torchrun(tmp_path):
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert losses == pytest.approx(_script_losses(plain, g, tmp_path / "plain" / "train.py",
                                                   "torchrun"), rel=1e-5)
+
+
+@pytest.mark.slow       # torchrun, 4 processes
+def test_fsdp2_composes_with_tensor_parallelism(tmp_path):
+    """2 replicas x 2 tensor-parallel shards: FSDP2 shards the DTensor shards over the
+    replicas (ZeRO-3 and ZeRO-1 on split units, ZeRO-2 elsewhere) along the unsharded losses."""
+    g = memflow.zoo.graph("chain", batch_size=BATCH, **MODELS["chain"])
+    tp = Strategy.tensor_parallel(g, 4, tp=2, dp=2)
+    assert int(tp.sample[0]) == 2 and int(tp.parameter.max()) == 2
+    split = [n for n, p in zip(g.names, tp.parameter) if p > 1]
+    s = tp.with_shard("gradients").with_shard(dict.fromkeys(split, "parameters")).with_shard(
+        {split[0]: "optimizer"})        # ZeroRedundancyOptimizer over a DTensor's shard
+    assert unrunnable(s, g) is None
+    losses = _script_losses(s, g, tmp_path / "sharded" / "train.py", "torchrun", nproc=4)
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert losses == pytest.approx(_script_losses(tp, g, tmp_path / "plain" / "train.py",
+                                                  "torchrun", nproc=4), rel=1e-5)
