@@ -87,10 +87,12 @@ def _strategies(model):
     mixed = dp.with_shard({n: "parameters" for n in own[::2]})
     return g, {"zero3": dp.with_shard("parameters"), "zero2": dp.with_shard("gradients"),
                "zero1": dp.with_shard("optimizer"), "mixed": mixed.with_policy(
-                   recompute=names[1:3])}
+                   recompute=names[1:3]),
+               "offload": dp.with_shard("parameters").with_policy({names[2]: "offload"})}
 
 
-CASES = [(m, k) for m in MODELS for k in ("zero3", "zero2", "zero1", "mixed")]
+CASES = [(m, k) for m in MODELS for k in ("zero3", "zero2", "zero1", "mixed")] + [
+    ("chain", "offload")]
 
 
 @pytest.mark.slow       # spawns 2 processes
