@@ -330,8 +330,9 @@ MOVES: dict[str, Move] = {"policy": policy, "segment": segment, "config": config
                           "copy": copy, "swap": swap, "replicas": replicas, "shard": shard,
                           "precision": precision, "optimizer_place": optimizer_place}
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
-"""Moves over model states: registered, but in no default weights (weight 0) until export
-writes FSDP; enable them with ``moves={**DEFAULT_WEIGHTS, **MODEL_STATE_WEIGHTS}``."""
+"""Moves over model states: registered, but in no default weights (weight 0); in the runnable
+space only ``shard`` proposes (export writes shard levels, not yet precisions or optimizer
+offload). Enable them with ``moves={**DEFAULT_WEIGHTS, **MODEL_STATE_WEIGHTS}``."""
 MODEL_STATE_WEIGHTS = {"shard": 0.1, "precision": 0.05, "optimizer_place": 0.05}
 GLOBAL_MOVES = ("precision",)
 """Moves that change the whole strategy: their proposals name no unit (``unit`` is "")."""
