@@ -40,7 +40,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
 from ..strategy import Strategy
-from ..strategy.runnable import unrunnable
+from ..strategy.runnable import shard_problem, unrunnable
 from .fsdp import shard_model, sharded
 from .pipelining import (average_gradients, build_pipeline, replicas_and_stages, split_points,
                          stage_ranks, stages)
@@ -75,6 +75,9 @@ def process_path(strategy, model: nn.Module, graph=None) -> str | None:
     """
     kind = across_processes(strategy)
     try:
+        problem = shard_problem(strategy, graph)     # the pipeline path runs no FSDP2 yet
+        if problem is not None:
+            raise ExportError(problem)
         if kind == "pipeline":
             replicas_and_stages(strategy)
             stage_ranks(strategy)

@@ -49,7 +49,7 @@ import numpy as np
 from .shard_levels import SHARD_LEVELS, S_NONE
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
-           "root_sharded"]
+           "root_sharded", "shard_problem"]
 
 
 @dataclass(frozen=True)
@@ -151,8 +151,16 @@ def root_sharded(graph) -> np.ndarray:
     return out
 
 
-def _shard_problem(strategy, graph) -> str | None:
-    """Why export cannot shard ``strategy``'s model states as it asks (None: it can)."""
+def shard_problem(strategy, graph) -> str | None:
+    """Why export cannot shard ``strategy``'s model states as it asks (None: it can); the
+    root-group rule is checked only with ``graph``.
+
+    >>> from memflow.strategy import Strategy
+    >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu2"), ("gpu1", "gpu3")], sample=[2, 2],
+    ...              stage=[0, 1], shard="parameters")
+    >>> shard_problem(s, None)[:61]
+    "unit 'a' shards its model states ('parameters') in a pipeline"
+    """
     units, levels = list(strategy.units), strategy.shard
     if int(strategy.sample[0]) < 2 or not (levels != S_NONE).any():
         return None     # one replica: a level shards nothing, the model runs as it is
@@ -206,7 +214,7 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
         return (f"unit {units[odd[0]]!r} has shard level {levels[odd[0]]!r}; export does not "
                 "write it. Valid: shard level "
                 f"{' or '.join(map(repr, rules.shard_levels))}")
-    problem = _shard_problem(strategy, graph)
+    problem = shard_problem(strategy, graph)
     if problem is not None:
         return problem
     offload = strategy.offload_optimizer
