@@ -16,7 +16,8 @@ stretches of the forward), :mod:`~.tracker` (following them at run time), :mod:`
 :mod:`~.factory` (a model from a zoo name or the user's ``file.py:factory``). Across processes:
 :mod:`~.pipelining` (pipeline stages, ``torch.distributed.pipelining``),
 :mod:`~.tensor_parallel` (parameter splits as DTensor shards) and :mod:`~.multiprocess` (the
-training script's path for both).
+training script's path for both); :mod:`~.fsdp` (shard levels: FSDP2 ``fully_shard`` and
+ZeRO-1, on the replicas of either path).
 
 >>> import memflow
 >>> sorted(memflow.export.__all__)

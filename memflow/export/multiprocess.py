@@ -40,7 +40,8 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
 from ..strategy import Strategy
-from ..strategy.runnable import unrunnable
+from ..strategy.runnable import shard_problem, unrunnable
+from .fsdp import shard_model, sharded
 from .pipelining import (average_gradients, build_pipeline, replicas_and_stages, split_points,
                          stage_ranks, stages)
 from .tensor_parallel import parallelize, tensor_groups, tensor_plan
@@ -74,6 +75,9 @@ def process_path(strategy, model: nn.Module, graph=None) -> str | None:
     """
     kind = across_processes(strategy)
     try:
+        problem = shard_problem(strategy, graph)     # the pipeline path runs no FSDP2 yet
+        if problem is not None:
+            raise ExportError(problem)
         if kind == "pipeline":
             replicas_and_stages(strategy)
             stage_ranks(strategy)
@@ -136,6 +140,7 @@ def train_across_processes(strategy, kind: str, args,
         example = build(share, args.seed + replica)[1]
     seed = args.seed + 1000 + replica
     call = as_args(example)
+    sharding = None
     if kind == "pipeline":
         _, target = loss_of(args.loss, torch.zeros(_output_shape(model, *call)), None, seed)
         run = build_pipeline(model, strategy, call, rank=rank,
@@ -149,13 +154,16 @@ def train_across_processes(strategy, kind: str, args,
                                 mesh_dim_names=("dp", "tp"))
         module = parallelize(model, strategy, mesh["tp"], graph)
         dp_group = mesh["dp"].get_group() if replicas > 1 else None
+        if dp_group is not None and sharded(strategy):     # FSDP2 over the replicas
+            sharding = shard_model(module, levels=strategy.shard, mesh=mesh["dp"])
         target = None
     batches = (itertools.cycle(load_callable(args.data)(replica, replicas, share)) if args.data
                else itertools.repeat((example, None)))
-    params = list(module.parameters())
-    optimizer = (torch.optim.Adam(params, lr=args.lr) if args.optimizer == "adam" else
-                 torch.optim.SGD(params, lr=args.lr,
-                                 momentum=0.9 if args.optimizer == "momentum" else 0.0))
+    opt_class, options = ((torch.optim.Adam, {"lr": args.lr}) if args.optimizer == "adam" else
+                      (torch.optim.SGD, {"lr": args.lr, "momentum": 0.9 if args.optimizer ==
+                                         "momentum" else 0.0}))
+    optimizer = (sharding.optimizer(opt_class, **options) if sharding else
+                 opt_class(list(module.parameters()), **options))
     losses = []
     for step in tqdm(range(args.steps), disable=rank != 0, desc=f"training ({kind})"):
         inputs, given = next(batches)
@@ -167,7 +175,9 @@ def train_across_processes(strategy, kind: str, args,
             loss, target = loss_of(args.loss, module(*as_args(inputs)[0], **as_args(inputs)[1]),
                                    target, seed)
             loss.backward()
-            if dp_group is not None:
+            if sharding is not None:
+                sharding.after_backward()
+            elif dp_group is not None:
                 average_gradients(module, dp_group)
         optimizer.step()
         # the loss lives on each replica's last stage (pipeline) or on every rank (tensor)

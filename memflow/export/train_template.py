@@ -5,7 +5,8 @@ Run it with ``torchrun --nproc_per_node <processes> <this file> --steps 100``: o
 data-parallel replica of the strategy (another process count stops it with one line saying the
 right one; ``--batch-size`` shrinks the global batch for a try-out on a laptop, to a multiple of
 replicas x micro-batches), DistributedDataParallel between them (NCCL on GPUs,
-gloo on CPU; with ``ACROSS`` set, one process per pipeline stage or tensor-parallel shard
+gloo on CPU; FSDP2 ``fully_shard`` and ZeRO-1 where the strategy shards model states,
+``memflow.export.fsdp``; with ``ACROSS`` set, one process per pipeline stage or tensor-parallel shard
 instead, ``memflow.export.multiprocess``), each replica running the strategy's memory policies
 and placement through
 ``memflow.export.apply``. Without torchrun it runs one replica in this process.
@@ -32,6 +33,7 @@ from torch.utils import _pytree as pytree
 from tqdm import tqdm
 
 from memflow.export import apply
+from memflow.export.fsdp import shard_model, sharded
 from memflow.export.multiprocess import train_across_processes
 from memflow.export.scripts import launch_problem
 from memflow.export.factory import build_model, load_callable
@@ -129,7 +131,13 @@ def main(argv: list[str] | None = None) -> list[float]:
     device = model.devices[0][0]
     if device.type == "cuda":
         torch.cuda.set_device(device)       # this process's GPU for NCCL
-    if distributed:
+    sharding = None
+    if distributed and sharded(strategy):
+        # ---- sharded model states (memflow.export.fsdp): FSDP2 fully_shard per unit, ZeRO-1
+        sharding = shard_model(model, device)
+        model = sharding.module
+        # ---- end of sharded model states ----
+    elif distributed:
         single = len({d for parts in model.devices for d in parts}) == 1
         model = DistributedDataParallel(
             model, device_ids=[device] if single and device.type == "cuda" else None)
@@ -138,9 +146,10 @@ def main(argv: list[str] | None = None) -> list[float]:
     else:
         batches = itertools.repeat((example, None))
     params = list(model.parameters())
-    optimizer = (torch.optim.Adam(params, lr=args.lr) if args.optimizer == "adam" else
-                 torch.optim.SGD(params, lr=args.lr,
-                                 momentum=0.9 if args.optimizer == "momentum" else 0.0))
+    kind, options = ((torch.optim.Adam, {"lr": args.lr}) if args.optimizer == "adam" else
+                     (torch.optim.SGD, {"lr": args.lr, "momentum": 0.9 if args.optimizer ==
+                                        "momentum" else 0.0}))
+    optimizer = (sharding.optimizer(kind, **options) if sharding else kind(params, **options))
     losses, target = [], None
     for step in tqdm(range(args.steps), disable=rank != 0, desc="training"):
         inputs, given = next(batches)
@@ -151,6 +160,8 @@ def main(argv: list[str] | None = None) -> list[float]:
                                given.to(device) if given is not None else target,
                                args.seed + 1000 + rank)
         loss.backward()
+        if sharding:
+            sharding.after_backward()
         optimizer.step()
         value = loss.detach().float()
         if distributed:

@@ -255,7 +255,10 @@ def replicas(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propo
 
 
 def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
-    """One free unit with data-parallel replicas gets another shard level (ZeRO-1/2/3).
+    """One free unit with data-parallel replicas gets another shard level (ZeRO-1/2/3). In
+    the runnable space, the units export shards in the model's root group
+    (:func:`~memflow.strategy.runnable.root_sharded`) move together, and only to levels
+    export runs.
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
@@ -264,14 +267,22 @@ def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal
     >>> shard(np.random.default_rng(0), memflow.Strategy.data_parallel(g, 4), sp).strategy.shard_levels
     ['none', 'gradients']
     """
-    levels = {i: [lv for lv in shard_choices(s, int(i))
-                  if not space.runnable or lv in RUNNABLE.shard_levels] for i in space.free()}
-    free = [int(i) for i, lv in levels.items() if lv]
-    if not free:
+    root = np.flatnonzero(space.root_sharded).tolist()
+    free = set(space.free().tolist())
+    candidates: dict[int, list] = {}
+    for i in free:
+        together = root if space.root_sharded[i] else [i]
+        if not free.issuperset(together):       # a pinned unit of the group never changes
+            continue
+        names = [space.names[int(j)] for j in together]
+        options = [s.with_shard(dict.fromkeys(names, lv)) for lv in shard_choices(s, int(i))]
+        options = [o for o in options if not space.runnable or space.runs(o)]
+        if options:
+            candidates[int(i)] = options
+    if not candidates:
         return None
-    i = _pick(rng, free)
-    name = space.names[i]
-    return Proposal("shard", name, s.with_shard({name: _pick(rng, levels[i])}))
+    i = _pick(rng, sorted(candidates))
+    return Proposal("shard", space.names[i], _pick(rng, candidates[i]))
 
 
 def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
@@ -319,8 +330,9 @@ MOVES: dict[str, Move] = {"policy": policy, "segment": segment, "config": config
                           "copy": copy, "swap": swap, "replicas": replicas, "shard": shard,
                           "precision": precision, "optimizer_place": optimizer_place}
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
-"""Moves over model states: registered, but in no default weights (weight 0) until export
-writes FSDP; enable them with ``moves={**DEFAULT_WEIGHTS, **MODEL_STATE_WEIGHTS}``."""
+"""Moves over model states: registered, but in no default weights (weight 0); in the runnable
+space only ``shard`` proposes (export writes shard levels, not yet precisions or optimizer
+offload). Enable them with ``moves={**DEFAULT_WEIGHTS, **MODEL_STATE_WEIGHTS}``."""
 MODEL_STATE_WEIGHTS = {"shard": 0.1, "precision": 0.05, "optimizer_place": 0.05}
 GLOBAL_MOVES = ("precision",)
 """Moves that change the whole strategy: their proposals name no unit (``unit`` is "")."""

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..strategy import POLICIES, parse_policy
-from ..strategy.runnable import RUNNABLE, parameter_limits, unrunnable
+from ..strategy.runnable import RUNNABLE, parameter_limits, root_sharded, unrunnable
 
 __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label", "OPTIMIZER_PLACES",
            "shard_choices", "precision_choices"]
@@ -82,9 +82,12 @@ class SearchSpace:
         if self.runnable:       # what export runs: sliceable units only, no attribute split
             self.max_p = parameter_limits(graph)
             self.max_a = np.ones(self.n, np.int64)
+            # units sharded in the model's root fully_shard group change level together
+            self.root_sharded = root_sharded(graph)
         else:
             self.max_p = u["max_parameter_degree"].to_numpy(np.int64)
             self.max_a = u["max_attribute_degree"].to_numpy(np.int64)
+            self.root_sharded = np.zeros(self.n, bool)
         self.batch = int(graph.meta.get("batch_size") or 0)
         self.recomputable = graph_arrays(graph).recomputable
         bad = [p for p in policies if p not in POLICIES]
@@ -172,8 +175,10 @@ class SearchSpace:
 
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
+        root = np.asarray(strategy.shard)[self.root_sharded]
         return (unrunnable(strategy) is None
-                and bool((np.asarray(strategy.parameter) <= self.max_p).all()))
+                and bool((np.asarray(strategy.parameter) <= self.max_p).all())
+                and bool((root == root[:1]).all()))
 
     def project(self, strategy):
         """``strategy`` moved into the space: unchanged when the space is the full one or it
@@ -198,9 +203,13 @@ class SearchSpace:
                                     for i in range(self.n)})
         if out.microbatches > 1 and out.schedule not in RUNNABLE.schedules:
             out = out.with_schedule(schedule=RUNNABLE.schedules[0])
-        # model states export does not write yet go back to how the model holds them
+        # model states export does not write yet go back to how the model holds them; the
+        # units sharded in the root fully_shard group take the first one's level
         if set(out.shard_levels) - set(RUNNABLE.shard_levels):
             out = out.with_shard(RUNNABLE.shard_levels[0])
+        root = [self.names[i] for i in np.flatnonzero(self.root_sharded)]
+        if root:
+            out = out.with_shard(dict.fromkeys(root, out.shard_levels[self.position[root[0]]]))
         if out.offload_optimizer.any() and not RUNNABLE.offload_optimizer:
             out = out.with_model_states(offload_optimizer=False)
         if out.precision not in RUNNABLE.precisions:

@@ -18,10 +18,17 @@ The rules of :data:`RUNNABLE`:
   ``Conv*`` with one group or ``Embedding`` (the graph's ``shard_axis``,
   :mod:`memflow.graph.slicing`), called once, whose weights no other module shares, up to its
   ``max_parameter_degree``;
-* **model states as the model holds them** — shard levels in ``shard_levels``, precisions in
-  ``precisions``, optimizer offload only if ``offload_optimizer``: the simulator charges
-  ZeRO/FSDP sharding, bf16 with fp32 master weights and ZeRO-Offload, but export does not
-  write them yet (FSDP2 ``fully_shard`` is the planned form);
+* **shard levels over whole-model replicas** — any of ``shard_levels``, written as FSDP2
+  ``fully_shard`` per unit and ZeRO-1's ``ZeroRedundancyOptimizer``
+  (:mod:`memflow.export.fsdp`; over the tensor-parallel shards too, as torchtitan composes
+  FSDP2 with DTensor), but not with pipeline stages (not yet composed). Units
+  whose parameters cannot be a
+  ``fully_shard`` group of their own — glue (their module's own code), a module called more
+  than once, tied weights (:func:`root_sharded`) — are sharded together at the model's root,
+  so they share one level;
+* **model states as the model holds them** — precisions in ``precisions``, optimizer offload
+  only if ``offload_optimizer``: the simulator charges bf16 with fp32 master weights and
+  ZeRO-Offload, but export does not write them yet;
 * **micro-batches with the schedules in** ``schedules`` — one process runs GPipe (all
   forwards, then all backwards); 1F1B interleaves them across stages, which needs a process
   per stage. A later multi-process pipeline export widens this by adding ``"1f1b"``.
@@ -39,7 +46,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable"]
+from .shard_levels import SHARD_LEVELS, S_NONE
+
+__all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
+           "root_sharded", "shard_problem"]
 
 
 @dataclass(frozen=True)
@@ -52,8 +62,8 @@ class Runnable:
     """Largest attribute (spatial / sequence) degree."""
     schedules: tuple[str, ...] = ("gpipe",)
     """Pipeline schedules export runs with more than one micro-batch."""
-    shard_levels: tuple[str, ...] = ("none",)
-    """Shard levels export writes (FSDP2 and ZeRO are simulated, not yet exported)."""
+    shard_levels: tuple[str, ...] = SHARD_LEVELS
+    """Shard levels export writes (:mod:`memflow.export.fsdp`: FSDP2 and ZeRO-1)."""
     precisions: tuple[str | None, ...] = (None,)
     """Strategy precisions export writes (None: the model's own dtype)."""
     offload_optimizer: bool = False
@@ -115,6 +125,64 @@ def parameter_limits(graph) -> np.ndarray:
                      for i in range(len(top))], np.int64)
 
 
+def root_sharded(graph) -> np.ndarray:
+    """Per unit, whether its parameters are sharded in the model's root ``fully_shard`` group
+    rather than a group of its own: a glue unit (its module's own parameters), a module called
+    more than once, or a unit that reads a weight another unit reads too (tied weights, or a
+    parent's code reading its child's weight). Units without parameters are False.
+
+    >>> import memflow
+    >>> g = memflow.zoo.graph("gpt2", batch_size=2, vocab=40, max_positions=16, hidden=16,
+    ...                       n_layer=1, n_head=2, seq_len=6)
+    >>> [n for n, r in zip(g.names, root_sharded(g)) if r]     # the tied embedding and head
+    ['wte', 'lm_head']
+    """
+    u = graph.units
+    calls, _ = _sharing(graph)
+    index = {name: i for i, name in enumerate(graph.names)}
+    out = np.zeros(len(u), bool)
+    for readers, buffer in zip(graph.parameters["readers"], graph.parameters["is_buffer"]):
+        if buffer:
+            continue
+        alone = len(readers) == 1 and u["role"].iat[index[readers[0]]] == "module" \
+            and calls.get(u["module"].iat[index[readers[0]]], 1) == 1
+        if not alone:
+            out[[index[r] for r in readers]] = True
+    return out
+
+
+def shard_problem(strategy, graph) -> str | None:
+    """Why export cannot shard ``strategy``'s model states as it asks (None: it can); the
+    root-group rule is checked only with ``graph``.
+
+    >>> from memflow.strategy import Strategy
+    >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu2"), ("gpu1", "gpu3")], sample=[2, 2],
+    ...              stage=[0, 1], shard="parameters")
+    >>> shard_problem(s, None)[:61]
+    "unit 'a' shards its model states ('parameters') in a pipeline"
+    """
+    units, levels = list(strategy.units), strategy.shard
+    if int(strategy.sample[0]) < 2 or not (levels != S_NONE).any():
+        return None     # one replica: a level shards nothing, the model runs as it is
+    k = int(np.flatnonzero(levels != S_NONE)[0])
+    sharded = f"unit {units[k]!r} shards its model states ({SHARD_LEVELS[levels[k]]!r})"
+    if (np.asarray(strategy.stage) > 0).any():
+        return (f"{sharded} in a pipelined strategy; export shards model states with FSDP2 "
+                "over data-parallel replicas, not yet composed with pipeline stages. Valid: shard "
+                "level 'none' for every unit, or one stage")
+    if graph is not None:
+        root = np.flatnonzero(root_sharded(graph))
+        odd = [i for i in root if levels[i] != levels[root[0]]]
+        if odd:
+            a, b = units[int(root[0])], units[int(odd[0])]
+            return (f"unit {b!r} has shard level {SHARD_LEVELS[levels[odd[0]]]!r} but unit "
+                    f"{a!r} has {SHARD_LEVELS[levels[root[0]]]!r}; both are sharded in the "
+                    "model's root fully_shard group (glue, a module called more than once, or "
+                    f"a shared weight), which has one level. Valid: one level for "
+                    f"{', '.join(units[int(i)] for i in root)}")
+    return None
+
+
 def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
     """The first reason export cannot run ``strategy``, naming the unit and what is valid;
     None when it can. Parameter splits are checked only with the ``graph`` the strategy was
@@ -144,8 +212,11 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
     odd = [i for i, lv in enumerate(levels) if lv not in rules.shard_levels]
     if odd:
         return (f"unit {units[odd[0]]!r} has shard level {levels[odd[0]]!r}; export does not "
-                "write sharded model states yet. Valid: shard level "
+                "write it. Valid: shard level "
                 f"{' or '.join(map(repr, rules.shard_levels))}")
+    problem = shard_problem(strategy, graph)
+    if problem is not None:
+        return problem
     offload = strategy.offload_optimizer
     if offload.any() and not rules.offload_optimizer:
         return (f"unit {units[int(offload.argmax())]!r} has its optimizer on the host; export "

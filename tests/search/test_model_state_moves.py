@@ -14,14 +14,19 @@ def test_registered_but_off_by_default():
     assert not set(MODEL_STATE_MOVES) & set(DEFAULT_WEIGHTS)
 
 
-def test_runnable_space_offers_no_model_state_move_until_export_writes_them():
+def test_runnable_space_offers_the_model_state_moves_export_writes():
+    """Export writes shard levels (FSDP2, ZeRO-1: memflow.export.fsdp), not yet precisions or
+    optimizer offload: the runnable space offers shard moves only."""
     g = chain_graph(3, batch=8)
     sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
     s = memflow.Strategy.data_parallel(g, 4)
     rng = np.random.default_rng(0)
-    assert all(MOVES[m](rng, s, sp) is None for m in MODEL_STATE_MOVES)
-    assert memflow.strategy.runnable.unrunnable(s.with_shard("parameters")).startswith(
-        "unit 'l0' has shard level 'parameters'")
+    for _ in range(10):
+        prop = shard(rng, s, sp)
+        assert memflow.strategy.runnable.unrunnable(prop.strategy, g) is None
+    assert all(MOVES[m](rng, s, sp) is None for m in set(MODEL_STATE_MOVES) - {"shard"})
+    assert memflow.strategy.runnable.unrunnable(s.with_model_states(
+        precision="bf16")).startswith("precision 'bf16'")
 
 
 def test_moves_respect_pins():

@@ -110,7 +110,7 @@ def test_optimizer_offload_moves_states_to_the_host_and_costs_time():
     assert (opt["end"] - opt["start"]).sum() > (opt_on["end"] - opt_on["start"]).sum()
 
 
-def test_recomputed_sharded_units_gather_again_and_export_refuses_sharding():
+def test_recomputed_sharded_units_gather_again_and_export_runs_them():
     g = _chain()
     four = memflow.Cluster.preset("4xV100-16GB")
     sim = Simulator(g, four, optimizer="adam")
@@ -121,11 +121,12 @@ def test_recomputed_sharded_units_gather_again_and_export_refuses_sharding():
     recomputed = set(tl.query("kind == 'recompute'")["unit"]) & set(
         g.units.index[g.units["param_bytes"] > 0])
     assert (tl["kind"] == "allgather").sum() == 2 * with_params + len(recomputed) > 2 * with_params
-    from memflow.errors import ExportError
+    # export runs it (memflow.export.fsdp shards each replica in the script)
     from memflow.export.exported import apply
+    from memflow.strategy.runnable import unrunnable
     model, _ = memflow.zoo.get("chain", batch_size=8, n=4, width=256)
-    with pytest.raises(ExportError, match="does not write sharded model states yet"):
-        apply(model, s, g)
+    assert unrunnable(s, g) is None
+    assert apply(model, s, g, devices={d: "meta" for d in s.device_names}).strategy is s
 
 
 def test_backward_prefetch_gathers_the_next_unit_before_reduce_scattering_this_one():
