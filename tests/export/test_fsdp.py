@@ -17,7 +17,7 @@ from memflow.export.train_template import loss_of
 from memflow.strategy import Strategy
 from memflow.strategy.runnable import root_sharded, unrunnable
 
-from distributed import run_ranks
+from gloo_ranks import run_ranks
 
 BATCH, WORLD = 4, 2
 MODELS = {"chain": dict(n=3, width=8),
