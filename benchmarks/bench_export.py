@@ -1,8 +1,9 @@
 """Exported strategies measured against memflow's memory model.
 
 CPU (always): for every zoo model (shrunk to run in a fraction of a second) and the foundation
-issue's varied real models, four strategies — keep everything, recompute everything, offload
-everything, and two seeded random mixes of keep / recompute / offload — are exported with
+issue's varied real models, six strategies — keep everything, recompute everything, offload
+everything, selective recomputation everywhere, and two seeded random mixes of keep /
+recompute / offload — are exported with
 ``memflow.export.apply`` and run for real; ``memflow.export.validate`` compares the bytes held
 for backward at the end of the forward (and the bytes offloaded to the host) with the memory
 model's prediction. A recompute segment that saves nothing (a residual add alone) holds
@@ -32,12 +33,13 @@ from _results import table, write_section  # noqa: E402
 from models import captured, mixed, real_cases  # noqa: E402
 
 import memflow  # noqa: E402
-from memflow.export import validate  # noqa: E402
+from memflow.export import ExportError, validate  # noqa: E402
 from memflow.strategy import Strategy  # noqa: E402
 
 
-def cpu_rows(names: list[str]) -> pd.DataFrame:
-    rows = []
+def cpu_rows(names: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    """The table, and the strategies export refused (model, strategy: its reason)."""
+    rows, refused = [], []
     for name in names:
         model, inputs, graph = captured(name)
         raw = Strategy.single_device(graph)
@@ -45,12 +47,17 @@ def cpu_rows(names: list[str]) -> pd.DataFrame:
             "keep": raw,
             "recompute all": mixed(graph, policies=("recompute",)),
             "offload all": mixed(graph, policies=("offload",)),
+            "selective all": mixed(graph, policies=("selective",)),
             "mix": mixed(graph, seed=0),
             "mix (seed 1)": mixed(graph, seed=1),
         }
         for label, s in strategies.items():
             start = time.perf_counter()
-            t = validate(model, inputs, s, graph)
+            try:
+                t = validate(model, inputs, s, graph)
+            except ExportError as exc:
+                refused.append(f"{name}, {label}: {exc}")
+                continue
             rows.append({
                 "model": name, "units": len(graph), "strategy": label,
                 "saved predicted": int(t.loc["saved_bytes", "predicted"]),
@@ -60,7 +67,7 @@ def cpu_rows(names: list[str]) -> pd.DataFrame:
                 "host measured": int(t.loc["offloaded_bytes", "measured"]),
                 "seconds": time.perf_counter() - start})
         print(name, "done", flush=True)
-    return pd.DataFrame(rows).set_index("model")
+    return pd.DataFrame(rows).set_index("model"), refused
 
 
 def gpu_rows() -> pd.DataFrame:
@@ -93,12 +100,14 @@ def main() -> None:
     torch.set_num_threads(1)
     names = (["gpt2", "resnet50", "hf-bert"] if args.quick
              else memflow.zoo.names() + sorted(real_cases()))
-    cpu = cpu_rows(names)
+    cpu, refused = cpu_rows(names)
     print(cpu.to_string())
+    print("\n".join(refused))
     body = ("Bytes held for backward at the end of the forward, predicted by memflow's memory "
             "model and measured on the exported model (CPU, real tensors).\n\n"
             + table(cpu, floatfmt=".3g"))
     body += f"\n\nLargest |saved error|: {cpu['saved error %'].abs().max():.3g} %."
+    body += "".join(f"\n\nRefused by export (named, before running): {r}" for r in refused)
     if torch.cuda.is_available():
         gpu = gpu_rows()
         print(gpu.to_string())
