@@ -42,8 +42,7 @@ from ..errors import ExportError
 from ..strategy import Strategy
 from ..strategy.runnable import shard_problem, unrunnable
 from .fsdp import shard_model, sharded
-from .pipelining import (average_gradients, build_pipeline, replicas_and_stages, split_points,
-                         stage_ranks, stages)
+from .pipelining import average_gradients, build_pipeline, split_points, stage_ranks, stages
 from .tensor_parallel import parallelize, tensor_groups, tensor_plan
 
 __all__ = ["across_processes", "process_path", "processes", "train_across_processes"]
@@ -79,8 +78,7 @@ def process_path(strategy, model: nn.Module, graph=None) -> str | None:
         if problem is not None:
             raise ExportError(problem)
         if kind == "pipeline":
-            replicas_and_stages(strategy)
-            stage_ranks(strategy)
+            stage_ranks(strategy)      # checks the replicas and stages too
             split_points(strategy, graph)
         elif kind == "tensor":
             tensor_plan(model, strategy, graph)

@@ -54,7 +54,7 @@ from ..graph.units import LOSS, ROOT
 from .spans import unit_spans
 
 __all__ = ["stages", "stage_ranks", "split_points", "stage_strategy", "stage_modules",
-           "PipelineRun", "build_pipeline", "average_gradients", "replicas_and_stages"]
+           "PipelineRun", "build_pipeline", "average_gradients"]
 
 
 def stages(strategy) -> int:
@@ -67,7 +67,7 @@ def stages(strategy) -> int:
     return int(strategy.stage.max()) + 1 if (strategy.stage >= 0).any() else 1
 
 
-def replicas_and_stages(strategy) -> tuple[int, int]:
+def _check(strategy) -> tuple[int, int]:
     """(replicas, stages), after the rules of the module docstring."""
     first = int(strategy.sample[0])
     n = stages(strategy)
@@ -92,7 +92,7 @@ def stage_ranks(strategy) -> dict[str, int]:
     A device that runs units of two stages or two replicas is refused: each stage of each
     replica is one process.
     """
-    replicas, n = replicas_and_stages(strategy)
+    replicas, n = _check(strategy)
     ranks: dict[str, int] = {}
     for i, u in enumerate(strategy.units):
         for r, device in enumerate(strategy.devices[i]):
@@ -235,7 +235,7 @@ def stage_modules(model: nn.Module, strategy, example: tuple[tuple, dict], *,
     from torch.distributed.pipelining import SplitPoint, pipeline
     from .exported import apply
 
-    _, n = replicas_and_stages(strategy)
+    _, n = _check(strategy)
     stage_ranks(strategy)       # one device per stage and replica
     args, kwargs = example
     m = strategy.microbatches
@@ -276,7 +276,7 @@ def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, r
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    replicas, n = replicas_and_stages(strategy)
+    replicas, n = _check(strategy)
     modules, replicated = stage_modules(model, strategy, example, device=device, graph=graph)
     world = dist.get_world_size()
     if world != replicas * n:
