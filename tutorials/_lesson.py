@@ -49,7 +49,7 @@ MODEL_ANSWER = "**Model answer"
 """How a teacher-only markdown cell (the answer to an *explain why* question) starts."""
 CATEGORY_ORDER = ("weights", "optimizer", "gradients", "activations", "transient")
 """The memory categories a measured step shows, bottom of the stack first (memflow's order)."""
-_PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
+_PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#64b5cd", "#8172b3", "#937860", "#da8bc3")
 
 
 def line_chart(data: Any, x: str, ys: Sequence[str] | Mapping[str, str], *, title: str = "",

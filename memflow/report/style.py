@@ -43,7 +43,7 @@ CATEGORY_COLORS = {
 KIND_COLORS = {
     "forward": "#4c72b0",
     "backward": "#dd8452",
-    "recompute": "#c44e52",
+    "recompute": "#64b5cd",   # far from OOM_COLOR: a recompute plan fits
     "transfer": "#8172b3",
     "allreduce": "#937860",
     "offload": "#55a868",

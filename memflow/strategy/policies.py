@@ -230,7 +230,7 @@ POLICIES = PolicyTable([
     Policy("keep", "keep", "hold what the unit saves until its backward", "#4c72b0",
            searched=True),
     Policy("recompute", "recompute",
-           "drop what it saves; rerun its checkpoint segment before backward", "#c44e52",
+           "drop what it saves; rerun its checkpoint segment before backward", "#64b5cd",
            searched=True),
     Policy("offload", "host", "copy what it saves to host memory, prefetch it back (vDNN)",
            "#55a868", searched=True),

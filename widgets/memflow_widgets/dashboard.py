@@ -44,7 +44,7 @@ def _progress_charts(window: int) -> tuple[Any, ColumnDataSource]:
     c_fig = figure(width=440, height=220, title="cost", x_axis_label="iteration",
                    x_range=a_fig.x_range, y_axis_type="log", tools="xpan,reset,save")
     c_fig.line("iteration", "cost", source=source, color="#999999", legend_label="current")
-    best = c_fig.line("iteration", "best_cost", source=source, color="#c44e52", line_width=2,
+    best = c_fig.line("iteration", "best_cost", source=source, color="#4c72b0", line_width=2,
                       legend_label="best")
     c_fig.add_tools(HoverTool(renderers=[best], mode="vline", tooltips=[
         ("iteration", "@iteration"), ("current", "@cost{0.0000}"),
