@@ -2,8 +2,8 @@
 
 Capture a PyTorch model as a graph of units with memory estimates, simulate a training step on
 every GPU of a cluster (time and memory over time), search by MCMC for the placement, split and
-per-unit memory policy (keep, recompute, offload, compress) that fits and runs fastest, and
-export the result as PyTorch training code.
+per-unit memory policy (keep, recompute, selective, offload, compress) that fits and runs
+fastest, and export the result as PyTorch training code.
 
 >>> import memflow
 >>> g = memflow.zoo.graph("mlp", batch_size=8)

@@ -34,7 +34,7 @@ def chain():
 def test_builtin_table():
     assert list(POLICIES) == ["keep", "recompute", "offload", "compress", "selective"]
     assert set(POLICIES[p].mechanism for p in POLICIES) == set(MECHANISMS)
-    assert POLICIES.searched == ("keep", "recompute", "offload")
+    assert POLICIES.searched == ("keep", "recompute", "offload", "selective")
     assert parse_policy("u", "compress") == (POLICIES.index("compress"), 1e-3)
 
 

@@ -25,15 +25,9 @@ from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from ..errors import ExportError
-from ..graph.selective import EXPENSIVE_OPS, is_expensive, op_name
+from ..graph.selective import EXPENSIVE_OPS, is_expensive, op_name, unreplayable_write
 
 __all__ = ["selective_policy", "selective_context", "graph_expensive_ops"]
-
-# In-place ops that give the same result applied to their own result (relu_(relu_(x)) =
-# relu_(x)): one may write a saved output, as recompute then re-applies it to the written value.
-IDEMPOTENT_INPLACE = frozenset({"relu_", "hardtanh_", "clamp_", "clip_", "threshold_",
-                                "relu6_"})
-
 
 def _key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
@@ -62,27 +56,14 @@ def selective_policy(ops: Collection[str] = EXPENSIVE_OPS) -> Callable:
                 saved.update(_key(t) for t in pytree.tree_leaves(out)
                              if isinstance(t, torch.Tensor))
             return CheckpointPolicy.MUST_SAVE
-        if forward and saved:
-            _check_write(func, args, kwargs, saved, read)
+        if forward and saved and unreplayable_write(func, args, saved, read, _key) is not None:
+            raise ExportError(
+                f"selective: {op_name(func)} writes in place the output of an expensive op "
+                "that selective checkpointing saves (after it was read, or not as relu_ "
+                "does); recomputation would see the written value. Make that op out of "
+                "place (inplace=False), or keep or recompute the unit")
         return CheckpointPolicy.PREFER_RECOMPUTE
     return policy_fn
-
-
-def _check_write(func, args, kwargs, saved: set[int], read: set[int]) -> None:
-    schema = func._schema.arguments
-    for arg, value in zip(schema, args):
-        if not isinstance(value, torch.Tensor) or _key(value) not in saved:
-            continue
-        key = _key(value)
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            if op_name(func) not in IDEMPOTENT_INPLACE or key in read:
-                raise ExportError(
-                    f"selective: {op_name(func)} writes in place the output of an expensive op "
-                    "that selective checkpointing saves (after it was read, or not as relu_ "
-                    "does); recomputation would see the written value. Make that op out of "
-                    "place (inplace=False), or keep or recompute the unit")
-        elif not any(r.alias_info is not None for r in func._schema.returns):
-            read.add(key)
 
 
 def selective_context(ops: Collection[str] = EXPENSIVE_OPS) -> Callable:

@@ -63,6 +63,7 @@ UNIT_COLUMNS: dict[str, Any] = {
     "expensive_fwd_bytes_moved": 0,
     "expensive_fwd_ops": 0,
     "cached_bytes": 0,
+    "selective_replays": True,   # no expensive output it keeps is written in place (export runs it)
 }
 DERIVED_UNIT_COLUMNS = ("input_bytes", "output_bytes", "saved_bytes")
 
@@ -163,6 +164,7 @@ class OpGraph:
         for col in _FLOAT_COLUMNS:
             units[col] = pd.to_numeric(units[col], errors="raise").astype(np.float64)
         units["shard_axis"] = pd.to_numeric(units["shard_axis"], errors="raise").astype(np.int64)
+        units["selective_replays"] = units["selective_replays"].astype(bool)
         for col in _INT_COLUMNS + _FLOAT_COLUMNS:
             bad = units.index[units[col] < 0].tolist()
             if bad:

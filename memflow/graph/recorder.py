@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backend import Backend
 from .opcost import OpCounter, tensors_in
-from .selective import EXPENSIVE_OPS, is_expensive
+from .selective import EXPENSIVE_OPS, is_expensive, unreplayable_write
 from .units import LOSS, ROOT
 
 __all__ = ["Recorder", "Span", "Storage", "Weight", "Window"]
@@ -67,6 +67,9 @@ class Span:
     expensive_flops: float = 0.0
     expensive_bytes: int = 0
     expensive_ops: int = 0
+    # selective checkpointing replays its forward: no op writes an expensive output it keeps
+    # so that recompute would read another value (:func:`~.selective.unreplayable_write`)
+    selective_replays: bool = True
     last_out: tuple[str, tuple[int, ...]] | None = None    # dtype, shape of its last op's result
     main_out: tuple[str, tuple[int, ...]] | None = None    # … of what its module returned
     reads_params: bool = False
@@ -173,6 +176,7 @@ class Recorder(TorchDispatchMode):
         self._window = Window()
         self._seq_his: list[int] = []
         self._bwd_span: Span | None = None
+        self._read_expensive: set[Storage] = set()     # expensive outputs read out of place
         self._inplace_nodes: set[int] = set()  # sequence numbers of in-place ops' nodes
         self._bwd_node = _ACCUMULATE
 
@@ -227,6 +231,9 @@ class Recorder(TorchDispatchMode):
             del self._live[key]
             return None
         return rec
+
+    def _storage_of(self, t: torch.Tensor) -> Storage | None:
+        return self._lookup(_key(t))
 
     def _new_storage(self, t: torch.Tensor, producer: int, tainted: bool) -> Storage:
         storage = t.untyped_storage()
@@ -361,6 +368,12 @@ class Recorder(TorchDispatchMode):
                 span.expensive_flops += cost.flops
                 span.expensive_bytes += cost.bytes_moved
                 span.expensive_ops += cost.kernels
+            written = unreplayable_write(func, args, _EXPENSIVE, self._read_expensive,
+                                         self._storage_of)
+            if written is not None:          # neither the writer nor the producer replays
+                span.selective_replays = False
+                if written.producer >= 0:
+                    self.spans[written.producer].selective_replays = False
             self._track_forward(span, args, kwargs, outs, expensive)
             if _writes_input(func) and torch.is_grad_enabled() and any(
                     t.requires_grad for t in (*tensors_in(args), *tensors_in(kwargs))):
@@ -415,6 +428,16 @@ class Recorder(TorchDispatchMode):
                 seen.add(key)
                 storage = t.untyped_storage()
                 self._window.add(StorageWeakRef(storage), storage.nbytes(), replaces)
+
+
+class _Expensive:
+    """The storage records an expensive op made, as a container (what a selective unit keeps)."""
+
+    def __contains__(self, rec: object) -> bool:
+        return isinstance(rec, Storage) and rec.expensive
+
+
+_EXPENSIVE = _Expensive()
 
 
 def _writes_input(func) -> bool:

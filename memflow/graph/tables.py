@@ -116,6 +116,7 @@ def unit_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFram
             "expensive_fwd_flops": s.expensive_flops,
             "expensive_fwd_bytes_moved": s.expensive_bytes,
             "expensive_fwd_ops": s.expensive_ops, "cached_bytes": cached[s.index],
+            "selective_replays": s.selective_replays,
             "max_parameter_degree": parameter, "max_attribute_degree": attribute,
             "shard_axis": (shard_axis(modules.get(s.module))
                            if s.role == "module" and s.module != ROOT else -1),

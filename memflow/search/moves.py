@@ -1,6 +1,7 @@
 """Proposals: each move changes one thing about a strategy, never a pinned unit.
 
-* ``policy`` — one unit gets another memory policy (keep, recompute, offload, compress:eb);
+* ``policy`` — one unit gets another memory policy (keep, recompute, offload, selective,
+  compress:eb);
 * ``segment`` — a recompute segment grows, shrinks or shifts by one unit at one end;
 * ``config`` — one unit gets another parallel configuration (degrees and devices);
 * ``copy`` — one unit takes its neighbour's parallel configuration (FlexFlow's way of growing

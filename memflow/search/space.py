@@ -90,6 +90,10 @@ class SearchSpace:
             self.root_sharded = np.zeros(self.n, bool)
         self.batch = int(graph.meta.get("batch_size") or 0)
         self.recomputable = graph_arrays(graph).recomputable
+        # selective where it differs from recompute (the unit has expensive ops to keep) and,
+        # in the runnable space, where export runs it (memflow.strategy.runnable)
+        self.selective = (u["expensive_fwd_ops"].to_numpy() > 0) & (
+            u["selective_replays"].to_numpy(bool) if self.runnable else True)
         bad = [p for p in policies if p not in POLICIES]
         if bad or not policies:
             raise SearchError(f"policies={list(policies)}: "
@@ -222,10 +226,9 @@ class SearchSpace:
 
     def policy_choices(self, i: int) -> list[tuple[int, float]]:
         """``(policy code, error bound)`` pairs unit ``i`` may take."""
-        if self.recomputable[i]:
-            return self._choices
-        recompute = POLICIES.codes("recompute")
-        return [c for c in self._choices if c[0] not in recompute]
+        barred = (() if self.recomputable[i] else POLICIES.codes("recompute")) + \
+            (() if self.recomputable[i] and self.selective[i] else POLICIES.codes("selective"))
+        return [c for c in self._choices if c[0] not in barred] if barred else self._choices
 
     def admits(self, s) -> bool:
         """Whether every free unit of strategy ``s`` has one of its policy choices (and, in

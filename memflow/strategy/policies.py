@@ -239,7 +239,7 @@ POLICIES = PolicyTable([
            parameter="error_bound", default=1e-3),
     Policy("selective", "selective",
            "keep its expensive ops' outputs (matmul, convolution); recompute the rest",
-           "#dd8452"),
+           "#dd8452", searched=True),
 ])
 """The memory policies: a sequence of names in the order of their codes."""
 KEEP, RECOMPUTE, OFFLOAD, COMPRESS, SELECTIVE = (

@@ -29,6 +29,10 @@ The rules of :data:`RUNNABLE`:
 * **model states as the model holds them** — precisions in ``precisions``, optimizer offload
   only if ``offload_optimizer``: the simulator charges bf16 with fp32 master weights and
   ZeRO-Offload, but export does not write them yet;
+* **selective only where it replays** — a unit whose forward writes in place an output of an
+  expensive op that selective checkpointing keeps (capture's ``selective_replays``: an
+  ``add_`` into a matmul's output, as an LSTM cell does) would be recomputed from the written
+  value, so export refuses ``selective`` there (:mod:`memflow.graph.selective`);
 * **micro-batches with the schedules in** ``schedules`` — one process runs GPipe (all
   forwards, then all backwards); 1F1B interleaves them across stages, which needs a process
   per stage. A later multi-process pipeline export widens this by adding ``"1f1b"``.
@@ -46,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .policies import POLICIES
 from .shard_levels import SHARD_LEVELS, S_NONE
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
@@ -225,6 +230,13 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
         return (f"precision {strategy.precision!r}: export does not write mixed-precision "
                 "training yet. Valid: precision None (the model's own dtype)")
     if graph is not None:
+        stuck = np.flatnonzero(POLICIES.selective(strategy.policy)
+                               & ~graph.units["selective_replays"].to_numpy(bool))
+        if len(stuck):
+            return (f"unit {units[int(stuck[0])]!r} writes in place an output of an expensive "
+                    "op that selective checkpointing keeps (an add_ into a matmul's output, as "
+                    "an LSTM cell does), so its recomputation would read the written value. "
+                    "Valid: any other policy for it (keep, recompute, offload, compress)")
         parameter = np.asarray(strategy.parameter)
         limits = graph.units["max_parameter_degree"].to_numpy(np.int64)
         for i in np.flatnonzero(parameter > 1):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import memflow
 from memflow import zoo
 from memflow.export import apply, script
+from memflow.export.multiprocess import process_path, processes
 from memflow.search.initial import data_parallel
 from memflow.search.moves import MOVES
 from memflow.search.space import SearchSpace
@@ -95,9 +96,11 @@ def test_walk_scripts_and_trains(model, tmp_path):
     g, s = walk(model, "2xV100-16GB", 7, 40, 0)
     path = script(s, tmp_path / "train.py", model=model, model_options=MODELS[model],
                   batch_size=BATCH, graph=g)
-    assert f"--nproc_per_node {int(s.sample[0])}" in path.read_text()
     real, inputs = zoo.get(model, batch_size=BATCH // int(s.sample[0]), device="cpu",
                            **MODELS[model])
+    # one process per replica, or per stage or tensor shard where the script runs across them
+    nproc = processes(s, process_path(s, real, g))
+    assert f"--nproc_per_node {nproc}" in path.read_text()
     exported = apply(real, s, g)
     loss = exported(*inputs).float().pow(2).mean()
     loss.backward()
