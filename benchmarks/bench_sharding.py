@@ -190,7 +190,11 @@ def main() -> None:
             "+ 18Ψ/N — DeepSpeed keeps fp32 gradients beside the 16-bit ones and charges the "
             "largest layer's gathered 16-bit weights and gradients); formulas only for "
             f"strategies without tensor parallelism. Worst error against ZeRO: {worst7:.3f}%."
-            "\n\n" + table(seven) + "\n\nStep times are simulated, not measured; the "
+            "\n\n" + table(seven) + "\n\nStep times are simulated, not measured. "
+            "ZeRO-1 is charged as export runs it (DDP's all-reduce, then "
+            "`ZeroRedundancyOptimizer` re-gathering the updated parameters): 1.5 times DDP's "
+            "bytes, hence slower than DDP on 64 GPUs; DeepSpeed's stage 1 reduce-scatters "
+            "instead, DDP's volume. The "
             "simulator charges a tensor-parallel unit an all-reduce each way (a Megatron pair "
             "runs one per pair), so TP rows are pessimistic. The machine was loaded (shared, "
             "two cores, several agents): `sim (s)` timings are noisy, simulated times are not.")
