@@ -64,15 +64,21 @@ UNIT_SLOTS = ("forward temporaries", "backward temporaries", "recompute temporar
 """The block rows of one unit; "cached outputs" are a selective unit's expensive outputs
 used only inside it, held from its forward to its recomputation."""
 FWD_TMP, BWD_TMP, REC_TMP, PARAM_GRAD, CACHED = range(len(UNIT_SLOTS))
-STATE_SLOTS = ("gathered for forward", "gathered for backward", "gathered for recompute",
-               "unsharded gradients", "host optimizer state")
-"""The model-state block rows of one unit (:mod:`memflow.memory.states`): zero bytes unless
-the unit is sharded or offloads its optimizer."""
+FIRST_MB, EVERY_MB = 0, 1
+STATE_SLOTS = {"gathered for forward": (COMMUNICATION, EVERY_MB),
+               "gathered for backward": (COMMUNICATION, EVERY_MB),
+               "gathered for recompute": (COMMUNICATION, EVERY_MB),
+               "unsharded gradients": (COMMUNICATION, EVERY_MB),
+               "host optimizer state": (OPTIMIZER, FIRST_MB)}
+"""The model-state block rows of one unit (:mod:`memflow.memory.states`), each with its
+category and whether it recurs every micro-batch: zero bytes unless the unit is sharded or
+offloads its optimizer. Gathered parameters and a gradient before its reduce-scatter are
+short-lived communication buffers (ZeRO's "temporary buffers"), not model states."""
+GATHER_FWD, GATHER_BWD, GATHER_REC, UNSHARDED, HOST_STATE = range(len(STATE_SLOTS))
 NS, NU, NM = len(SLOTS), len(UNIT_SLOTS), len(STATE_SLOTS)
 OPTIMIZER_STATES = {k: n * (w or 4) / 4 for k, (n, w) in OPTIMIZERS.items()}
 """Optimizer state bytes per fp32 trainable byte (:data:`memflow.strategy.OPTIMIZERS`;
 ``adam8bit``: 0.5)."""
-FIRST_MB, EVERY_MB = 0, 1
 NONE = -1           # a record no saver on its placement holds
 N_MECH = len(MECHANISMS)
 
@@ -368,11 +374,11 @@ class BlockTable:
                                                            unit_slots == CACHED],
                                                           [GRADIENTS, ACTIVATIONS], TRANSIENT), n),
                                         np.full(len(o_lay), TRANSIENT),
-                                        np.tile([COMMUNICATION] * 4 + [OPTIMIZER], n)]).astype(np.int64),
+                                        np.tile([c for c, _ in STATE_SLOTS.values()], n)]).astype(np.int64),
             "per_mb": np.concatenate([np.full(NS * R + G, EVERY_MB),
                                       np.tile(np.where(unit_slots == PARAM_GRAD, FIRST_MB, EVERY_MB), n),
                                       np.full(len(o_lay), FIRST_MB),
-                                      np.tile([EVERY_MB] * 4 + [FIRST_MB], n)]).astype(np.int64)}
+                                      np.tile([m for _, m in STATE_SLOTS.values()], n)]).astype(np.int64)}
         self.bytes = np.zeros(k)
         self.host = np.zeros(k, bool)
         self.alloc = np.zeros((k, 3), np.int64)
@@ -419,12 +425,12 @@ class BlockTable:
         unit's first forward to the end of the optimizer step)."""
         n, r = self.n, self.state_row
         units = np.arange(n)
-        for j, (b, kind) in enumerate(((st.gathered, A_FWD), (st.gathered, A_BWD),
-                                       (st.gathered, A_RECOMP), (st.unsharded, A_BWD))):
+        for j, b, kind in ((GATHER_FWD, st.gathered, A_FWD), (GATHER_BWD, st.gathered, A_BWD),
+                           (GATHER_REC, st.gathered, A_RECOMP), (UNSHARDED, st.unsharded, A_BWD)):
             self.bytes[r + j:r + NM * n:NM] = b
             self.alloc[r + j:r + NM * n:NM] = _anchor(kind, units, START, n)
             self.free[r + j:r + NM * n:NM] = _anchor(kind, units, END, n)[:, None, :]
-        h = slice(r + NM - 1, r + NM * n, NM)
+        h = slice(r + HOST_STATE, r + NM * n, NM)
         self.bytes[h], self.host[h] = st.host, True
         self.alloc[h] = _anchor(A_FWD, units, START, n)
         self.free[h] = _anchor(A_OPT, layout, END, n)[:, None, :]
@@ -447,7 +453,7 @@ class BlockTable:
                 self.compress, self._mark, offloaded, compressed)
         self._key = (pol, start, ratio)
         # gathered parameters for a recomputation: only where the unit is recomputed
-        self.bytes[self.state_row + 2:self.state_row + NM * self.n:NM] = np.where(
+        self.bytes[self.state_row + GATHER_REC:self.state_row + NM * self.n:NM] = np.where(
             start >= 0, self.states.gathered, 0.0)
         rows = {**self.static, "bytes": self.bytes.copy(), "host": self.host.copy(),
                 "alloc": self.alloc.copy(), "free": self.free.copy()}

@@ -16,12 +16,24 @@ The optimizer keeps :data:`~memflow.strategy.OPTIMIZERS` state tensors (Adam: 2)
 for ``adam8bit``. With ``bf16`` and Adam that is ZeRO's 2 + 2 + 12 = 16 bytes per parameter;
 the master weights count as optimizer state, as ZeRO counts them.
 
-Sharding over a unit's ``N`` sample replicas divides, level by level (ZeRO-1/2/3): the
-optimizer state (and master weights), then the gradients, then the parameters (buffers stay
-replicated, as FSDP leaves them). What sharding adds back for a while is counted as
-*communication* buffers: a parameter-sharded unit's gathered parameters beyond its shard, held
-during its forward, backward and recomputation; a gradient-sharded unit's full gradient
-beyond its shard, held during its backward until the reduce-scatter. An unsharded (or only
+Sharding over a unit's ``N`` sample replicas divides, level by level (ZeRO-1/2/3, the
+ZeRO paper's Figure 1: ``(2 + 2 + K)Ψ``, ``2Ψ + 2Ψ + KΨ/N``, ``2Ψ + (2 + K)Ψ/N``,
+``(2 + 2 + K)Ψ/N``): the optimizer state (and master weights), then the gradients, then the
+parameters (buffers stay replicated, as FSDP leaves them). What sharding adds back for a while
+is counted as *communication* buffers: a parameter-sharded unit's gathered parameters, held
+during its forward, backward and recomputation — the whole unit's, beside its shard, since
+FSDP2 all-gathers into separate unsharded tensors and frees only those
+(``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``: ``free_storage`` of
+``all_gather_outputs``; the sharded parameter stays); a gradient-sharded unit's full gradient
+beyond its shard, held during its backward until the reduce-scatter.
+
+A gradient-sharded unit (ZeRO-2) is charged its whole parameters for the step, as the ZeRO
+paper and DeepSpeed's stage 2 keep them. FSDP2's ``reshard_after_forward=False`` (what
+``memflow export`` writes for this level) keeps a 1/N shard between steps but all-gathers
+before forward and keeps the whole parameters until the unit's backward ends: at the
+forward-to-backward turn, the step's peak, it holds them all too, so the peak and the
+``weights`` column agree; the one all-gather per step is charged after the optimizer step
+(DeepSpeed's) rather than before forward (FSDP2's), the same bytes on the same ring. An unsharded (or only
 optimizer-sharded) replicated unit keeps DDP's persistent gradient bucket. A unit whose
 optimizer is offloaded keeps its optimizer state (and a gradient copy, for the host step) in
 host memory instead.
@@ -51,7 +63,7 @@ class UnitStates:
     optimizer: np.ndarray        # optimizer state and master weights on the device
     host: np.ndarray             # ... on the host (offloaded), with a gradient copy
     bucket: np.ndarray           # DDP's persistent gradient bucket (communication)
-    gathered: np.ndarray         # all-gathered parameters beyond the shard (communication)
+    gathered: np.ndarray         # the unit's all-gathered parameters (communication)
     unsharded: np.ndarray        # full gradient beyond the shard until reduce-scatter
     gather: np.ndarray           # full parameter bytes each all-gather assembles (0: none)
     scatter: np.ndarray          # full gradient bytes each reduce-scatter reduces (0: none)
@@ -107,7 +119,7 @@ def unit_states(ga, s: np.ndarray, p: np.ndarray, a: np.ndarray, shard: np.ndarr
         weights=weights, gradients=gradients, optimizer=np.where(offload, 0.0, opt),
         host=np.where(offload, opt + gradients, 0.0),
         bucket=np.where(replicated, full_g, 0.0),
-        gathered=np.where(shard >= S_PARAMETERS, full_w - full_w / par_n, 0.0),
+        gathered=np.where(gathers, full_w, 0.0),
         unsharded=np.where(shard >= S_GRADIENTS, full_g - gradients, 0.0),
         gather=np.where(gathers, full_w, 0.0), scatter=np.where(scatters, full_g, 0.0),
         state_factor=np.where(offload, 0.0, sf / opt_n),

@@ -6,7 +6,9 @@
 * the charts, shared with the Jupyter views of ``memflow_widgets``: :class:`MemoryChart`
   (memory over time per GPU, stacked by category, capacity lines), :class:`GanttChart`
   (compute streams and links), :class:`StrategyGraph`, :class:`ComparisonChart` and
-  :class:`HistoryChart`; colours and formats in :mod:`memflow.report.style`.
+  :class:`HistoryChart`; the model states per GPU and the settings that decide them
+  (:func:`model_states_html`, :mod:`memflow.report.states`); colours and formats in
+  :mod:`memflow.report.style`.
 
 bokeh is needed here only; ``import memflow.report`` stays cheap and loads it on first use.
 """
@@ -23,6 +25,8 @@ _EXPORTS = {
     "StrategyGraph": "memflow.report.strategy",
     "ComparisonChart": "memflow.report.compare",
     "HistoryChart": "memflow.report.history",
+    "model_states_html": "memflow.report.states",
+    "model_states_table": "memflow.report.states",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -26,7 +26,8 @@ import pandas as pd
 
 from .._jsonio import Fields, read_json, write_text
 from ..errors import MemflowError, StrategyError
-from .style import format_bytes, format_seconds
+from .states import model_states_html
+from .style import device_list, format_bytes, format_seconds
 
 __all__ = ["report_html", "write_report", "write_plan_report", "static_components",
            "strategy_table", "STRATEGY_CAPTION"]
@@ -43,11 +44,6 @@ p.note { color: #555; font-size: 0.9em; }
 """
 
 
-def _devices(devs: Any) -> str:
-    devs = list(devs)
-    return ",".join(devs) if len(devs) <= 4 else f"{devs[0]}…{devs[-1]} ({len(devs)})"
-
-
 def strategy_table(strategy) -> pd.DataFrame:
     """:attr:`memflow.Strategy.table` for people: long device lists shortened, and ``—``
     where a field does not apply (no pipeline stage, no recompute segment, no error bound).
@@ -61,7 +57,7 @@ def strategy_table(strategy) -> pd.DataFrame:
     from .strategy import plan_cells
 
     table = strategy.table.copy()
-    table["devices"] = table["devices"].map(_devices)
+    table["devices"] = table["devices"].map(device_list)
     for column in ("error_bound", "stage", "segment"):
         table[column] = [plan_cells({column: v})[0][1] for v in table[column]]
     return table
@@ -72,7 +68,10 @@ STRATEGY_CAPTION = (
     "of a compressed unit; segment_break: a new recompute segment starts here; sample, "
     "parameter, attribute: how the unit is split over its devices; stage: its pipeline "
     "stage; segment: its recompute segment (consecutive recomputed units run as one "
-    "checkpoint). — : does not apply (not compressed, no pipeline, not recomputed).")
+    "checkpoint); shard: what of its model states is split over its data-parallel replicas "
+    "(none: DDP; optimizer: ZeRO-1; gradients: ZeRO-2; parameters: ZeRO-3, FSDP full shard); "
+    "offload_optimizer: its optimizer state and step live on the host (ZeRO-Offload). — : "
+    "does not apply (not compressed, no pipeline, not recomputed).")
 
 
 def _fit(result) -> str:
@@ -158,8 +157,10 @@ def report_html(result, *, graph=None, history: pd.DataFrame | None = None, base
              + f"<p class='note'>{html.escape(STRATEGY_CAPTION)}</p>")
     picture = (StrategyGraph(graph, result.strategy, colour_by="policy") if graph is not None
                else None)
+    sections.append(("Model states per GPU", model_states_html(result), None))
     sections.append(("Strategy", f"<p class='note'>microbatches {result.strategy.microbatches} "
-                     f"({html.escape(result.strategy.schedule)})</p>{units}", picture))
+                     f"({html.escape(result.strategy.schedule)}) · precision "
+                     f"{html.escape(result.precision)}</p>{units}", picture))
     if history is not None and len(history):
         chart = HistoryChart(history)
         sections.append(("Search", chart.summary_html(), chart))

@@ -43,7 +43,7 @@ ColourBy = Literal["device", "policy"]
 _DETAIL_COLUMNS = ("kind", "module", "params", "param_bytes", "saved_bytes", "output_bytes",
                    "fwd_tmp_bytes", "bwd_tmp_bytes", "fwd_flops", "bwd_flops")
 _PLAN_COLUMNS = ("policy", "error_bound", "devices", "sample", "parameter", "attribute",
-                 "stage", "segment")
+                 "stage", "segment", "shard", "offload_optimizer")
 
 
 def layout_positions(dg: nx.DiGraph, *, layout: str = "layered",

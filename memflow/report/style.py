@@ -14,7 +14,7 @@ from .._units import byte_unit, format_bytes, format_seconds
 
 __all__ = ["CATEGORIES", "CATEGORY_COLORS", "KIND_COLORS", "OOM_COLOR", "DEVICE_PALETTE",
            "STRATEGY_PALETTE", "MULTI_DEVICE_COLOR", "CHART_WIDTH", "GIB", "CAPACITY_IN_VIEW", "format_bytes", "format_seconds",
-           "memory_scale", "color_for", "text_width", "legend_columns"]
+           "memory_scale", "color_for", "text_width", "legend_columns", "device_list"]
 
 GIB = float(2**30)
 
@@ -63,6 +63,16 @@ DEVICE_PALETTE = tuple(c for c in (
     "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94") if c != OOM_COLOR)
 STRATEGY_PALETTE = DEVICE_PALETTE
 MULTI_DEVICE_COLOR = "#444444"  # a unit split over several devices
+
+
+def device_list(devices: Sequence[str]) -> str:
+    """A list of devices for a table cell: up to four named, more as first…last (count).
+
+    >>> device_list(["gpu0", "gpu1"]), device_list([f"gpu{i}" for i in range(8)])
+    ('gpu0,gpu1', 'gpu0…gpu7 (8)')
+    """
+    devs = list(devices)
+    return ",".join(devs) if len(devs) <= 4 else f"{devs[0]}…{devs[-1]} ({len(devs)})"
 
 
 def color_for(device: str, devices: Sequence[str]) -> str:

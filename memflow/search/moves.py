@@ -35,8 +35,8 @@ from .space import SearchSpace, policy_label, precision_choices, shard_choices
 
 __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGHTS",
            "FLEXFLOW_WEIGHTS", "policy", "segment", "config", "copy", "swap", "replicas",
-           "MODEL_STATE_MOVES", "MODEL_STATE_WEIGHTS", "GLOBAL_MOVES", "shard", "precision",
-           "optimizer_place"]
+           "MODEL_STATE_MOVES", "MODEL_STATE_WEIGHTS", "EXPORTED_MODEL_STATE_MOVES",
+           "GLOBAL_MOVES", "shard", "precision", "optimizer_place"]
 
 
 @dataclass(frozen=True)
@@ -331,16 +331,22 @@ MOVES: dict[str, Move] = {"policy": policy, "segment": segment, "config": config
                           "copy": copy, "swap": swap, "replicas": replicas, "shard": shard,
                           "precision": precision, "optimizer_place": optimizer_place}
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
-"""Moves over model states: registered, but in no default weights (weight 0); in the runnable
-space only ``shard`` proposes (export writes shard levels, not yet precisions or optimizer
-offload). Enable them with ``moves={**DEFAULT_WEIGHTS, **MODEL_STATE_WEIGHTS}``."""
+"""Moves over model states. Search space = export space: the default weights hold those whose
+choices export runs (:data:`EXPORTED_MODEL_STATE_MOVES`: today ``shard``, as FSDP2 / ZeRO-1;
+export writes neither mixed precision nor optimizer offload yet). Add the rest, for the
+simulator's wider space, with ``moves={**DEFAULT_WEIGHTS, **MODEL_STATE_WEIGHTS}``."""
 MODEL_STATE_WEIGHTS = {"shard": 0.1, "precision": 0.05, "optimizer_place": 0.05}
+EXPORTED_MODEL_STATE_MOVES = tuple(m for m, exported in (
+    ("shard", len(RUNNABLE.shard_levels) > 1), ("precision", len(RUNNABLE.precisions) > 1),
+    ("optimizer_place", RUNNABLE.offload_optimizer)) if exported)
+"""The model-state moves whose choices :data:`~memflow.strategy.runnable.RUNNABLE` accepts."""
 GLOBAL_MOVES = ("precision",)
 """Moves that change the whole strategy: their proposals name no unit (``unit`` is "")."""
 MEMORY_MOVES = ("policy", "segment")
 PARALLEL_MOVES = ("config", "copy", "swap", "replicas")
 DEFAULT_WEIGHTS = {"policy": 0.3, "segment": 0.2, "config": 0.2, "copy": 0.15, "swap": 0.1,
-                   "replicas": 0.05}
+                   "replicas": 0.05,
+                   **{m: MODEL_STATE_WEIGHTS[m] for m in EXPORTED_MODEL_STATE_MOVES}}
 FLEXFLOW_WEIGHTS = {"config": 0.6, "copy": 0.25, "swap": 0.15}
 """FlexFlow changes one operator's configuration at a time and never a memory policy (in the
 runnable space its data-parallel degree stays the start's: name ``replicas`` to move it)."""

@@ -15,7 +15,6 @@ from .._tables import ReadableFrame
 from .._units import format_bytes
 from ..errors import MemflowError
 from ..hardware import Cluster
-from ..memory.arrays import graph_arrays
 from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, step_blocks
 from ..strategy.shard_levels import PRECISIONS
 from ..memory.records import placements
@@ -24,10 +23,10 @@ from .costs import compression_ratios
 from .expand import Timing, expand
 from .kinds import TASK_KINDS
 from .ledger import ledger_plan, ledgers
+from .precision import ACTIVATION_WIDTH, activation_arrays
 from .structure import structure
 
 __all__ = ["estimate"]
-
 
 def _capacity_and_foreach(graph, device: Any) -> tuple[float, bool, str]:
     """(capacity bytes or NaN, whether the optimizer runs foreach kernels, device label)."""
@@ -42,7 +41,6 @@ def _capacity_and_foreach(graph, device: Any) -> tuple[float, bool, str]:
         return float(first["memory_bytes"]), True, str(device.devices.index[0])
     raise MemflowError(f"device must be 'cpu', 'cuda', a cluster preset name or a Cluster, "
                        f"got {device!r}")
-
 
 def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: str | None = None,
              strategy=None) -> pd.DataFrame:
@@ -92,10 +90,11 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     if precision not in (None, *PRECISIONS):
         raise MemflowError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     capacity, foreach, label = _capacity_and_foreach(graph, device)
-    ga = graph_arrays(graph)
     if strategy is None:
         strategy = Strategy.single_device(graph)
     strategy.validate(graph)
+    precision = strategy.precision or precision
+    ga = activation_arrays(graph, precision)
     if len(strategy.device_names) != 1:
         raise MemflowError("estimate is for one device; use memflow.simulate for strategies "
                            f"over several devices (this one uses {strategy.device_names})")
@@ -104,9 +103,10 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
                         degrees[layout, 1], M)
     plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
-                       compression_ratios(strategy, ga.half), optimizer=optimizer,
+                       compression_ratios(strategy, ga.half | (precision in ACTIVATION_WIDTH)),
+                       optimizer=optimizer,
                        foreach=foreach, cache={(layout.tobytes(), degrees.tobytes(), M): placed},
-                       precision=strategy.precision or precision, shard=strategy.shard,
+                       precision=precision, shard=strategy.shard,
                        offload=strategy.offload_optimizer)
     S = structure(ga, placed, layout, degrees, strategy.stage, M, strategy.schedule)
     T = expand(S, Timing.untimed(S, ga.n), plan)

@@ -107,6 +107,16 @@ class SimResult:
         out = pd.concat(frames, ignore_index=True)
         return out[["device", "time", "bytes", *CATEGORIES]]
 
+    @property
+    def precision(self) -> str:
+        """The precision the step trained in: the strategy's, else the simulator's default."""
+        return self._sim.precision_of(self.strategy)
+
+    @property
+    def optimizer(self) -> str:
+        """The optimizer the step was simulated with (:data:`memflow.strategy.OPTIMIZERS`)."""
+        return self._sim.optimizer
+
     @cached_property
     def model_states(self) -> pd.DataFrame:
         """Per device (rows, the devices the strategy uses): bytes of ``weights``,

@@ -38,6 +38,7 @@ from .expand import Tasks, Timing, expand
 from .structure import Structure, structure
 from .folding import classes
 from .ledger import Ledger, LedgerPlan, ledger_plan, ledgers
+from .precision import ACTIVATION_WIDTH, activation_arrays
 from .schedule import schedule
 
 __all__ = ["Simulator", "Evaluation", "Run", "Placement", "PRECISIONS"]
@@ -180,20 +181,24 @@ class Simulator:
         return self._compress
 
     # ------------------------------------------------------------------ pieces
+    def _half_maps(self, strategy: Strategy) -> np.ndarray:
+        """Per unit: its feature maps are 16-bit (captured so, or cast by the precision)."""
+        return self.ga.half | (self.precision_of(strategy) in ACTIVATION_WIDTH)
+
     def _ratios(self, strategy: Strategy) -> np.ndarray:
-        return compression_ratios(strategy, self.ga.half,
+        return compression_ratios(strategy, self._half_maps(strategy),
                                   lambda eb, dtype: self.compression[0](eb, dtype))
 
     def _placed_of(self, strategy: Strategy) -> Placed:
         layout, M = strategy.layout_ids, strategy.microbatches
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-        key = (layout.tobytes(), degrees.tobytes(), M)
+        key = (layout.tobytes(), degrees.tobytes(), M, self.precision_of(strategy))
         placed = self._placed.get(key)
         if placed is None:
             if len(self._placed) > 4 * self.cache_size:   # placements seen long ago
                 self._placed.clear()
             placed = self._placed[key] = placements(
-                self.ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
+                self.arrays(strategy), layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
                 degrees[layout, 1], M)
         return placed
 
@@ -201,9 +206,14 @@ class Simulator:
         """The precision ``strategy`` trains in: its own, else this simulator's default."""
         return strategy.precision or self.precision
 
+    def arrays(self, strategy: Strategy) -> GraphArrays:
+        """The graph's arrays with activations at the width ``strategy``'s precision computes
+        them in (:func:`memflow.sim.precision.activation_arrays`)."""
+        return activation_arrays(self.graph, self.precision_of(strategy))
+
     def _table(self, strategy: Strategy, placed: Placed, foreach: bool = True) -> BlockTable:
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-        return BlockTable(self.ga, placed, strategy.layout_ids, degrees, strategy.microbatches,
+        return BlockTable(self.arrays(strategy), placed, strategy.layout_ids, degrees, strategy.microbatches,
                           optimizer=self.optimizer, foreach=foreach,
                           precision=self.precision_of(strategy), shard=strategy.shard,
                           offload=strategy.offload_optimizer)
@@ -236,7 +246,7 @@ class Simulator:
                 states) -> tuple[Timing, list]:
         """Durations that the placements (and the model states) fix, and the raw channels of
         every channel set."""
-        ga, M = self.ga, strategy.microbatches
+        ga, M = self.arrays(strategy), strategy.microbatches
         n = len(self.ca.devices)
         keys = strategy.layouts
         lcs = [self._lc(k) for k in keys]
@@ -318,7 +328,7 @@ class Simulator:
         placed = self._placed_of(strategy)
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
         table = self._table(strategy, placed)
-        S = structure(self.ga, placed, strategy.layout_ids, degrees, strategy.stage,
+        S = structure(self.arrays(strategy), placed, strategy.layout_ids, degrees, strategy.stage,
                       strategy.microbatches, strategy.schedule, table.states)
         timing, raw = self._timing(strategy, S, placed, table.states)
         n_dev = len(self.ca.devices)
@@ -360,11 +370,11 @@ class Simulator:
                 return P.timing
             return Timing(**{**P.timing.__dict__, **fixed})
         comp, decomp = np.ones(self.ga.n), np.ones(self.ga.n)
-        ratio = self._ratios(strategy)
+        ratio, half = self._ratios(strategy), self._half_maps(strategy)
         _, throughput, launches = self.compression
         for u in units.tolist():
             lay, eb = int(strategy.layout_ids[u]), float(strategy.error_bound[u])
-            bits = (16 if self.ga.half[u] else 32) / ratio[u]
+            bits = (16 if half[u] else 32) / ratio[u]
             nbytes = float(plan.compressed[u])
             for out, back in ((comp, False), (decomp, True)):
                 k = (float(P.mem_rate[lay]), back, eb)

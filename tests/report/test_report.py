@@ -156,3 +156,23 @@ def test_strategy_table_says_what_does_not_apply(plan):
     text = write_plan_report(plan, plan / "t.html").read_text()
     assert "<td>-1</td>" not in text and "<td>—</td>" in text
     assert "does not apply" in text and "node area grows" in text
+
+
+def test_report_shows_model_states_and_the_settings_behind_them(graph):
+    """Per-GPU weights, gradients and optimizer bytes (SimResult.model_states), the precision,
+    optimizer, shard levels and optimizer placement appear in the report."""
+    from memflow.report.states import model_states_table
+
+    two = memflow.Cluster.preset("2xV100-16GB")
+    s = memflow.Strategy.data_parallel(graph, two, shard="gradients", precision="bf16")
+    result = memflow.simulate(graph, s, two, optimizer="adam")
+    table = model_states_table(result)
+    assert table["devices"].tolist() == ["gpu0,gpu1"]       # both hold the same: one row
+    ms = result.model_states.iloc[0]
+    assert table.iloc[0][["weights", "gradients", "optimizer"]].tolist() == ms.tolist()
+    assert table.iloc[0]["total"] == ms.sum()
+    text = report_html(result, graph=graph)
+    assert "<h2>Model states per GPU</h2>" in text
+    assert "precision bf16 · optimizer adam" in text and "gradients (ZeRO-2)" in text
+    assert "<th>shard</th>" in text and "<th>offload_optimizer</th>" in text
+    assert "ZeRO-Offload" in text        # the strategy table's caption says what they mean

@@ -3,15 +3,18 @@ import numpy as np
 
 import memflow
 from memflow.search import MCMCSearch
-from memflow.search.moves import (DEFAULT_WEIGHTS, MODEL_STATE_MOVES, MODEL_STATE_WEIGHTS, MOVES,
-                                  optimizer_place, shard)
+from memflow.search.moves import (DEFAULT_WEIGHTS, EXPORTED_MODEL_STATE_MOVES, MODEL_STATE_MOVES,
+                                  MODEL_STATE_WEIGHTS, MOVES, optimizer_place, shard)
 from memflow.search.space import SearchSpace
 from memflow.search.synthetic import chain_graph
 
 
-def test_registered_but_off_by_default():
+def test_on_by_default_exactly_where_export_runs_their_choices():
+    """Search space = export space: shard levels export (FSDP2, ZeRO-1), so the shard move is
+    on by default; precisions and optimizer offload export does not write, so theirs are off."""
     assert set(MODEL_STATE_MOVES) <= set(MOVES)
-    assert not set(MODEL_STATE_MOVES) & set(DEFAULT_WEIGHTS)
+    assert set(MODEL_STATE_MOVES) & set(DEFAULT_WEIGHTS) == set(EXPORTED_MODEL_STATE_MOVES)
+    assert EXPORTED_MODEL_STATE_MOVES == ("shard",) and DEFAULT_WEIGHTS["shard"] > 0
 
 
 def test_runnable_space_offers_the_model_state_moves_export_writes():

@@ -141,3 +141,35 @@ def test_backward_prefetch_gathers_the_next_unit_before_reduce_scattering_this_o
     assert order[:4] == [("allgather", "l3"), ("allgather", "l2"), ("reducescatter", "l3"),
                          ("allgather", "l1")]
     assert order[-1] == ("reducescatter", "l0")
+
+
+def test_fsdp2_holds_the_whole_gathered_unit_beside_its_shard():
+    """FSDP2 all-gathers into separate unsharded tensors: while in use a unit holds its
+    shard and all its parameters; with one replica nothing is gathered."""
+    g = _chain()
+    four = memflow.Cluster.preset("4xV100-16GB")
+    sim = Simulator(g, four, optimizer="adam")
+    st = sim.placement(Strategy.data_parallel(g, four).with_shard("parameters")).blocks.states
+    assert st.gathered.tolist() == pytest.approx(g.units["param_bytes"].tolist())
+    assert st.weights.tolist() == pytest.approx(
+        (g.units["param_bytes"] / 4 + g.units["buffer_bytes"]).tolist())
+    one = Strategy.single_device(g).with_shard("parameters")
+    assert not Simulator(g, four).placement(one).blocks.states.gathered.any()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "pure-bf16"])
+def test_half_precision_strategies_hold_half_width_activations(precision):
+    """A bf16 step on an fp32 capture computes its activations in 2 bytes: activations and
+    temporaries halve (simulator and estimate), integer inputs do not."""
+    g = _chain()
+    one = memflow.Cluster.preset("1xV100-16GB")
+    s = Strategy.single_device(g)
+    full = Simulator(g, one).result(s).memory
+    half = Simulator(g, one).result(s.with_model_states(precision=precision)).memory
+    for cat in ("activations", "transient"):
+        assert half[cat].max() == pytest.approx(full[cat].max() / 2), cat
+    e32 = memflow.estimate(g, "cpu", strategy=s)
+    e16 = memflow.estimate(g, "cpu", strategy=s.with_model_states(precision=precision))
+    assert e16.loc["activations", "max"] == pytest.approx(e32.loc["activations", "max"] / 2)
+    amp = Simulator(g, one).result(s.with_model_states(precision="amp")).memory
+    assert amp["activations"].max() == full["activations"].max()

@@ -92,6 +92,7 @@ def test_charts_and_counters_receive_the_progress(search):
     assert "done" in dash.counters.value
     # the memory chart shows the best strategy found
     assert dash.memory.result is search.best_result
+    assert dash.states in dash.children and "gpu1" in dash.states.value   # model states follow
 
 
 def test_step_button_runs_the_asked_steps(search):
@@ -163,6 +164,7 @@ def test_memory_chart_follows_the_gpus_the_best_uses(search):
     assert list(dash.memory.sources) == ["gpu1"]
     assert dash.memory in dash.children
     assert dash.memory.result is search.best_result
+    assert dash.states in dash.children and "gpu1" in dash.states.value   # model states follow
     assert first.comm is None and first.chart.comm is None      # the old chart was closed
 
 

@@ -17,7 +17,7 @@ In a notebook (each view displays itself as the last expression of a cell):
 >>> search.iteration, list(dash.progress_source.data["iteration"])
 (10, [0, 10])
 >>> result = search.best_result
->>> views = [mfw.MemoryTimeline(result), mfw.Timeline(result),
+>>> views = [mfw.MemoryTimeline(result), mfw.Timeline(result), mfw.ModelStates(result),
 ...          mfw.StrategyView(graph, search.best), mfw.compare({"best": result})]
 
 ``SearchRunner`` is the widget-free part of the dashboard: it runs any search with ``step(n)``
@@ -29,7 +29,8 @@ from .gantt import Timeline
 from .memory import MemoryTimeline
 from .render import setup
 from .runner import SearchRunner
+from .states import ModelStates
 from .strategy_view import StrategyView
 
-__all__ = ["setup", "MemoryTimeline", "Timeline", "StrategyView", "compare", "Comparison",
-           "SearchDashboard", "SearchRunner"]
+__all__ = ["setup", "MemoryTimeline", "Timeline", "ModelStates", "StrategyView", "compare",
+           "Comparison", "SearchDashboard", "SearchRunner"]

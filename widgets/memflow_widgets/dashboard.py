@@ -5,7 +5,8 @@ loop, in chunks short enough that every click is handled within a fraction of a 
 flush (~0.2 s) the dashboard streams one point of progress (a
 :class:`~memflow_widgets.feed.ProgressFeed` row) into the acceptance and cost charts, updates
 the counters, and — when the best strategy improved, at most every ``best_seconds`` — redraws
-the best strategy's memory over time on every GPU. While paused, the unit table pins units in the
+the best strategy's memory over time on every GPU and its model states (weights, gradients,
+optimizer per GPU, with its precision and shard levels). While paused, the unit table pins units in the
 search. The dashboard holds the search, the runner and widgets; the search holds all state.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .memory import MemoryTimeline
 from .pins import PinTable
 from .render import Chart, StaticFallback, static_html
 from .runner import SearchRunner
+from .states import ModelStates
 
 __all__ = ["SearchDashboard"]
 
@@ -61,8 +63,8 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
     Buttons: Start, Pause (stops at the next step boundary), Resume, Step (runs ``steps``
     proposals by hand while paused). Counters: iteration, proposals/s, acceptance rate, best
     cost. Charts: acceptance rate and current/best cost over iterations; memory over time of
-    the best strategy on every GPU with its capacity. Below: the unit table (pins) and the
-    export of the best strategy.
+    the best strategy on every GPU with its capacity, then its model states per GPU. Below:
+    the unit table (pins) and the export of the best strategy.
 
     Parameters
     ----------
@@ -115,6 +117,7 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         self.progress_root, self.progress_source = _progress_charts(window)
         self.progress = Chart(self.progress_root)
         self.memory = MemoryTimeline(search.best_result)
+        self.states = ModelStates(search.best_result)
         self.pins = PinTable(search, call=self.runner.call)
         self.export = ExportPanel(search, path=export_path, call=self.runner.call)
         buttons = ipywidgets.HBox([self.start_button, self.pause_button, self.resume_button,
@@ -122,7 +125,7 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         super().__init__([
             buttons, self.counters, self.progress,
             ipywidgets.HTML("<b>Best strategy so far</b>: memory over one step on every GPU"),
-            self.memory, self.pins, self.export])
+            self.memory, self.states, self.pins, self.export])
         self.add_class("memflow-searchdashboard")
         self.runner.add_listener(self._on_flush)
         self._on_flush(self.runner)
@@ -166,6 +169,7 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         best = self.search.best
         if best is not drawn and (force or now - when >= gap):
             result = self.search.best_result
+            self.states.update(result)
             if list(result.capacity.index) == list(self.memory.sources):
                 self.memory.update(result)
             else:   # the best now uses other GPUs: a chart per GPU it uses, made anew
@@ -194,4 +198,5 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
 
     def static_html(self) -> str:
         return (f"<div><p>iteration {self.search.iteration:,} · {self._counters_html()}</p>"
-                f"{static_html(self.progress_root)}{self.memory.static_html()}</div>")
+                f"{static_html(self.progress_root)}{self.memory.static_html()}"
+                f"{self.states.value}</div>")

@@ -1,0 +1,59 @@
+"""What a strategy's precision does to its activations: a ``bf16`` or ``pure-bf16`` step on a
+graph captured in fp32 computes every floating-point activation in 2 bytes, so its saved
+tensors, temporaries and memory traffic are half the captured ones.
+
+The precisions that cast activations are those whose weights are half width in
+:data:`memflow.memory.states.WIDTHS`; ``fp32`` and ``amp`` keep the capture's own sizes (an
+``amp`` capture under autocast already records which ops ran in half precision; an fp32
+capture cannot say which would have, so it is left as measured). Integer tensors (token ids,
+masks) and units captured in half precision are unchanged.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import replace
+
+import numpy as np
+
+from ..memory.arrays import GraphArrays, graph_arrays
+from ..memory.states import WIDTHS
+
+__all__ = ["activation_arrays", "ACTIVATION_WIDTH"]
+
+ACTIVATION_WIDTH = {p: w for p, (w, _, _) in WIDTHS.items() if w is not None}
+"""precision -> bytes per floating-point activation element, where the precision casts."""
+_FP32 = {"float32", "torch.float32", "float"}
+_CACHE: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+
+
+def activation_arrays(graph, precision: str | None) -> GraphArrays:
+    """The graph's arrays with activations at ``precision``'s width (cached per graph).
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0], "bwd_flops": [2.0],
+    ...                           "fwd_tmp_bytes": [40.0]}, index=["fc"]),
+    ...             pd.DataFrame({"bytes": [8, 400], "producer": ["<input>", "fc"],
+    ...                           "consumers": [["fc"], []], "dtype": ["int64", "float32"]}))
+    >>> activation_arrays(g, "bf16").bytes.tolist(), activation_arrays(g, "bf16").fwd_tmp.tolist()
+    ([8.0, 200.0], [20.0])
+    >>> activation_arrays(g, "amp") is graph_arrays(g)
+    True
+    """
+    ga = graph_arrays(graph)
+    width = ACTIVATION_WIDTH.get(precision or "fp32")
+    if width is None:
+        return ga
+    per_graph = _CACHE.setdefault(graph, {})
+    hit = per_graph.get(precision)
+    if hit is None or hit[0] is not ga:
+        dtype = graph.tensors["dtype"].astype(str) if "dtype" in graph.tensors.columns else None
+        fp32 = (np.zeros(len(ga.bytes), bool) if dtype is None
+                else dtype.isin(_FP32).to_numpy())
+        unit = np.where(ga.half, 1.0, width / 4)       # fp32 units' temporaries and traffic
+        hit = per_graph[precision] = (ga, replace(
+            ga, bytes=np.where(fp32, ga.bytes * width / 4, ga.bytes),
+            fwd_tmp=ga.fwd_tmp * unit, bwd_tmp=ga.bwd_tmp * unit, cached=ga.cached * unit,
+            fwd_bytes_moved=ga.fwd_bytes_moved * unit, bwd_bytes_moved=ga.bwd_bytes_moved * unit,
+            expensive_fwd_bytes_moved=ga.expensive_fwd_bytes_moved * unit))
+    return hit[1]
