@@ -99,7 +99,8 @@ def held_bytes(model: nn.Module, example_inputs: Any, *, forwards: int = 1,
         if then is not None:     # a sum's backward saves no input: nothing more is held
             probes.append(sum(t.float().sum() for t in leaves if t.is_floating_point()))
         del out, leaves, args, kwargs
-    store = getattr(model, "store", None)
+    # an Exported model's offload store, also under DistributedDataParallel (``.module``)
+    store = getattr(model, "store", None) or getattr(getattr(model, "module", None), "store", None)
     host = {ref.cdata for ref in getattr(store, "host_made", [])}
     gc.collect(1)        # cycles made by this forward are young; a full collection is slow
     weights |= skip()

@@ -73,16 +73,23 @@ def state_bytes(module: nn.Module, optimizer) -> dict[str, int]:
 
 
 def _gathered(module: nn.Module) -> set[int]:
-    """Storage keys of FSDP2's gathered (unsharded) parameters in ``module``: communication
-    buffers of the model states, not activations, though a forward leaves them alive
-    (``reshard_after_forward=False``) and a matmul saves them."""
+    """Storage keys of FSDP2's gathered (unsharded) parameters in ``module`` and of its flat
+    all-gather buffers: communication buffers of the model states, not activations, though a
+    forward leaves them alive (``reshard_after_forward=False``, or the last group's buffer
+    until the next all-gather) and a matmul saves them. Read from FSDP2's private state."""
     keys = set()
     for m in module.modules():
         state = getattr(m, "_get_fsdp_state", None)
         group = getattr(state(), "_fsdp_param_group", None) if state else None
-        for p in getattr(group, "fsdp_params", ()):
-            if hasattr(p, "_unsharded_param"):
-                keys.add(storage_key(p._unsharded_param))
+        if group is None:
+            continue
+        gathered = [t for p in group.fsdp_params for t in
+                    (getattr(p, "_unsharded_param", None), *getattr(p, "all_gather_outputs", ()))]
+        # the last group's flat all-gather output, kept until the next all-gather's copy-out
+        kept = getattr(getattr(group, "comm_ctx", None), "all_gather_state", None)
+        for result in (getattr(kept, "all_gather_result", None), group._all_gather_result):
+            gathered.append(getattr(result, "all_gather_output", None))
+        keys.update(storage_key(t) for t in gathered if t is not None)
     return keys
 
 
