@@ -43,7 +43,7 @@ from ..strategy import Strategy
 from ..strategy.runnable import shard_problem, unrunnable
 from .fsdp import shard_model, sharded
 from .pipelining import average_gradients, build_pipeline, split_points, stage_ranks, stages
-from .rank_validation import measure_rank
+from .rank_measure import measure_rank
 from .tensor_parallel import parallelize, tensor_groups, tensor_plan
 
 __all__ = ["across_processes", "process_path", "processes", "train_across_processes"]

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from memflow.export import apply
 from memflow.export.fsdp import shard_model, sharded
 from memflow.export.multiprocess import train_across_processes
-from memflow.export.rank_validation import measure_rank
+from memflow.export.rank_measure import measure_rank
 from memflow.export.scripts import launch_problem
 from memflow.export.factory import build_model, load_callable
 from memflow.strategy import Strategy

@@ -4,7 +4,8 @@ model-state bytes ``SimResult.model_states`` gives, within 1%. One launch per ki
 import pytest
 
 import memflow
-from memflow.export.rank_validation import METRICS, in_flight, rank_devices, validate_ranks
+from memflow.export.rank_measure import in_flight
+from memflow.export.rank_validation import METRICS, rank_devices, validate_ranks
 from memflow.strategy import Strategy
 
 OPTIONS = dict(n=3, width=16)
