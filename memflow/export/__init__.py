@@ -6,7 +6,8 @@
 * :func:`script` — a ``torchrun`` training script (DistributedDataParallel over the
   data-parallel replicas) and the strategy JSON beside it;
 * :func:`validate` — predicted against measured memory (``saved_bytes``, ``offloaded_bytes``,
-  and ``peak_bytes`` on a GPU).
+  and ``peak_bytes`` on a GPU); :func:`validate_ranks` — the same per rank of the training
+  script run across processes (:mod:`~.rank_validation`).
 
 Anything PyTorch code cannot do as the strategy says raises
 :class:`~memflow.errors.ExportError` naming the unit. Modules: :mod:`~.spans` (units as
@@ -21,13 +22,15 @@ ZeRO-1, on the replicas of either path).
 
 >>> import memflow
 >>> sorted(memflow.export.__all__)
-['ExportError', 'Exported', 'apply', 'held_bytes', 'replicas', 'script', 'validate']
+['ExportError', 'Exported', 'apply', 'held_bytes', 'replicas', 'script', 'validate', 'validate_ranks']
 """
 from ..errors import ExportError
 from .exported import Exported, apply
 from .measure import held_bytes
 from .placement import replicas
 from .scripts import script
+from .rank_validation import validate_ranks
 from .validation import validate
 
-__all__ = ["apply", "Exported", "script", "validate", "held_bytes", "replicas", "ExportError"]
+__all__ = ["apply", "Exported", "script", "validate", "validate_ranks", "held_bytes", "replicas",
+           "ExportError"]

@@ -25,7 +25,7 @@ counted apart (on a machine without GPU the host and the device are both ``cpu``
 from __future__ import annotations
 
 import gc
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -70,29 +70,52 @@ def _copy_inputs(example_inputs: Any) -> tuple[tuple, dict]:
         torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), (args, kwargs))
 
 
-def held_bytes(model: nn.Module, example_inputs: Any) -> dict[str, int]:
+def held_bytes(model: nn.Module, example_inputs: Any, *, forwards: int = 1,
+               skip: Callable[[], set[int]] = set,
+               then: Callable[[list[torch.Tensor]], None] | None = None) -> dict[str, int]:
     """Bytes the autograd graph of one forward of ``model`` holds, by device (see module doc).
 
     ``example_inputs`` as for :func:`memflow.from_torch`; they are copied, so the caller's
     tensors are not what is counted. Offloaded host copies are under :data:`HOST`.
+
+    Across processes (:mod:`memflow.export.rank_validation`) a rank also needs: ``forwards``
+    graphs held at once (a pipeline stage's micro-batches in flight), ``skip()`` — storage keys
+    that are no activations, asked at count time (FSDP2's gathered parameters) — and
+    ``then(probes)``, called after counting with one scalar per forward whose backward runs
+    through every graph (so that DistributedDataParallel or FSDP2 finish their step). Storages
+    a hook resized to nothing (FSDP2 frees a gathered weight so) are not counted.
     """
     weights = {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
-    args, kwargs = _copy_inputs(example_inputs)
     mode = _Allocations()
-    pytree.tree_map_only(torch.Tensor, mode.note, (args, kwargs))
-    with mode:
-        out = model(*args, **kwargs)
-    graph = [t.grad_fn for t in pytree.tree_leaves(out)
-             if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    store = getattr(model, "store", None)
+    outs, probes = [], []
+    for _ in range(forwards):
+        args, kwargs = _copy_inputs(example_inputs)
+        pytree.tree_map_only(torch.Tensor, mode.note, (args, kwargs))
+        with mode:
+            out = model(*args, **kwargs)
+        leaves = [t for t in pytree.tree_leaves(out)
+                  if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        outs.append([t.grad_fn for t in leaves])
+        if then is not None:     # a sum's backward saves no input: nothing more is held
+            probes.append(sum(t.float().sum() for t in leaves if t.is_floating_point()))
+        del out, leaves, args, kwargs
+    # an Exported model's offload store, also under DistributedDataParallel (``.module``)
+    store = getattr(model, "store", None) or getattr(getattr(model, "module", None), "store", None)
     host = {ref.cdata for ref in getattr(store, "host_made", [])}
-    del out, args, kwargs
     gc.collect(1)        # cycles made by this forward are young; a full collection is slow
+    weights |= skip()
     totals: dict[str, int] = {}
     for key, (ref, nbytes, device) in mode.made.items():
-        if ref.expired() or key in weights:
+        if ref.expired() or key in weights or not _size_now(ref):
             continue
         where = HOST if key in host else device
         totals[where] = totals.get(where, 0) + nbytes
-    del graph
+    del outs
+    if then is not None:
+        then(probes)
     return totals
+
+
+def _size_now(ref: StorageWeakRef) -> int:
+    """The bytes a live storage has now."""
+    return torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes()

@@ -43,6 +43,7 @@ from ..strategy import Strategy
 from ..strategy.runnable import shard_problem, unrunnable
 from .fsdp import shard_model, sharded
 from .pipelining import average_gradients, build_pipeline, split_points, stage_ranks, stages
+from .rank_measure import measure_rank
 from .tensor_parallel import parallelize, tensor_groups, tensor_plan
 
 __all__ = ["across_processes", "process_path", "processes", "train_across_processes"]
@@ -178,6 +179,10 @@ def train_across_processes(strategy, kind: str, args,
             elif dp_group is not None:
                 average_gradients(module, dp_group)
         optimizer.step()
+        if getattr(args, "measure", None) and step == args.steps - 1:
+            measure_rank(args.measure, rank, kind, module, optimizer, as_args(inputs),
+                         stage=run.stage if kind == "pipeline" else None,
+                         microbatches=strategy.microbatches, schedule=strategy.schedule)
         # the loss lives on each replica's last stage (pipeline) or on every rank (tensor)
         value = (loss.detach().float() if loss is not None else torch.zeros(()))
         dist.all_reduce(value)

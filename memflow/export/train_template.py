@@ -35,6 +35,7 @@ from tqdm import tqdm
 from memflow.export import apply
 from memflow.export.fsdp import shard_model, sharded
 from memflow.export.multiprocess import train_across_processes
+from memflow.export.rank_measure import measure_rank
 from memflow.export.scripts import launch_problem
 from memflow.export.factory import build_model, load_callable
 from memflow.strategy import Strategy
@@ -65,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", default=None, help="file.py:fn giving (inputs, target) batches")
     p.add_argument("--devices", default=json.dumps(DEVICES), help="JSON: device name -> torch")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--measure", default=None, help="folder: each rank writes the memory it "
+                   "holds after the first step (memflow.export.rank_validation)")
     return p.parse_args(argv)
 
 
@@ -163,6 +166,8 @@ def main(argv: list[str] | None = None) -> list[float]:
         if sharding:
             sharding.after_backward()
         optimizer.step()
+        if args.measure and step == args.steps - 1:
+            measure_rank(args.measure, rank, None, model, optimizer, (call_args, call_kwargs))
         value = loss.detach().float()
         if distributed:
             dist.all_reduce(value)

@@ -24,13 +24,14 @@ and are valid by construction, so the inner loop never validates.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from ..strategy import POLICIES, Strategy
-from ..strategy.runnable import RUNNABLE
+from ..strategy.runnable import RUNNABLE, pipeline_problem
 from .space import SearchSpace, policy_label, precision_choices, shard_choices
 
 __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGHTS",
@@ -327,8 +328,24 @@ def optimizer_place(rng: np.random.Generator, s: Strategy,
 
 
 Move = Callable[[np.random.Generator, Strategy, SearchSpace], "Proposal | None"]
-MOVES: dict[str, Move] = {"policy": policy, "segment": segment, "config": config,
-                          "copy": copy, "swap": swap, "replicas": replicas, "shard": shard,
+def _keeping_pipeline(move: Move) -> Move:
+    """``move`` proposing nothing where, in the runnable space, it would leave a 1F1B pipeline
+    export cannot run (:func:`~memflow.strategy.runnable.pipeline_problem`: a device shared
+    by two stages, a split inside a stage, a boundary inside a module's own code)."""
+    @functools.wraps(move)
+    def kept(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+        prop = move(rng, s, space)
+        if prop is not None and space.runnable and \
+                pipeline_problem(prop.strategy, space.graph) is not None:
+            return None
+        return prop
+    return kept
+
+
+MOVES: dict[str, Move] = {"policy": policy, "segment": segment,
+                          **{m.__name__: _keeping_pipeline(m) for m in (config, copy, swap,
+                                                                       replicas)},
+                          "shard": shard,
                           "precision": precision, "optimizer_place": optimizer_place}
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
 """Moves over model states. Search space = export space: the default weights hold those whose

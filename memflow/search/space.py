@@ -23,7 +23,8 @@ import numpy as np
 from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..strategy import POLICIES, parse_policy
-from ..strategy.runnable import RUNNABLE, parameter_limits, root_sharded, unrunnable
+from ..strategy.runnable import (RUNNABLE, parameter_limits, pipeline_problem, root_sharded,
+                                 unrunnable)
 
 __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label", "OPTIMIZER_PLACES",
            "shard_choices", "precision_choices"]
@@ -71,6 +72,7 @@ class SearchSpace:
 
     def __init__(self, graph, cluster, *, policies: Sequence[str] = DEFAULT_POLICIES,
                  error_bounds: Sequence[float] = (1e-3,), runnable: bool = True):
+        self.graph = graph
         self.names: list[str] = list(graph.names)
         self.n = len(self.names)
         self.position = {u: i for i, u in enumerate(self.names)}
@@ -180,7 +182,7 @@ class SearchSpace:
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
         root = np.asarray(strategy.shard)[self.root_sharded]
-        return (unrunnable(strategy) is None
+        return (unrunnable(strategy) is None and pipeline_problem(strategy, self.graph) is None
                 and bool((np.asarray(strategy.parameter) <= self.max_p).all())
                 and bool((root == root[:1]).all()))
 
@@ -205,7 +207,8 @@ class SearchSpace:
         sample = max([d for d in valid if d <= int(strategy.sample[0])] or [1])
         out = strategy.with_config({self.names[i]: self.config_for(i, strategy, sample)
                                     for i in range(self.n)})
-        if out.microbatches > 1 and out.schedule not in RUNNABLE.schedules:
+        if pipeline_problem(out, self.graph) is not None or (
+                out.microbatches > 1 and out.schedule not in RUNNABLE.schedules):
             out = out.with_schedule(schedule=RUNNABLE.schedules[0])
         # model states export does not write yet go back to how the model holds them; the
         # units sharded in the root fully_shard group take the first one's level

@@ -35,7 +35,13 @@ The rules of :data:`RUNNABLE`:
   value, so export refuses ``selective`` there (:mod:`memflow.graph.selective`);
 * **micro-batches with the schedules in** ``schedules`` — one process runs GPipe (all
   forwards, then all backwards); 1F1B interleaves them across stages, which needs a process
-  per stage. A later multi-process pipeline export widens this by adding ``"1f1b"``.
+  per stage: ``torch.distributed.pipelining``'s ``Schedule1F1B``
+  (:mod:`memflow.export.pipelining`), so a 1F1B strategy must be what that path runs
+  (:func:`pipeline_problem`): two stages or more, at least as many micro-batches as stages
+  (torch refuses fewer), each stage of each replica on a device of its own, no parameter or
+  attribute split, and stage boundaries at a module called once (checked with the graph).
+  Stage ``s`` then holds ``min(m, stages - s)`` micro-batches' activations, as memflow's
+  schedule (``memflow.sim.pipeline``) charges.
 
 >>> from memflow.strategy import Strategy
 >>> s = Strategy(["conv1", "relu"], devices=[("gpu0", "gpu1"), ("gpu0",)], sample=[2, 1])
@@ -54,7 +60,7 @@ from .policies import POLICIES
 from .shard_levels import SHARD_LEVELS, S_NONE
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
-           "root_sharded", "shard_problem"]
+           "root_sharded", "shard_problem", "pipeline_problem"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ class Runnable:
     """Every unit the same sample degree (whole-model data-parallel replicas)."""
     max_attribute: int = 1
     """Largest attribute (spatial / sequence) degree."""
-    schedules: tuple[str, ...] = ("gpipe",)
+    schedules: tuple[str, ...] = ("gpipe", "1f1b")
     """Pipeline schedules export runs with more than one micro-batch."""
     shard_levels: tuple[str, ...] = SHARD_LEVELS
     """Shard levels export writes (:mod:`memflow.export.fsdp`: FSDP2 and ZeRO-1)."""
@@ -210,9 +216,11 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
                 f"exchanges this needs. Valid: attribute <= {rules.max_attribute}, with sample "
                 "or parameter splits")
     if strategy.microbatches > 1 and strategy.schedule not in rules.schedules:
-        return (f"schedule {strategy.schedule!r} with {strategy.microbatches} micro-batches "
-                "interleaves backward with forward, which one process cannot run; export "
-                f"supports schedule={' or '.join(map(repr, rules.schedules))}")
+        return (f"schedule {strategy.schedule!r} with {strategy.microbatches} micro-batches: "
+                f"export supports schedule={' or '.join(map(repr, rules.schedules))}")
+    problem = pipeline_problem(strategy, graph)
+    if problem is not None:
+        return problem
     levels = strategy.shard_levels
     odd = [i for i, lv in enumerate(levels) if lv not in rules.shard_levels]
     if odd:
@@ -245,4 +253,64 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
                 return (f"{why or f'unit {units[i]!r} has {int(limits[i])} outputs'}, so its "
                         f"parameter split of {int(parameter[i])} cannot run. Valid: "
                         f"parameter <= {1 if why else int(limits[i])}")
+    return None
+
+
+def pipeline_problem(strategy, graph=None) -> str | None:
+    """Why export cannot run ``strategy``'s 1F1B schedule (None: it can, or the strategy is
+    no 1F1B pipeline). 1F1B runs only across processes, one per stage and replica
+    (``Schedule1F1B``); the stage-boundary rule is checked only with ``graph``.
+
+    >>> from memflow.strategy import Strategy
+    >>> s = Strategy(["a", "b"], devices=[("gpu0",), ("gpu1",)], stage=[0, 1],
+    ...              microbatches=2, schedule="1f1b")
+    >>> pipeline_problem(s) is None
+    True
+    >>> pipeline_problem(s.with_schedule(microbatches=1))[:60]
+    '2 stages under 1F1B need at least 2 micro-batches (torch.dis'
+    """
+    stage = np.asarray(strategy.stage)
+    n = int(stage.max()) + 1 if (stage >= 0).any() else 1
+    if strategy.schedule != "1f1b" or (n == 1 and strategy.microbatches == 1):
+        return None
+    valid = "Valid: schedule 'gpipe'"
+    if n == 1:
+        return (f"schedule '1f1b' with {strategy.microbatches} micro-batches and no pipeline "
+                "stages interleaves backward with forward in one process, which export cannot "
+                f"run. {valid}, or two stages or more")
+    if strategy.microbatches < n:
+        return (f"{n} stages under 1F1B need at least {n} micro-batches "
+                f"(torch.distributed.pipelining's Schedule1F1B); the strategy has "
+                f"{strategy.microbatches}. {valid}, or microbatches >= {n}")
+    units = list(strategy.units)
+    held = sorted(set(stage.tolist()))
+    if held != list(range(n)):
+        return (f"the 1F1B pipeline's stages are {held}: every stage 0..{n - 1} must hold a "
+                f"unit (a process runs each). {valid}, or renumber the stages")
+    split = np.flatnonzero((np.asarray(strategy.parameter) > 1)
+                           | (np.asarray(strategy.attribute) > 1))
+    if len(split):
+        return (f"unit {units[int(split[0])]!r} is split inside a 1F1B pipeline stage; export "
+                f"runs a stage on one device per replica. {valid}, or parameter=1")
+    owner: dict[str, tuple[int, int]] = {}
+    for i, u in enumerate(units):
+        for r, device in enumerate(strategy.devices[i]):
+            if owner.setdefault(device, (r, int(stage[i]))) != (r, int(stage[i])):
+                return (f"unit {u!r}: device {device!r} runs stage {int(stage[i])} of replica "
+                        f"{r} and another stage or replica; 1F1B runs each stage of each "
+                        f"replica in its own process. {valid}, or a device per stage")
+    if graph is not None:
+        u = graph.units
+        calls, _ = _sharing(graph)
+        role, module = u["role"].to_numpy(), u["module"].to_numpy()
+
+        def cut(i: int) -> bool:     # <root> and <loss> are no module calls to cut at
+            return (role[i] == "module" and not str(module[i]).startswith("<")
+                    and calls.get(module[i], 1) == 1)
+        for i in np.flatnonzero(np.diff(stage) != 0).tolist():
+            if not (cut(i + 1) or cut(i)):
+                return (f"unit {units[i + 1]!r} starts stage {int(stage[i + 1])} after unit "
+                        f"{units[i]!r}, but neither is a module called once, so the "
+                        f"pipeline cannot be cut there. {valid}, or move the boundary next to "
+                        "a module unit")
     return None

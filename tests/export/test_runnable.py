@@ -49,16 +49,20 @@ def _steps(s, space, rng, steps: int):
     return s
 
 
-def walk(model: str, cluster: str, seed: int, steps: int, pins: int):
+def walk(model: str, cluster: str, seed: int, steps: int, pins: int, pipeline: bool = False):
     """A random walk of ``steps`` proposals (each taken) in the default search space, from
-    data parallelism or from a walk in FlexFlow's full space (per-unit sample degrees,
+    data parallelism, from a walk in FlexFlow's full space (per-unit sample degrees,
     attribute splits, 1F1B micro-batches) projected into it, as the search projects its
-    starts and offers."""
+    starts and offers (or, with ``pipeline``, from a projected 1F1B pipeline)."""
     g, c = graph(model), memflow.Cluster.preset(cluster)
     space = SearchSpace(g, c)
     rng = np.random.default_rng(seed)
     s = data_parallel(g, c)
-    if rng.integers(2):
+    if pipeline and len(c.devices) > 1:     # a 1F1B pipeline, kept where export runs it
+        n = 2 if len(c.devices) == 2 or rng.integers(2) else 4
+        s = space.project(memflow.Strategy.pipeline(g, c, stages=n, microbatches=n,
+                                                    dp=len(c.devices) // n, schedule="1f1b"))
+    elif rng.integers(2):
         full = SearchSpace(g, c, runnable=False)
         s = _steps(s.with_schedule(microbatches=2, schedule="1f1b"), full, rng, steps)
         s = space.project(s)
@@ -68,25 +72,31 @@ def walk(model: str, cluster: str, seed: int, steps: int, pins: int):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(sorted(MODELS)), st.sampled_from(CLUSTERS), st.integers(0, 10**6),
-       st.integers(1, 40), st.integers(0, 2))
-def test_every_proposal_exports(model, cluster, seed, steps, pins):
-    g, s = walk(model, cluster, seed, steps, pins)
+       st.integers(1, 40), st.integers(0, 2), st.booleans())
+def test_every_proposal_exports(model, cluster, seed, steps, pins, pipeline):
+    g, s = walk(model, cluster, seed, steps, pins, pipeline)
     assert unrunnable(s, g) is None
     exported = apply(meta_model(model), s, g,       # refuses with ExportError otherwise
                      devices={d: "meta" for d in s.device_names})
     assert len(exported.devices) == len(g)
+    if s.schedule == "1f1b" and s.microbatches > 1:     # 1F1B runs across processes only
+        assert process_path(s, meta_model(model), g) == "pipeline"
 
 
 def test_walks_reach_every_feature():
     """The walks above do split parameters and change the data-parallel degree (else the
     property would hold vacuously)."""
-    seen = {"parameter": set(), "replicas": set()}
+    seen = {"parameter": set(), "replicas": set(), "1f1b stages": set()}
     for seed in range(30):
         for model in MODELS:
             _, s = walk(model, "4xV100-16GB", seed, 40, 0)
             seen["parameter"].add(int(s.parameter.max()))
             seen["replicas"].add(int(s.sample[0]))
+            _, s = walk(model, "4xV100-16GB", seed, 40, 0, pipeline=True)
+            if s.schedule == "1f1b" and s.microbatches > 1:
+                seen["1f1b stages"].add(int(s.stage.max()) + 1)
     assert seen["parameter"] >= {1, 2, 4} and seen["replicas"] == {1, 2, 4}
+    assert seen["1f1b stages"] >= {2}       # 1F1B pipelines are walked, not only projected
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -113,7 +123,8 @@ def test_a_search_started_anywhere_stays_runnable():
     block split) into the space, keeps its proposals there, and runnable=False keeps
     FlexFlow's full space for research."""
     g, c = graph("gpt2"), memflow.Cluster.preset("4xV100-16GB")
-    for start in (memflow.Strategy.pipeline(g, c, stages=2, dp=2, microbatches=2),
+    # a 1F1B pipeline with fewer micro-batches than stages (torch's Schedule1F1B refuses it)
+    for start in (memflow.Strategy.pipeline(g, c, stages=4, microbatches=2),
                   memflow.Strategy.tensor_parallel(g, c, tp=4)):
         assert unrunnable(start, g) is not None
         search = memflow.MCMCSearch(g, c, init=start, seed=1).run(iterations=40)

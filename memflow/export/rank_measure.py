@@ -1,0 +1,129 @@
+"""What one rank of an exported training script measures, inside the rank, for per-rank
+validation (:mod:`memflow.export.rank_validation`): ``--measure FOLDER`` makes every rank
+write ``rank<r>.json`` after its last training step (:func:`measure_rank`).
+
+* ``held`` — bytes its autograd graph holds for backward at the end of a forward
+  (:func:`memflow.export.measure.held_bytes` inside the rank: every storage an op allocates,
+  alive once outputs and inputs are dropped; parameters, buffers and FSDP2's gathered weights
+  excluded). A pipeline stage holds the graphs of the micro-batches in flight at once
+  (:func:`in_flight`);
+* ``weights``, ``gradients``, ``optimizer`` — the bytes of the rank's local parameters and
+  buffers, gradients, and optimizer states (:func:`state_bytes`: a DTensor or FSDP2 shard
+  counts its local tensor).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from .._jsonio import write_json
+from ..errors import ExportError
+from .measure import HOST, held_bytes
+from .segment import storage_key
+
+__all__ = ["measure_rank", "state_bytes", "in_flight", "STEPS"]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return getattr(t, "_local_tensor", t)
+
+
+def state_bytes(module: nn.Module, optimizer) -> dict[str, int]:
+    """Local bytes of ``module``'s parameters and buffers, gradients, and ``optimizer``'s
+    states (``step`` counters excluded); a DTensor counts its local shard.
+
+    >>> m = nn.Linear(4, 2)
+    >>> opt = torch.optim.Adam(m.parameters())
+    >>> m(torch.ones(1, 4)).sum().backward(); opt.step()
+    >>> state_bytes(m, opt)
+    {'weights': 40, 'gradients': 40, 'optimizer': 80}
+    """
+    params = list(module.parameters())
+    parts = getattr(optimizer, "parts", [optimizer])      # export.fsdp's ZeRO-1 beside others
+    states = [getattr(o, "optim", o).state for o in parts]
+    return {"weights": sum(_local(t).nbytes for t in [*params, *module.buffers()]),
+            "gradients": sum(_local(p.grad).nbytes for p in params if p.grad is not None),
+            "optimizer": sum(_local(t).nbytes for st in states for v in st.values()
+                             for k, t in v.items() if k != "step" and torch.is_tensor(t))}
+
+
+def _gathered(module: nn.Module) -> set[int]:
+    """Storage keys of FSDP2's gathered (unsharded) parameters in ``module`` and of its flat
+    all-gather buffers: communication buffers of the model states, not activations, though a
+    forward leaves them alive (``reshard_after_forward=False``, or the last group's buffer
+    until the next all-gather) and a matmul saves them. Read from FSDP2's private state."""
+    keys = set()
+    for m in module.modules():
+        state = getattr(m, "_get_fsdp_state", None)
+        group = getattr(state(), "_fsdp_param_group", None) if state else None
+        if group is None:
+            continue
+        gathered = [t for p in group.fsdp_params for t in
+                    (getattr(p, "_unsharded_param", None), *getattr(p, "all_gather_outputs", ()))]
+        # the last group's flat all-gather output, kept until the next all-gather's copy-out
+        kept = getattr(getattr(group, "comm_ctx", None), "all_gather_state", None)
+        for result in (getattr(kept, "all_gather_result", None), group._all_gather_result):
+            gathered.append(getattr(result, "all_gather_output", None))
+        keys.update(storage_key(t) for t in gathered if t is not None)
+    return keys
+
+
+def measure_rank(folder: str | Path, rank: int, path: str | None, module: nn.Module,
+                 optimizer, call: tuple[tuple, dict], *, stage=None,
+                 microbatches: int = 1, schedule: str = "gpipe") -> dict[str, Any]:
+    """What rank ``rank`` writes to ``folder/rank<r>.json`` after its last training step
+    (module doc): ``module`` is what it trains (DistributedDataParallel, FSDP2 or DTensor
+    wrapped, or its pipeline ``stage``'s module), ``call`` one step's ``(args, kwargs)`` of the
+    rank's batch. Every rank of the group calls it (a forward runs its collectives).
+    """
+    record: dict[str, Any] = {"rank": rank, "path": path or "replicas", **state_bytes(
+        getattr(module, "module", module) if stage is None else module, optimizer)}
+    if stage is None:
+        def finish(probes):     # a backward, so that DDP or FSDP2 close their step
+            sum(probes).backward()
+            optimizer.zero_grad(set_to_none=True)
+        held = held_bytes(module, _inputs(*call), skip=lambda: _gathered(module), then=finish)
+    else:
+        index, n = stage.stage_index, stage.num_stages
+        if stage.is_first:
+            args, kwargs = pytree.tree_map_only(
+                torch.Tensor, lambda t: t[:t.shape[0] // microbatches], call)
+            inputs = _inputs(args, kwargs)
+        else:   # what the stage receives: the activations of the metadata its trace gave
+            metas = stage._stage_meta.inputs
+            args = tuple(torch.zeros_like(m.to_tensor("cpu").detach()).requires_grad_(
+                m.dtype.is_floating_point) for m in metas)
+            inputs = args
+        held = held_bytes(module, inputs, forwards=in_flight(index, n, microbatches, schedule))
+    record["held"] = sum(v for k, v in held.items() if k != HOST)
+    record["offloaded"] = held.get(HOST, 0)
+    write_json(Path(folder) / f"rank{rank}.json", record)
+    return record
+
+
+def _inputs(args: tuple, kwargs: dict):
+    """``(args, kwargs)`` as :func:`~memflow.export.measure.held_bytes` takes inputs."""
+    if args and kwargs:
+        raise ExportError("the model takes positional and keyword inputs at once; per-rank "
+                          "validation measures models called with one kind")
+    return args if args or not kwargs else kwargs
+
+
+STEPS = 2
+"""Training steps of a validation run: DistributedDataParallel rebuilds its gradient buckets
+in the second step's forward (a one-off allocation the size of the gradients), so the
+measuring forward comes after it."""
+
+
+def in_flight(stage: int, stages: int, microbatches: int, schedule: str) -> int:
+    """Micro-batches whose graphs stage ``stage`` holds at once: all under GPipe,
+    ``min(m, stages - stage)`` under 1F1B.
+
+    >>> [in_flight(s, 3, 4, "1f1b") for s in range(3)], in_flight(0, 3, 4, "gpipe")
+    ([3, 2, 1], 4)
+    """
+    return microbatches if schedule == "gpipe" else min(microbatches, stages - stage)

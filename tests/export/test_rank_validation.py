@@ -1,0 +1,50 @@
+"""Per-rank validation (issue 14 item 4): the exported script's ranks, run by torchrun on gloo,
+hold per rank the held-for-backward bytes the memory model predicts for their devices, and the
+model-state bytes ``SimResult.model_states`` gives, within 1%. One launch per kind."""
+import pytest
+
+import memflow
+from memflow.export.rank_measure import in_flight
+from memflow.export.rank_validation import METRICS, rank_devices, validate_ranks
+from memflow.strategy import Strategy
+
+OPTIONS = dict(n=3, width=16)
+BATCH = 8
+
+
+def _graph():
+    return memflow.zoo.graph("chain", batch_size=BATCH, units="blocks", **OPTIONS)
+
+
+def _strategies():
+    g = _graph()
+    a, b, c = g.names
+    return {
+        "ddp": Strategy.data_parallel(g, 2).with_policy(recompute=[b], offload=[a]),
+        "fsdp": Strategy.data_parallel(g, 2).with_shard({a: "parameters", c: "parameters"}),
+        "pipeline": Strategy.pipeline(g, 2, stages=2, microbatches=2, schedule="1f1b"),
+        "tensor": Strategy.tensor_parallel(g, 2, tp=2),
+    }
+
+
+@pytest.mark.slow       # one torchrun launch of 2 processes per kind
+@pytest.mark.parametrize("kind", ["ddp", "fsdp", "pipeline", "tensor"])
+def test_every_rank_holds_what_is_predicted(kind, tmp_path):
+    s = _strategies()[kind]
+    df = validate_ranks(s, "chain", model_options=OPTIONS, batch_size=BATCH, graph=_graph(),
+                        folder=tmp_path)
+    assert list(df.index) == [0, 1]
+    assert set(df["path"]) == {"replicas" if kind in ("ddp", "fsdp") else kind}
+    for metric in METRICS:
+        assert (df[f"{metric}_predicted"] > 0).all() or metric == "optimizer"
+        bad = df[(df[f"{metric}_error"].abs() > 0.01)]
+        assert bad.empty, f"{kind} {metric}: {bad.T}"
+
+
+def test_ranks_and_micro_batches_in_flight():
+    s = _strategies()["pipeline"]
+    assert rank_devices(s, "pipeline") == [("gpu0",), ("gpu1",)]
+    assert rank_devices(_strategies()["ddp"], None) == [("gpu0",), ("gpu1",)]
+    # torch's Schedule1F1B: stage s runs stages - s forwards before its first backward
+    assert [in_flight(k, 4, 8, "1f1b") for k in range(4)] == [4, 3, 2, 1]
+    assert in_flight(3, 4, 8, "gpipe") == 8
