@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -151,10 +152,14 @@ def speed_section(quick: bool) -> None:
                       "(issue 15's target: ≥ 0.5). `from memory`: proposals answered without a "
                       "simulation. `ms policy/segment`: mean wall time of a "
                       "proposal that changes memory policies only; `ms config/copy/swap`: one "
-                      "that changes a placement (re-placed incrementally: placement pieces are "
-                      "cached by layout, copy route and unit). The 96-layer 175B GPT on 1,024 "
-                      "H100 (`bench_sim.py`'s case) took "
-                      f"{first:.3f} CPU s for its first simulation (target < 1 s).\n\n"
+                      "that changes a placement (wall times, inflated by the machine's load). A "
+                      "new placement reuses the graph's (storage, user) pairs, each layout's "
+                      "rates and each distinct copy route's cost, but its records, block table, "
+                      "structure and channel classes are rebuilt whole: that is most of the gap "
+                      "to the target. The 96-layer 175B GPT on 1,024 H100 (`bench_sim.py`'s "
+                      f"case) took {first:.3f} CPU s for its first simulation (target < 1 s). "
+                      f"Load average while measuring: {os.getloadavg()[0]:.1f} on "
+                      f"{os.cpu_count()} cores.\n\n"
                       + table(df, ".4g"), title="Search speed: proposals per second")
 
 
