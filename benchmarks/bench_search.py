@@ -251,7 +251,9 @@ def time_section(quick: bool) -> None:
                 "chains run in local spawn processes and share their best between rounds. "
                 "`best_ms` is the best feasible iteration time after each round (inf: none "
                 "yet), `proposals` all chains together; wall time includes starting the "
-                "processes.\n\n" + table(df, ".4g"))
+                f"processes. Load average at the end: {os.getloadavg()[0]:.1f} on "
+                f"{os.cpu_count()} cores (wall-clock figures scale with it).\n\n"
+                + table(df, ".4g"))
         write_section("search_time", body, title="Search quality against wall-clock time")
 
 
