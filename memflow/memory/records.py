@@ -11,6 +11,7 @@ Everything is computed for all storages at once over the (storage, user) pairs.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,6 +121,33 @@ def _anchor_rows(unit: np.ndarray, kind: np.ndarray, key: np.ndarray, n: int,
     return _ptr(unit, n), np.stack(np.divmod(rest, n_keys), 1)
 
 
+_PAIRS: dict[int, tuple] = {}
+
+
+def _pairs(ga: GraphArrays) -> tuple[np.ndarray, ...]:
+    """The (storage, user) pairs of ``ga``, sorted (the users are the readers and savers but
+    the producer), made once per graph: a search re-places the same graph many times."""
+    hit = _PAIRS.get(id(ga))
+    if hit is not None and hit[0]() is ga:
+        return hit[1]
+    n, n_t = ga.n, len(ga.bytes)
+    r_t = row_of(ga.readers_ptr)
+    s_t = row_of(ga.savers_ptr)
+    own = ga.savers_idx == ga.producer[s_t]
+    r_code = r_t * n + ga.readers_idx
+    s_code = s_t[~own] * n + ga.savers_idx[~own]
+    code = np.union1d(r_code, s_code)
+    pt, pv = np.divmod(code, n)
+    out = (s_t, own, pt, pv, np.isin(code, r_code, assume_unique=True),
+           np.isin(code, s_code, assume_unique=True), _ptr(pt, n_t))
+    for x in out:
+        x.flags.writeable = False
+    if len(_PAIRS) > 16:        # graphs long gone
+        _PAIRS.clear()
+    _PAIRS[id(ga)] = (weakref.ref(ga), out)
+    return out
+
+
 def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarray,
                microbatches: int) -> Placed:
     """The records, copies and gradient blocks of ``layout`` (placement per unit), where
@@ -127,17 +155,7 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     n, last, M = ga.n, ga.n - 1, int(microbatches)
     n_t = len(ga.bytes)
     prod_t = ga.producer
-    # (storage, user) pairs, sorted: the users are the readers and savers but the producer
-    r_t = row_of(ga.readers_ptr)
-    s_t = row_of(ga.savers_ptr)
-    own = ga.savers_idx == prod_t[s_t]
-    r_code = r_t * n + ga.readers_idx
-    s_code = s_t[~own] * n + ga.savers_idx[~own]
-    code = np.union1d(r_code, s_code)
-    pt, pv = np.divmod(code, n)
-    p_read = np.isin(code, r_code, assume_unique=True)
-    p_save = np.isin(code, s_code, assume_unique=True)
-    t_ptr = _ptr(pt, n_t)
+    s_t, own, pt, pv, p_read, p_save, t_ptr = _pairs(ga)
     has_users = np.diff(t_ptr) > 0
     first_user = np.where(has_users, pv[np.minimum(t_ptr[:-1], max(len(pv) - 1, 0))]
                           if len(pv) else 0, -1)

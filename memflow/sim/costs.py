@@ -8,13 +8,14 @@ the consumer's partitions).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
 
 from ..strategy.policies import M_COMPRESSED, POLICIES
 
-__all__ = ["LayoutCost", "layout_cost", "copy_cost", "ring_time", "compress_model",
+__all__ = ["LayoutCost", "layout_cost", "copy_cost", "copy_times", "ring_time", "compress_model",
            "compression_ratios",
            "CPU_ADAM_RATE"]
 
@@ -46,6 +47,7 @@ class LayoutCost:
     replica_ring: tuple[float, float, int]
 
 
+@lru_cache(maxsize=None)
 def _parts(degrees: tuple[int, int, int]) -> np.ndarray:
     """(k, 3) sample, attribute, parameter index of each part (parameter innermost)."""
     s, p, a = degrees
@@ -119,8 +121,9 @@ def ring_time(nbytes, bandwidth, latency, members):
                     0.0)
 
 
-def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
-              route: Route | None = None) -> tuple[np.ndarray, float, float]:
+def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool, route: Route | None = None,
+              positions: tuple[np.ndarray, np.ndarray] | None = None
+              ) -> tuple[np.ndarray, float, float]:
     """Channels, seconds per byte of the whole tensor, and latency of copying a tensor from
     placement ``src`` to placement ``dst`` (both ``(s, p, a, devices)``).
 
@@ -128,7 +131,8 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
     not scale with the batch: then from the producer part of the same sample and attribute
     index, modulo); it takes each overlapping piece from the producer part with the same
     parameter rank (modulo), or from its own device when that already holds the region.
-    ``route(a, b)`` (default: the cluster's) gives the link ids between two device positions.
+    ``route(a, b)`` (default: the cluster's) gives the link ids between two device positions;
+    ``positions`` the device positions of ``src`` and ``dst`` where the caller has them.
 
     >>> import memflow
     >>> ca = memflow.Cluster.preset("4xV100-16GB").arrays
@@ -140,8 +144,8 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
     route = route or ca.routing.route
     s1, p1, a1, n1 = src
     s2, p2, a2, n2 = dst
-    d1 = ca.devices.get_indexer(list(n1))
-    d2 = ca.devices.get_indexer(list(n2))
+    d1, d2 = positions if positions is not None else (ca.devices.get_indexer(list(n1)),
+                                                      ca.devices.get_indexer(list(n2)))
     P1, P2 = _parts((s1, p1, a1)), _parts((s2, p2, a2))
     si, ai, pi = (P2[:, j, None] for j in range(3))        # destination parts: rows
     sj, aj, pj = (P1[None, :, j] for j in range(3))        # producer parts: columns
@@ -168,6 +172,41 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool,
     links = np.fromiter(load, np.int64, len(load))
     per_byte = max(f / ca.link_rate[lid] for lid, f in load.items())
     return links, float(per_byte), lat
+
+
+def copy_times(keys: list[tuple], cp, per_sample: np.ndarray, n_devices: int,
+               cost: Callable[[tuple, tuple, bool], tuple[np.ndarray, float, float]]):
+    """Seconds of each copy ``cp`` (:class:`~memflow.memory.records.Copies`) between the
+    placements ``keys`` and of its gradient's way back, with the channels of each as CSR
+    (link ``l`` is channel ``2 · n_devices + l``). ``cost(src, dst, per_sample)`` is
+    :func:`copy_cost`, asked once per distinct (source, destination, per-sample): a strategy
+    has many copies and few distinct ones. Returns ``(forward, back, forward channels, back
+    channels)``."""
+    scale = np.array([k[0] * k[2] for k in keys], np.float64)
+    whole = cp.bytes * np.where(per_sample, scale[cp.dst_layout], 1.0)
+    trip = (cp.src_layout * len(keys) + cp.dst_layout) * 2 + per_sample
+    uniq, inv = np.unique(trip, return_inverse=True)
+    pair, ps = np.divmod(uniq, 2)
+    src, dst = np.divmod(pair, len(keys))
+    out = []
+    for forward in (True, False):
+        per, lat = np.empty(len(uniq)), np.empty(len(uniq))
+        links = []
+        for j in range(len(uniq)):
+            a, b = keys[int(src[j])], keys[int(dst[j])]
+            lk, per[j], lat[j] = cost(a, b, bool(ps[j])) if forward else cost(b, a, bool(ps[j]))
+            links.append(lk)
+        lens = np.array([len(x) for x in links], np.int64)
+        flat = (np.concatenate(links).astype(np.int64) if links else np.zeros(0, np.int64))
+        first = np.cumsum(lens) - lens
+        n_of = lens[inv]
+        ptr = np.zeros(len(inv) + 1, np.int64)
+        np.cumsum(n_of, out=ptr[1:])
+        at = np.repeat(first[inv] - ptr[:-1], n_of) + np.arange(ptr[-1])
+        out.append((np.where(n_of > 0, whole * per[inv] + lat[inv], 0.0),
+                    (ptr, 2 * n_devices + flat[at])))
+    (fwd, fwd_links), (back, back_links) = out
+    return fwd, back, fwd_links, back_links
 
 
 def compress_model() -> tuple[Callable[..., float], Callable[..., float], Callable[..., float]]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..memory.jit import njit
 from ..memory.blocks import CATEGORIES, EVERY_MB, StepBlocks
+from .folding import rows_of
 
 __all__ = ["Ledger", "LedgerPlan", "ledger_plan", "ledgers"]
 
@@ -35,13 +36,6 @@ class LedgerPlan:
     n_hosts: int
 
 
-def _csr(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    ptr = np.zeros(len(rows) + 1, np.int64)
-    np.cumsum([len(c) for c in rows], out=ptr[1:])
-    idx = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
-    return ptr, idx
-
-
 def ledger_plan(plan: StepBlocks, layout_classes: list[np.ndarray], n_classes: int,
                 layout_hosts: list[np.ndarray], n_hosts: int) -> LedgerPlan:
     """The blocks of ``plan`` over device classes and hosts.
@@ -52,7 +46,7 @@ def ledger_plan(plan: StepBlocks, layout_classes: list[np.ndarray], n_classes: i
     persistent = np.zeros((n_classes, len(CATEGORIES)))
     for L, cl in enumerate(layout_classes):
         np.add.at(persistent, cl, plan.persistent[L])
-    return LedgerPlan(plan.rows, *_csr(layout_classes), *_csr(layout_hosts), persistent,
+    return LedgerPlan(plan.rows, *rows_of(layout_classes), *rows_of(layout_hosts), persistent,
                       n_hosts)
 
 

@@ -64,12 +64,12 @@ class SimResult:
         keys = self.strategy.layouts
         links = sim.cluster.links
         n = len(sim.ca.devices)
-        raw = r.placement.raw_sets
+        raw_ptr, raw = r.placement.raw_sets
 
         def resource(role: int, key: int, chan_set: int) -> str:
             if role in (R_COPY, R_COPYBACK) or ROLES[role] in ("to-host", "from-host"):
                 return ",".join(f"{links['src'].iat[c - 2 * n]}->{links['dst'].iat[c - 2 * n]}"
-                                for c in raw[chan_set])
+                                for c in raw[raw_ptr[chan_set]:raw_ptr[chan_set + 1]])
             devs = ",".join(keys[key][3])
             return devs if ROLES[role] == "compute" else f"comm:{devs}"
 

@@ -33,15 +33,19 @@ from ..strategy.policies import POLICIES
 from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
 from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, compress_model, compression_ratios,
-                    copy_cost, layout_cost, ring_time)
+                    copy_cost, copy_times, layout_cost, ring_time)
 from .expand import Tasks, Timing, expand
 from .structure import Structure, structure
-from .folding import classes
+from .folding import classes, rows_of, stack_rows
 from .ledger import Ledger, LedgerPlan, ledger_plan, ledgers
 from .precision import ACTIVATION_WIDTH, activation_arrays
 from .schedule import schedule
 
 __all__ = ["Simulator", "Evaluation", "Run", "Placement", "PRECISIONS"]
+
+# columns of a layout's row of rates (Simulator._lc_row)
+_DEGREE, _FLOPS32, _FLOPS16, _MEM, _LAUNCH, _PARAM_RING, _REPLICA_RING, _D2H, _H2D = \
+    0, 1, 2, 3, 4, 5, 8, 11, 13
 
 
 
@@ -71,7 +75,7 @@ class Placement:
     structure: Structure
     timing: Timing
     sets: tuple[np.ndarray, np.ndarray]     # CSR: channel classes of each channel set
-    raw_sets: list[np.ndarray]              # raw channel ids of each channel set
+    raw_sets: tuple[np.ndarray, np.ndarray]  # CSR: raw channel ids of each channel set
     n_channel_classes: int
     channel_class: np.ndarray
     device_class: np.ndarray
@@ -164,6 +168,7 @@ class Simulator:
         self.ga: GraphArrays = graph_arrays(graph)
         self.ca = cluster.arrays if cluster is not None else None
         self._layout_cost: dict[tuple, Any] = {}
+        self._rows: dict[tuple, np.ndarray] = {}      # per layout: its rates as one row
         self._copy_cost: dict[tuple, Any] = {}
         self._routes: dict[tuple[int, int], list[int]] = {}
         self._placed: dict[tuple, Placed] = {}
@@ -229,11 +234,20 @@ class Simulator:
             lc = self._layout_cost[key] = layout_cost(self.ca, key, self._route)
         return lc
 
+    def _lc_row(self, key: tuple, lc) -> np.ndarray:
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = np.array(
+                [key[0] * key[1] * key[2], lc.flops32, lc.flops16, lc.mem_rate, lc.launch,
+                 *lc.param_ring, *lc.replica_ring, *lc.d2h[1:], *lc.h2d[1:]], np.float64)
+        return row
+
     def _cc(self, src: tuple, dst: tuple, per_sample: bool):
         k = (src, dst, per_sample)
         cc = self._copy_cost.get(k)
         if cc is None:
-            cc = self._copy_cost[k] = copy_cost(self.ca, src, dst, per_sample, self._route)
+            cc = self._copy_cost[k] = copy_cost(self.ca, src, dst, per_sample, self._route,
+                                                (self._lc(src).devices, self._lc(dst).devices))
         return cc
 
     def _route(self, a: int, b: int) -> list[int]:
@@ -243,7 +257,7 @@ class Simulator:
         return path
 
     def _timing(self, strategy: Strategy, S: Structure, placed: Placed,
-                states) -> tuple[Timing, list]:
+                states) -> tuple[Timing, tuple[np.ndarray, np.ndarray]]:
         """Durations that the placements (and the model states) fix, and the raw channels of
         every channel set."""
         ga, M = self.arrays(strategy), strategy.microbatches
@@ -251,13 +265,14 @@ class Simulator:
         keys = strategy.layouts
         lcs = [self._lc(k) for k in keys]
         L = strategy.layout_ids
-        deg = np.array([k[0] * k[1] * k[2] for k in keys], np.float64)[L] * M
+        # one row of rates per layout (cached by placement key), spread over the units
+        rates = np.stack([self._lc_row(k, lc) for k, lc in zip(keys, lcs)])
+        deg = rates[L, _DEGREE] * M
         half = ga.half | (self.precision_of(strategy) != "fp32")
-        f32 = np.array([lc.flops32 for lc in lcs])[L]
-        f16 = np.array([lc.flops16 for lc in lcs])[L]
-        mem = np.array([lc.mem_rate for lc in lcs])
-        launch = np.array([lc.launch for lc in lcs])[L]
-        ring = np.array([lc.param_ring for lc in lcs])[L]
+        f32, f16 = rates[L, _FLOPS32], rates[L, _FLOPS16]
+        mem = rates[:, _MEM]
+        launch = rates[L, _LAUNCH]
+        ring = rates[L, _PARAM_RING:_PARAM_RING + 3]
         rate = np.where(half, f16, f32)
 
         def compute(flops, moved, ops, work):
@@ -269,29 +284,19 @@ class Simulator:
                         ga.fwd_bytes_moved - ga.expensive_fwd_bytes_moved,
                         ga.fwd_ops - ga.expensive_fwd_ops, S.tp_out)
         bwd = compute(ga.bwd_flops, ga.bwd_bytes_moved, ga.bwd_ops, S.tp_in)
-        rr = np.array([lc.replica_ring for lc in lcs]).reshape(-1, 3)[S.bucket_layout]
+        rr = rates[:, _REPLICA_RING:_REPLICA_RING + 3][S.bucket_layout]
         allreduce = ring_time(S.bucket_bytes, rr[:, 0], rr[:, 1], rr[:, 2])
         # ring all-gather and reduce-scatter each move half an all-reduce's bytes
-        ru = np.array([lc.replica_ring for lc in lcs]).reshape(-1, 3)[L]
+        ru = rates[L, _REPLICA_RING:_REPLICA_RING + 3]
         gather = ring_time(S.gather, ru[:, 0], ru[:, 1], ru[:, 2]) / 2
         scatter = ring_time(S.scatter, ru[:, 0], ru[:, 1], ru[:, 2]) / 2
-        cp = placed.copies
-        copy, back = np.zeros(len(cp)), np.zeros(len(cp))
-        links_fwd, links_back = [], []
-        for c in range(len(cp)):
-            src, dst = keys[cp.src_layout[c]], keys[cp.dst_layout[c]]
-            per_sample = bool(ga.per_sample[cp.tensor[c]])
-            whole = cp.bytes[c] * (dst[0] * dst[2] if per_sample else 1)
-            for out, chans, (links, per, lat) in ((copy, links_fwd, self._cc(src, dst, per_sample)),
-                                                  (back, links_back, self._cc(dst, src, per_sample))):
-                out[c] = whole * per + lat if len(links) else 0.0
-                chans.append(2 * n + links)
-        optimizer = np.empty(len(keys))
+        copy, back, links_fwd, links_back = copy_times(
+            keys, placed.copies, ga.per_sample[placed.copies.tensor], n, self._cc)
+        optimizer = (np.bincount(L, weights=states.update, minlength=len(keys)) / mem
+                     + OPTIMIZER_LAUNCHES * rates[:, _LAUNCH])
         off = strategy.offload_optimizer
-        for i, (k, lc) in enumerate(zip(keys, lcs)):
-            mine = L == i
-            optimizer[i] = (float(np.sum(states.update[mine])) / lc.mem_rate
-                            + OPTIMIZER_LAUNCHES * lc.launch)
+        for i in np.unique(L[(states.regather > 0) | off]).tolist():
+            lc, mine = lcs[i], L == i
             # ZeRO-1/2: each replica updated its shard; the new parameters are all-gathered
             regather = states.regather[mine]
             if regather.any():
@@ -305,15 +310,14 @@ class Simulator:
                                  + lc.d2h[2] + lc.h2d[2])
         timing = Timing(forward=fwd, backward=bwd, allreduce=allreduce, copy=copy,
                         copy_back=back,
-                        d2h=np.array([lc.d2h[1:] for lc in lcs], np.float64).reshape(-1, 2),
-                        h2d=np.array([lc.h2d[1:] for lc in lcs], np.float64).reshape(-1, 2),
+                        d2h=rates[:, _D2H:_D2H + 2], h2d=rates[:, _H2D:_H2D + 2],
                         host_scale=np.ones(ga.n), optimizer=optimizer,
                         compress=np.ones(ga.n), decompress=np.ones(ga.n), gather=gather,
                         scatter=scatter, cheap_forward=cheap)
         # channel sets: compute, comm, to-host, from-host per layout, then copies, copies back
-        raw = ([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
-               + [2 * n + lc.d2h[0] for lc in lcs] + [2 * n + lc.h2d[0] for lc in lcs]
-               + links_fwd + links_back)
+        raw = stack_rows(rows_of([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
+                                 + [2 * n + lc.d2h[0] for lc in lcs]
+                                 + [2 * n + lc.h2d[0] for lc in lcs]), links_fwd, links_back)
         return timing, raw
 
     def placement(self, strategy: Strategy, fold: bool = True) -> Placement:
@@ -332,17 +336,15 @@ class Simulator:
                       strategy.microbatches, strategy.schedule, table.states)
         timing, raw = self._timing(strategy, S, placed, table.states)
         n_dev = len(self.ca.devices)
-        ch_cls, per_set = classes(raw, 2 * n_dev + len(self.ca.link_rate), fold)
+        ch_cls, sets = classes(*raw, 2 * n_dev + len(self.ca.link_rate), fold)
         lcs = [self._lc(k) for k in strategy.layouts]
-        dev_cls, lay_cls = classes([lc.devices for lc in lcs], n_dev, fold)
-        set_ptr = np.zeros(len(per_set) + 1, np.int64)
-        np.cumsum([len(x) for x in per_set], out=set_ptr[1:])
-        set_idx = np.concatenate(per_set).astype(np.int64) if per_set else np.zeros(0, np.int64)
+        dev_cls, (lay_ptr, lay_idx) = classes(*rows_of([lc.devices for lc in lcs]), n_dev, fold)
         out = Placement(
             placed=placed, blocks=table,
             structure=S, timing=timing,
-            sets=(set_ptr, set_idx), raw_sets=raw, n_channel_classes=int(ch_cls.max()) + 1,
-            channel_class=ch_cls, device_class=dev_cls, layout_classes=lay_cls,
+            sets=sets, raw_sets=raw, n_channel_classes=int(ch_cls.max()) + 1,
+            channel_class=ch_cls, device_class=dev_cls,
+            layout_classes=np.split(lay_idx, lay_ptr[1:-1]),
             layout_hosts=[self.ca.host[lc.devices] for lc in lcs],
             n_device_classes=int(dev_cls.max()) + 1,
             devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])),

@@ -177,6 +177,7 @@ class PolicyTable(Sequence[str]):
         self.mechanism_codes = np.array([MECHANISMS.index(p.mechanism) for p in rows], np.int64)
         self.host_scales = np.array([p.host_scale for p in rows], np.float64)
         self.with_parameter = np.array([p.parameter is not None for p in rows], bool)
+        self._recomputing = np.isin(self.mechanism_codes, (M_RECOMPUTE, M_SELECTIVE))
         self._by_mechanism = {m: tuple(i for i, p in enumerate(rows) if p.mechanism == m)
                               for m in MECHANISMS}
 
@@ -199,8 +200,7 @@ class PolicyTable(Sequence[str]):
         >>> POLICIES.recomputes(np.array([KEEP, RECOMPUTE, SELECTIVE])).tolist()
         [False, True, True]
         """
-        return np.isin(self.mechanism_codes[np.asarray(policy, np.int64)],
-                       (M_RECOMPUTE, M_SELECTIVE))
+        return self._recomputing[np.asarray(policy, np.int64)]
 
     def selective(self, policy: np.ndarray) -> np.ndarray:
         """Per unit, whether its mechanism is ``selective`` (segments re-running only their

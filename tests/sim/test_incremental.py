@@ -1,0 +1,46 @@
+"""A long-lived simulator, which re-places a strategy from the pieces it cached for the ones
+before it, gives exactly what a fresh simulator gives (issue 15: incremental placement)."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memflow.search.moves import MOVES
+from memflow.search.space import SearchSpace
+from memflow.sim import Simulator
+
+from .graphs import cluster, graphs, strategies_for
+
+CLUSTER = cluster("2x4xV100-16GB")
+DEVICES = list(CLUSTER.devices.index)
+
+
+def _same(a, b) -> None:
+    assert a.iteration_time == b.iteration_time
+    for field in ("kind", "unit", "mb", "duration", "channel_set", "dep_ptr", "dep_idx"):
+        assert np.array_equal(getattr(a.tasks, field), getattr(b.tasks, field)), field
+    assert np.array_equal(a.start, b.start) and np.array_equal(a.end, b.end)
+    assert np.array_equal(a.device.peak[a.device_class], b.device.peak[b.device_class])
+    assert np.array_equal(a.host.peak, b.host.peak)
+    for k in ("sets", "raw_sets"):
+        for x, y in zip(getattr(a.placement, k), getattr(b.placement, k)):
+            assert np.array_equal(x, y), k
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.data(), st.integers(0, 2 ** 16), st.sampled_from(["sgd", "adam"]))
+def test_random_moves_give_what_a_fresh_simulator_gives(data, seed, optimizer):
+    g = data.draw(graphs(max_units=6))
+    s = data.draw(strategies_for(g, DEVICES)).validate(g, CLUSTER)
+    space = SearchSpace(g, CLUSTER, policies=("keep", "recompute", "offload"), runnable=False)
+    rng = np.random.default_rng(seed)
+    kept = Simulator(g, CLUSTER, optimizer=optimizer)
+    kept.run(s)
+    names = list(MOVES)
+    for _ in range(6):
+        prop = MOVES[names[int(rng.integers(len(names)))]](rng, s, space)
+        if prop is None:
+            continue
+        s = prop.strategy
+        _same(kept.run(s), Simulator(g, CLUSTER, optimizer=optimizer).run(s))
