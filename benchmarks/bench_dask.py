@@ -55,7 +55,8 @@ def measure(label: str, workers: int, g, c, seconds: float, rounds: int, **where
     row = {"run": label, "workers": workers, "start_s": start, "proposals": total,
            "wall_s": wall,
            "proposals/s": total / wall, "per worker/s": total / wall / workers,
-           "adopted": int(res.rounds["adopted"].sum()), "best_ms": res.best_cost * 1e3}
+           "adopted": int(res.rounds["adopted"].sum()), "best_ms": res.best_cost * 1e3,
+           "load": os.getloadavg()[0]}
     print(row)
     return row
 
@@ -90,7 +91,7 @@ def main() -> None:
             f"per GPU, from data parallel; one chain per worker, {seconds:.0f} s of wall time "
             f"in {rounds} rounds per run, the best shared between rounds. **This machine has "
             f"{os.cpu_count()} cores shared with other jobs (load average {load:.1f} at the "
-            "start)**: beyond 2 workers the chains share cores, so the total cannot scale; "
+            "start; `load`: the 1-minute load average at the end of each run)**: beyond 2 workers the chains share cores, so the total cannot scale; "
             "per worker it shows what each chain gets. `start_s`: a first tiny run on fresh workers "
             "(imports, the problem built), not in the rate. `adopted`: chain-rounds that took the "
             "best of all chains; `best_ms`: the best feasible step time found.\n\n"
