@@ -8,7 +8,9 @@ One problem — resnet50 b=512 at depth 2 (one unit per bottleneck) on ``8xV100-
 * on a ``dask.distributed.LocalCluster`` of 1, 2 and 4 worker processes (one thread each),
   through a ``Client`` of it;
 * on the same 2-worker cluster reached by its scheduler's TCP address (``scheduler=``), the
-  code path of a remote cluster.
+  code path of a remote cluster;
+* in this process again, last: the spread between the two in-process rows is the noise of
+  the machine's load over the run.
 
 Between rounds the best strategy of all chains is offered to every chain that did worse;
 ``adopted`` counts the chains that took it (the exchange happens, it is not assumed).
@@ -83,6 +85,8 @@ def main() -> None:
                 rows.append(measure(f"scheduler= {lc.scheduler_address.split(':')[0]}://…",
                                     workers, g, c, seconds, rounds,
                                     scheduler=lc.scheduler_address))
+    # the same run as the first, last: how far the machine's load moves the rates meanwhile
+    rows.append(measure("in process, no Dask (again)", 1, g, c, seconds, rounds))
     df = pd.DataFrame(rows)
     print(df.to_string(index=False))
     if args.quick:
@@ -92,7 +96,9 @@ def main() -> None:
             f"in {rounds} rounds per run, the best shared between rounds. **This machine has "
             f"{os.cpu_count()} cores shared with other jobs (load average {load:.1f} at the "
             "start; `load`: the 1-minute load average at the end of each run)**: beyond 2 workers the chains share cores, so the total cannot scale; "
-            "per worker it shows what each chain gets. `start_s`: a first tiny run on fresh workers "
+            "per worker it shows what each chain gets; the two in-process rows (first and last) show "
+            "how much the load, and this process's caches warmed by the runs before, move a rate "
+            "(each cluster's workers start cold). `start_s`: a first tiny run on fresh workers "
             "(imports, the problem built), not in the rate. `adopted`: chain-rounds that took the "
             "best of all chains; `best_ms`: the best feasible step time found.\n\n"
             + table(df, ".4g"))
