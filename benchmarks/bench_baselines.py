@@ -49,6 +49,7 @@ from memflow.planners.checkpoint import chen_checkpoints  # noqa: E402
 from memflow.search import MCMCSearch  # noqa: E402
 from memflow.sim import Simulator  # noqa: E402
 from memflow.strategy import Strategy  # noqa: E402
+from _compare import flexflow, no_worse  # noqa: E402
 from _results import table, write_section  # noqa: E402
 
 CLUSTER = "4xV100-16GB"
@@ -98,7 +99,7 @@ def bench(model: str, batch: int, capture: dict, seconds: float,
             rows["optimal chain schedule"] = optimal_checkpointing(g, cluster, base=dp).strategy
         except SearchError as exc:        # nothing fits: say so in the table
             print(f"  {model}: optimal chain schedule: {exc}")
-    flex = MCMCSearch(g, cluster, memory_aware=False, seed=0).run(seconds=seconds)
+    flex = flexflow(g, cluster, seconds)
     rows["FlexFlow (memory-oblivious)"] = flex.best
     scored = {k: sim.evaluate(s) for k, s in rows.items()}
     feasible = [k for k, ev in scored.items() if ev.feasible]
@@ -128,10 +129,9 @@ def from_each_start(g, cluster, rows: dict[str, Strategy], iterations: int) -> p
         first = search.best_score
         search.run(iterations=iterations)
         end = search.best_score
-        no_worse = (not end.feasible, end.cost) <= (not first.feasible, first.cost)
         out.append({"started_from": name, "start_ms": first.time * 1e3,
                     "start_feasible": first.feasible, "end_ms": end.time * 1e3,
-                    "end_feasible": end.feasible, "no_worse": no_worse})
+                    "end_feasible": end.feasible, "no_worse": no_worse(first, end)})
     return pd.DataFrame(out)
 
 

@@ -8,8 +8,13 @@ graph, the cluster, the chain states, the strategies — never pickled model obj
 worker on another machine needs only memflow installed.
 
 Locally the chains run in a ``spawn`` process pool (safe with threads and CUDA, and the same
-on every OS); with ``client=`` a ``dask.distributed.Client`` they are Dask tasks. One chain
-without a client runs in this process.
+on every OS); with ``client=`` a ``dask.distributed.Client``, or ``scheduler=`` the address of
+a running ``dask.distributed`` scheduler (``"tcp://host:8786"``), they are Dask tasks: the
+problem (graph, cluster, options) is scattered to the workers once, and each round sends only
+the chains' states. One chain without Dask runs in this process.
+
+The ``rounds`` table records, per chain and round, whether the chain adopted the best of all
+chains at the start of that round (``adopted``): the exchange can be checked, not assumed.
 """
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ class ChainsResult:
     best: Strategy
     best_cost: float
     best_score: Score
-    rounds: pd.DataFrame                 # round, chain, iterations, best_cost, wall (s)
+    rounds: pd.DataFrame       # round, chain, iterations, best_cost, adopted, wall (s)
     history: pd.DataFrame                # every chain's history, with a ``chain`` column
     states: list[dict] = field(repr=False, default_factory=list)
 
@@ -51,32 +56,32 @@ class ChainsResult:
                                     source=f"chain {chain}")
 
 
-def _objects(payload: dict) -> tuple[Any, Any]:
+def _objects(problem: dict) -> tuple[Any, Any]:
     from ..graph import OpGraph
     from ..hardware import Cluster
-    key = payload["key"]
+    key = problem["key"]
     if key not in _WORKER_CACHE:
         _WORKER_CACHE.clear()       # one problem at a time per worker
-        _WORKER_CACHE[key] = (OpGraph.from_dict(payload["graph"]),
-                              Cluster.from_dict(payload["cluster"]))
+        _WORKER_CACHE[key] = (OpGraph.from_dict(problem["graph"]),
+                              Cluster.from_dict(problem["cluster"]))
     return _WORKER_CACHE[key]
 
 
-def _round(payload: dict) -> dict:
-    """One round of one chain (runs in a worker): resume, adopt the offer, run, report."""
-    graph, cluster = _objects(payload)
+def _round(payload: dict, problem: dict) -> dict:
+    """One round of one chain (runs in a worker): resume, adopt the offer, run, report the
+    state and whether the offer was adopted."""
+    graph, cluster = _objects(problem)
     if payload["state"] is None:
-        options = dict(payload["options"])
+        options = dict(problem["options"])
         if isinstance(options.get("init"), dict):
             options["init"] = Strategy.from_dict(options["init"])
         search = MCMCSearch(graph, cluster, seed=payload["seed"], **options)
     else:
         search = MCMCSearch.from_dict(payload["state"], graph, cluster,
                                       source=f"chain {payload['chain']}")
-    if payload["offer"] is not None:
-        search.offer(Strategy.from_dict(payload["offer"]))
+    adopted = payload["offer"] is not None and search.offer(Strategy.from_dict(payload["offer"]))
     search.run(iterations=payload["iterations"], seconds=payload["seconds"])
-    return search.to_dict()
+    return {"state": search.to_dict(), "adopted": bool(adopted)}
 
 
 def _strip_history(doc: dict) -> tuple[dict, dict]:
@@ -88,14 +93,17 @@ def _strip_history(doc: dict) -> tuple[dict, dict]:
 
 def run_chains(graph, cluster, *, chains: int = 4, seconds: float | None = None,
                iterations: int | None = None, rounds: int | None = None, client: Any = None,
-               seed: int = 0, share: bool = True, **options: Any) -> ChainsResult:
+               scheduler: str | None = None, seed: int = 0, share: bool = True,
+               **options: Any) -> ChainsResult:
     """Run ``chains`` MCMC chains for ``seconds`` (wall time, split into rounds) or
     ``iterations`` (per chain), sharing the best strategy between rounds when ``share``.
 
     ``options`` go to :class:`MCMCSearch` (``memory_limit``, ``init``, ``beta`` …; a
     ``Strategy`` init is sent as JSON). Chain ``k`` draws its seed from
     ``numpy.random.SeedSequence(seed)``, so the run is reproducible for a fixed number of
-    iterations. ``client``: a ``dask.distributed.Client`` to run the rounds on.
+    iterations. ``client``: a ``dask.distributed.Client`` to run the rounds on; ``scheduler``:
+    the address of a ``dask.distributed`` scheduler to connect to instead (the client is closed
+    at the end).
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
@@ -114,9 +122,11 @@ def run_chains(graph, cluster, *, chains: int = 4, seconds: float | None = None,
     if isinstance(options.get("init"), Strategy):
         options = {**options, "init": options["init"].to_dict()}
     seeds = [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(chains)]
-    base = {"key": graph_fingerprint(graph) + cluster_fingerprint(cluster),
-            "graph": graph.to_dict(), "cluster": cluster.to_dict(), "options": options}
-    submit, close = _runner(chains, client)
+    if client is not None and scheduler is not None:
+        raise SearchError("run_chains takes client= or scheduler=, not both")
+    problem = {"key": graph_fingerprint(graph) + cluster_fingerprint(cluster),
+               "graph": graph.to_dict(), "cluster": cluster.to_dict(), "options": options}
+    submit, close = _runner(chains, client, scheduler, problem)
     states: list[dict | None] = [None] * chains
     histories: list[list[dict]] = [[] for _ in range(chains)]
     table, t0, winner = [], time.perf_counter(), -1
@@ -126,16 +136,17 @@ def run_chains(graph, cluster, *, chains: int = 4, seconds: float | None = None,
                 iterations * (r + 1) // rounds - iterations * r // rounds
             secs = None if seconds is None else max(0.0, t0 + seconds * (r + 1) / rounds
                                                     - time.perf_counter())
-            payloads = [{**base, "chain": k, "seed": seeds[k], "state": states[k],
+            payloads = [{"chain": k, "seed": seeds[k], "state": states[k],
                          "offer": _offer(states, winner, k) if share else None,
                          "iterations": its, "seconds": secs} for k in range(chains)]
             done = submit(payloads)
-            for k, doc in enumerate(done):
+            for k, out in enumerate(done):
+                doc = out["state"]
                 states[k], rows = _strip_history(doc)
                 histories[k].append(rows)
-                chain = doc["chain"]
-                table.append({"round": r, "chain": k, "iterations": chain["iteration"],
-                              "best_cost": _best_cost(doc), "wall": time.perf_counter() - t0})
+                table.append({"round": r, "chain": k, "iterations": doc["chain"]["iteration"],
+                              "best_cost": _best_cost(doc), "adopted": out["adopted"],
+                              "wall": time.perf_counter() - t0})
             winner = min(range(chains), key=lambda k: (_best_cost(states[k]), k))
     finally:
         close()
@@ -176,14 +187,29 @@ def _frame(parts: list[dict], chain: int) -> pd.DataFrame:
     return df
 
 
-def _runner(chains: int, client: Any):
+def _runner(chains: int, client: Any, scheduler: str | None, problem: dict):
     """``(submit(payloads) -> results, close())`` for Dask, a process pool, or in-process."""
+    if scheduler is not None:
+        from dask.distributed import Client    # optional: only a Dask run needs it
+        try:
+            client = Client(scheduler)    # waits distributed.comm.timeouts.connect
+        except OSError as exc:
+            raise SearchError(f"no dask.distributed scheduler answers at {scheduler!r} "
+                              f"({exc}); give the address a running scheduler prints, "
+                              "e.g. 'tcp://127.0.0.1:8786'") from exc
+        submit, _ = _runner(chains, client, None, problem)
+        return submit, client.close
     if client is not None:
+        # sent to every worker once, not with every round (a list: a dict would be split)
+        shared = client.scatter([problem], broadcast=True)[0]
+
         def submit(payloads):
-            return client.gather([client.submit(_round, p, pure=False) for p in payloads])
-        return submit, lambda: None
+            return client.gather([client.submit(_round, p, shared, pure=False)
+                                  for p in payloads])
+        return submit, lambda: client.cancel(shared)
     if chains == 1:
-        return (lambda payloads: [_round(p) for p in payloads]), lambda: None
+        return (lambda payloads: [_round(p, problem) for p in payloads]), lambda: None
     pool = ProcessPoolExecutor(max_workers=chains,
                                mp_context=multiprocessing.get_context("spawn"))
-    return (lambda payloads: list(pool.map(_round, payloads))), pool.shutdown
+    return (lambda payloads: list(pool.map(_round, payloads, [problem] * len(payloads)))), \
+        pool.shutdown

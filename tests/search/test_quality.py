@@ -5,10 +5,15 @@ block's backward alone needs a third of keep-all); benchmarks/bench_search.py ru
 units and more seeds."""
 import pytest
 
+import memflow
 from memflow.planners import optimal_checkpointing
 from memflow.search import MCMCSearch
+from memflow.search.moves import DEFAULT_WEIGHTS, MODEL_STATE_WEIGHTS
+from memflow.search.synthetic import chain_graph
+from memflow.sim import Evaluator
+from memflow.strategy.runnable import unrunnable
 
-from .helpers import V100, chain, every_schedule, keep_all_peak, optimum
+from .helpers import FOUR, V100, chain, every_schedule, keep_all_peak, optimum
 
 BUDGET = 3000
 
@@ -28,3 +33,28 @@ def test_within_one_percent_of_the_exhaustive_optimum(kind, fraction, seed):
     assert search.best_cost <= 1.01 * best, f"not within 1% after {search.iteration} steps"
     assert search.best_score.feasible and search.best_score.peak.max() <= limit
     assert search.iteration <= BUDGET
+
+
+def test_seeded_with_the_best_planner_the_search_never_ends_worse():
+    """benchmarks/bench_quality.py's guarantee, with every move on (model states included):
+    started from the fastest of several planners' strategies that fit, the search's best fits
+    and is no slower than that seed — whichever planner it was. A seed export cannot run (here
+    tensor parallelism of units export does not slice) is searched in the full space, as
+    :func:`memflow.search.refine` does: the runnable space would project it elsewhere first."""
+    g = chain_graph(6, batch=8, width=2048)
+    ev = Evaluator(g, FOUR, 1.0e9, optimizer="adam")
+    dp = memflow.Strategy.data_parallel(g, FOUR)
+    seeds = {"FSDP": dp.with_shard("parameters"),
+             "DP + recompute": dp.with_policy(recompute=list(g.names)).with_segments("each"),
+             "tp=2 dp=2": memflow.Strategy.tensor_parallel(g, FOUR, tp=2, dp=2)}
+    fits = {k: s for k, s in seeds.items() if ev(s).fits}
+    assert len(fits) >= 2 and not ev(dp).fits
+    best = min(fits, key=lambda k: ev(fits[k]).time)
+    for name, seed in fits.items():
+        search = MCMCSearch(g, FOUR, init=seed, memory_limit=1.0e9, optimizer="adam", seed=3,
+                            moves={**DEFAULT_WEIGHTS, **MODEL_STATE_WEIGHTS},
+                            runnable=unrunnable(seed, g) is None)
+        end = ev(search.run(iterations=40).best)
+        assert end.fits and end.time <= ev(seed).time * (1 + 1e-12), name
+        if name == best:
+            assert end.time <= min(ev(s).time for s in fits.values()) * (1 + 1e-12)
