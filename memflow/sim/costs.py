@@ -12,18 +12,19 @@ from typing import Callable
 
 import numpy as np
 
+from ..hardware.efficiency import efficiency
 from ..strategy.policies import M_COMPRESSED, POLICIES
 
 __all__ = ["LayoutCost", "layout_cost", "copy_cost", "ring_time", "compress_model",
            "compression_ratios",
            "CPU_ADAM_RATE"]
 
-CPU_ADAM_RATE = 1.0e9
+CPU_ADAM_RATE = efficiency("cpu", "cpu_adam_rate")
 """Parameters per second a host's CPU Adam step updates (ZeRO-Offload). CPU Adam is bound by
 host memory traffic: about 30 bytes per parameter (fp32 parameter, gradient and two moments
 read; parameter and moments written; the bf16 copy written), so ~1e9 parameters/s is ~30 GB/s
 of sustained DRAM traffic, a two-socket server's reach with AVX kernels. An assumption, not a
-measurement here: change it for your host."""
+measurement here: a row of ``memflow.hardware.efficiency.EFFICIENCY``."""
 OPTIMIZER_LAUNCHES = 10  # foreach kernels per step
 
 
