@@ -33,7 +33,8 @@ from ..errors import ExportError
 from .multiprocess import processes
 from .scripts import script, written_path
 
-__all__ = ["step_time", "measured_step_times", "gpu_problem", "cpu_devices", "WARMUP", "STEPS"]
+__all__ = ["step_time", "timed_row", "measured_step_times", "gpu_problem", "cpu_devices",
+           "WARMUP", "STEPS"]
 
 WARMUP = 3
 """Steps run before timing: allocator warm-up, optimizer state, the first DDP bucket rebuild."""
@@ -129,3 +130,38 @@ def step_time(strategy, model: str, cluster, *, model_options: Mapping[str, Any]
                       index=pd.Index(["step_time"], name="metric"))
     df.attrs.update(step_times=times, skipped=problem, cluster=cluster.name)
     return df
+
+
+def timed_row(strategy, graph, cluster=None, factory: str | None = None,
+              model_options: Mapping[str, Any] | None = None, optimizer: str = "sgd", *,
+              replica_graph: bool = False) -> pd.DataFrame | None:
+    """:func:`step_time` as :func:`memflow.export.validate` asks for it (``time=True``): the
+    model named by ``factory`` (default ``graph.meta["model"]``, a zoo name), on ``cluster``
+    (default: :meth:`Cluster.local <memflow.hardware.local.local>` with the strategy's device
+    names, one process each). ``replica_graph``: ``graph`` is one replica's (validate captured
+    it from its example inputs), so the script's global batch is its batch x the replicas.
+    None, with the reason printed, where the strategy's GPUs are not here.
+    """
+    from .. import zoo
+    from ..hardware.local import local
+    from .factory import is_file_model
+    from .placement import replicas
+
+    factory = factory or str(graph.meta.get("model"))
+    if factory not in zoo.names() and not is_file_model(factory):
+        raise ExportError(f"time=True runs the exported script, which rebuilds the model in "
+                          f"each process: name it with factory= (a zoo name, one of "
+                          f"{zoo.names()[:4]}..., or 'file.py:factory'); {factory!r} is "
+                          "neither")
+    batch = int(graph.meta.get("batch_size") or 0) or None
+    if replica_graph and batch:
+        batch *= replicas(strategy)
+        graph = None            # the script's graph is the whole batch's: captured again
+    if cluster is None:
+        cluster = local(len(strategy.device_names), names=strategy.device_names)
+    row = step_time(strategy, factory, cluster, model_options=model_options, batch_size=batch,
+                    graph=graph, optimizer=optimizer)
+    if row.attrs["skipped"]:
+        print(f"step_time: skipped, {row.attrs['skipped']}")
+        return None
+    return row

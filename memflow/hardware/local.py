@@ -31,7 +31,6 @@ import datetime as _dt
 import os
 import platform
 import socket
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -50,12 +49,12 @@ __all__ = ["local", "local_cluster", "measure", "cache_dir", "cache_file", "FORM
 FORMAT = "memflow.local/1"
 CACHE_ENV = "MEMFLOW_CACHE_DIR"
 
-# problem sizes: "default" takes a few seconds on a loaded 2-core machine, "tiny" (tests)
-# well under one; each size is (matmul n, conv (batch, channels, side), copy bytes,
-# all-reduce bytes, repetitions)
-SIZES: dict[str, tuple[int, tuple[int, int, int], int, int, int]] = {
-    "default": (512, (8, 64, 28), 64 * 2**20, 8 * 2**20, 7),
-    "tiny": (64, (1, 8, 8), 2**20, 2**16, 3),
+# problem sizes: "default" takes a few seconds, "tiny" (tests) well under one; each size is
+# (matmul n, conv (batch, channels, side), copy bytes, all-reduce bytes, repetitions,
+# seconds each figure is timed over at least)
+SIZES: dict[str, tuple[int, tuple[int, int, int], int, int, int, float]] = {
+    "default": (512, (8, 64, 28), 64 * 2**20, 8 * 2**20, 7, 0.4),
+    "tiny": (64, (1, 8, 8), 2**20, 2**16, 3, 0.0),
 }
 
 EXAMPLE_FIGURES: dict[str, Any] = {
@@ -89,20 +88,23 @@ def cache_file() -> Path:
     return cache_dir() / f"local-{host or 'machine'}.json"
 
 
-def _median_time(fn: Callable[[], Any], reps: int) -> float:
+def _seconds_per_call(fn: Callable[[], Any], reps: int, window: float) -> float:
+    """Mean seconds per call over ``reps`` calls and at least ``window`` seconds. A mean over
+    a window, not a median of short calls: on a shared machine a call shorter than the
+    scheduler's time slice runs at the full speed of a core that a longer job only gets its
+    share of, so medians of short calls overstate what a training step will see."""
     fn()                                   # warm-up: first-touch pages, kernel selection
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
+    calls, t0 = 0, time.perf_counter()
+    while calls < reps or time.perf_counter() - t0 < window:
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        calls += 1
+    return (time.perf_counter() - t0) / calls
 
 
 def _rates(size: str, threads: int) -> dict[str, float]:
     import torch
 
-    n, (batch, ch, side), copy_bytes, _, reps = SIZES[size]
+    n, (batch, ch, side), copy_bytes, _, reps, window = SIZES[size]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -113,16 +115,18 @@ def _rates(size: str, threads: int) -> dict[str, float]:
         conv_flops = 2 * batch * ch * ch * 9 * side * side
         with torch.no_grad():
             return {
-                "matmul_flops": 2 * n ** 3 / _median_time(lambda: torch.mm(a, b), reps),
-                "conv_flops": conv_flops / _median_time(
-                    lambda: torch.nn.functional.conv2d(x, w, padding=1), reps),
-                "copy_bandwidth": 2 * copy_bytes / _median_time(lambda: dst.copy_(src), reps),
+                "matmul_flops": 2 * n ** 3 / _seconds_per_call(lambda: torch.mm(a, b), reps,
+                                                               window),
+                "conv_flops": conv_flops / _seconds_per_call(
+                    lambda: torch.nn.functional.conv2d(x, w, padding=1), reps, window),
+                "copy_bandwidth": 2 * copy_bytes / _seconds_per_call(lambda: dst.copy_(src),
+                                                                     reps, window),
             }
     finally:
         torch.set_num_threads(before)
 
 
-def _launch_overhead(reps: int = 2000) -> float:
+def _launch_overhead(reps: int, window: float) -> float:
     import torch
 
     x, y = torch.ones(16), torch.ones(16)
@@ -131,7 +135,7 @@ def _launch_overhead(reps: int = 2000) -> float:
     def many() -> None:
         for _ in range(reps):
             torch.add(x, y, out=out)
-    return _median_time(many, 3) / reps
+    return _seconds_per_call(many, 3, window) / reps
 
 
 def _allreduce_rank(rank: int, port: int, nbytes: int, reps: int, folder: str) -> None:
@@ -144,8 +148,8 @@ def _allreduce_rank(rank: int, port: int, nbytes: int, reps: int, folder: str) -
                             world_size=2)
     try:
         small, large = torch.ones(1), torch.ones(nbytes // 4)
-        t_small = _median_time(lambda: dist.all_reduce(small), 4 * reps)
-        t_large = _median_time(lambda: dist.all_reduce(large), reps)
+        t_small = _seconds_per_call(lambda: dist.all_reduce(small), 4 * reps, 0.0)
+        t_large = _seconds_per_call(lambda: dist.all_reduce(large), reps, 0.0)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -156,7 +160,7 @@ def _allreduce_rank(rank: int, port: int, nbytes: int, reps: int, folder: str) -
 def _allreduce(size: str) -> dict[str, float]:
     import torch.multiprocessing as mp
 
-    _, _, _, nbytes, reps = SIZES[size]
+    _, _, _, nbytes, reps, _ = SIZES[size]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -204,7 +208,7 @@ def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any
         "torch": torch.__version__, "size": size,
         "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         **{k: {"all": every[k], "one": one[k]} for k in every},
-        "launch_overhead": _launch_overhead(200 if size == "tiny" else 2000),
+        "launch_overhead": _launch_overhead(200 if size == "tiny" else 2000, SIZES[size][-1]),
     }
     if collectives:
         figures["allreduce"] = _allreduce(size)
@@ -218,9 +222,11 @@ def _per_process(figures: dict[str, Any], key: str, processes: int) -> float:
     return rate["all"] if processes == 1 else min(rate["one"], rate["all"] / processes)
 
 
-def local_cluster(figures: dict[str, Any], processes: int = 1) -> Cluster:
+def local_cluster(figures: dict[str, Any], processes: int = 1,
+                  names: list[str] | None = None) -> Cluster:
     """The cluster of ``processes`` CPU devices that ``figures`` (from :func:`measure`)
-    describe (see the module doc)."""
+    describe (see the module doc); ``names`` renames the devices (to run a strategy made
+    for other device names here)."""
     n = int(processes)
     if n < 1:
         raise ClusterError(f"processes must be >= 1, got {processes}")
@@ -231,7 +237,9 @@ def local_cluster(figures: dict[str, Any], processes: int = 1) -> Cluster:
     conv = _per_process(figures, "conv_flops", n)
     copy = _per_process(figures, "copy_bandwidth", n)
     peak = max(matmul, conv)
-    names = [f"cpu{i}" for i in range(n)]
+    if names is not None and len(names) != n:
+        raise ClusterError(f"{n} processes need {n} device names, got {list(names)}")
+    names = list(names) if names is not None else [f"cpu{i}" for i in range(n)]
     hosts = [f"host{i}" for i in range(n)]
     share = float(figures["memory_bytes"]) / n
     devices = pd.DataFrame({
@@ -256,9 +264,11 @@ def local_cluster(figures: dict[str, Any], processes: int = 1) -> Cluster:
                    switches, name=f"{n}xlocal-cpu")
 
 
-def local(processes: int = 1, *, remeasure: bool = False, size: str = "default") -> Cluster:
-    """This machine as a cluster of ``processes`` CPU devices, from cached figures (measured
-    first if there are none, or if ``remeasure``). See the module doc.
+def local(processes: int = 1, *, remeasure: bool = False, size: str = "default",
+          names: list[str] | None = None) -> Cluster:
+    """This machine as a cluster of ``processes`` CPU devices (named ``names``, default
+    ``cpu0``, ``cpu1``, …), from cached figures (measured first if there are none, or if
+    ``remeasure``). See the module doc.
 
     >>> import os, tempfile
     >>> os.environ["MEMFLOW_CACHE_DIR"] = tempfile.mkdtemp()
@@ -277,7 +287,7 @@ def local(processes: int = 1, *, remeasure: bool = False, size: str = "default")
     if figures is None:
         figures = measure(size)
         write_json(path, figures)
-    return local_cluster(figures, processes)
+    return local_cluster(figures, processes, names)
 
 
 def _attach() -> None:

@@ -1,0 +1,122 @@
+"""Predicted against measured step time on this machine's CPU (issue 18, item 3).
+
+For a few zoo models, shrunk to take a fraction of a second per step, strategies are exported
+as training scripts and run for real (``memflow.export.timing.step_time``): single process
+``keep``, ``recompute`` (every block), ``offload`` (every block but the last) and ``compress``
+(every block but the last, error bound 1e-2), and data parallelism over 2 and 4 processes
+(``torchrun``, gloo). The prediction is ``memflow.simulate`` on ``Cluster.local(n)``.
+
+The machine is shared: another process's load changes the measured time but not the
+prediction. So the compute figures (matmul, convolution, copy bandwidth, dispatch) are
+measured again right before each row (the gloo all-reduce figures come from the cache), and
+each row is run ``--repeat`` times; the table gives the median ratio measured / predicted and
+the spread. The load average is printed with each row.
+
+Run: ``python benchmarks/bench_time.py`` (``--quick``: two models, single process and 2
+processes only; ``--repeat 3`` to repeat every row).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks")]
+
+from _results import table, write_section  # noqa: E402
+
+import memflow  # noqa: E402
+from memflow.export.timing import step_time  # noqa: E402
+from memflow._jsonio import read_json  # noqa: E402
+from memflow.hardware.local import cache_file, local, local_cluster, measure  # noqa: E402
+
+# name -> (zoo options, batch): each a fraction of a second per step on 2 loaded cores
+MODELS = {
+    "mlp": ({"width": 512}, 32),
+    "resnet50": ({"width": 16, "image_size": 64}, 8),
+    "gpt2": ({"n_layer": 2, "hidden": 128, "n_head": 4, "vocab": 1000, "seq_len": 64}, 8),
+}
+SINGLE = ("keep", "recompute", "offload", "compress")
+
+
+def strategy(graph, kind: str, processes: int, cluster):
+    s = memflow.Strategy.data_parallel(graph, list(cluster.devices.index))
+    blocks = graph.names[:-1] if len(graph.names) > 1 else graph.names
+    if kind == "recompute":
+        s = s.with_policy(recompute=graph.names)
+    elif kind == "offload":
+        s = s.with_policy(offload=blocks)
+    elif kind == "compress":
+        s = s.with_policy({u: "compress:0.01" for u in blocks})
+    return s
+
+
+def row(model: str, kind: str, processes: int, repeat: int, cached: dict) -> dict:
+    options, batch = MODELS[model]
+    ratios, predicted, measured, loads = [], [], [], []
+    graph = memflow.zoo.graph(model, batch_size=batch, units="blocks", **options)
+    for _ in range(repeat):
+        figures = measure(collectives=False)           # this moment's compute rates
+        figures["allreduce"] = cached["allreduce"]
+        cluster = local_cluster(figures, processes)
+        s = strategy(graph, kind, processes, cluster)
+        r = step_time(s, model, cluster, model_options=options, batch_size=batch, graph=graph)
+        predicted.append(float(r["predicted"].iloc[0]))
+        measured.append(float(r["measured"].iloc[0]))
+        ratios.append(measured[-1] / predicted[-1])
+        loads.append(os.getloadavg()[0])
+    out = {"model": model, "strategy": kind, "processes": processes,
+           "predicted (ms)": 1e3 * statistics.median(predicted),
+           "measured (ms)": 1e3 * statistics.median(measured),
+           "measured / predicted": statistics.median(ratios),
+           "spread": max(ratios) - min(ratios), "load": statistics.median(loads)}
+    print(", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in out.items()), flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--models", nargs="*", default=None)
+    args = p.parse_args(argv)
+    models = args.models or (["mlp", "gpt2"] if args.quick else list(MODELS))
+    local(2)                                  # measures (and caches) once if need be
+    figures = read_json(cache_file())
+    started = time.time()
+    rows = []
+    for model in models:
+        cases = [(k, 1) for k in SINGLE] + [("keep", 2)] + ([] if args.quick else [("keep", 4)])
+        for kind, n in cases:
+            rows.append(row(model, kind, n, args.repeat, figures))
+    df = pd.DataFrame(rows)
+    err = (df["measured / predicted"] - 1).abs()
+    worst = df.loc[err.idxmax()]
+    within = int((err <= 0.15).sum())
+    body = (
+        f"Predicted (`memflow.simulate` on `Cluster.local(n)`, compute figures re-measured "
+        f"before each row) against measured (the exported script's median step after "
+        f"{memflow.export.timing.WARMUP} warm-up steps, {memflow.export.timing.STEPS} timed) "
+        f"step time; {args.repeat} run(s) per row, ratio = median of measured / predicted. "
+        f"All-reduce figures from `Cluster.local()`'s cache: "
+        f"{figures['allreduce']['bandwidth'] / 1e9:.3g} GB/s, "
+        f"{figures['allreduce']['latency'] * 1e6:.0f} µs.\n\n"
+        f"**{within} of {len(df)} rows within 15%; worst: {worst['model']} {worst['strategy']} "
+        f"x{worst['processes']}, measured/predicted {worst['measured / predicted']:.2f}.** "
+        f"The machine is shared (load average column: other jobs on its "
+        f"{os.cpu_count()} cores), so measured times swing with it; the figures re-measured "
+        f"before each row follow part of that swing, not all. Ran in "
+        f"{time.time() - started:.0f} s.\n\n" + table(df, ".3g"))
+    write_section("step_time", body, title="Step time: predicted vs measured (CPU)")
+    print(body)
+
+
+if __name__ == "__main__":
+    main()
