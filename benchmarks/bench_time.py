@@ -6,6 +6,11 @@ as training scripts and run for real (``memflow.export.timing.step_time``): sing
 (every block but the last, error bound 1e-2), and data parallelism over 2 and 4 processes
 (``torchrun``, gloo). The prediction is ``memflow.simulate`` on ``Cluster.local(n)``.
 
+Every process runs one thread (``OMP_NUM_THREADS=1``, set here for the scripts too, as
+``torchrun`` does for several processes): on this loaded 2-core machine a two-thread step runs
+about ten times slower than a one-thread one (OpenMP threads wait for each other on busy
+cores), which would measure the other jobs rather than memflow.
+
 The machine is shared: another process's load changes the measured time but not the
 prediction. So the compute figures (matmul, convolution, copy bandwidth, dispatch) are
 measured again right before each row (the gloo all-reduce figures come from the cache), and
@@ -82,6 +87,9 @@ def row(model: str, kind: str, processes: int, repeat: int, cached: dict) -> dic
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    torch.set_num_threads(1)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeat", type=int, default=1)

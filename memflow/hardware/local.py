@@ -16,8 +16,11 @@ The figures are cached as JSON in :func:`cache_dir` (``$MEMFLOW_CACHE_DIR``, els
 again with ``remeasure=True``. :func:`local_cluster` turns them into a cluster of
 ``processes`` CPU devices (``cpu0``, ``cpu1``, …), one per node so that the processes meet
 over a ``loopback`` link (gloo's TCP) and each offloads to its own host over a ``memcpy`` link.
-With several processes each gets one thread and its share of the cores and of the memory
-bandwidth. The devices' ``figures`` column says ``measured``.
+One process runs every thread (unless ``OMP_NUM_THREADS`` says otherwise); several get one
+thread each (``torchrun``'s default) and their share of the cores and of the memory
+bandwidth (:func:`threads_per_process`). On a loaded machine one thread can beat two: the
+threads of an OpenMP kernel wait for each other, and a busy core makes them all wait, which
+is why both figures are measured. The devices' ``figures`` column says ``measured``.
 
 >>> c = local_cluster(EXAMPLE_FIGURES, processes=2)
 >>> c.devices[["model", "figures"]].values.tolist()
@@ -43,7 +46,7 @@ from .._jsonio import read_json, write_json
 from ..errors import ClusterError
 from .cluster import Cluster
 
-__all__ = ["local", "local_cluster", "measure", "cache_dir", "cache_file", "FORMAT",
+__all__ = ["local", "local_cluster", "measure", "threads_per_process", "cache_dir", "cache_file", "FORMAT",
            "EXAMPLE_FIGURES", "SIZES"]
 
 FORMAT = "memflow.local/1"
@@ -215,27 +218,42 @@ def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any
     return figures
 
 
-def _per_process(figures: dict[str, Any], key: str, processes: int) -> float:
-    """A rate one of ``processes`` concurrent processes gets: all threads alone; else one
-    thread each (torchrun's OMP_NUM_THREADS=1), sharing the machine's total."""
-    rate = figures[key]
-    return rate["all"] if processes == 1 else min(rate["one"], rate["all"] / processes)
+def threads_per_process(processes: int) -> int | None:
+    """Threads each of ``processes`` new processes will run: ``OMP_NUM_THREADS`` when set,
+    else 1 for several (``torchrun`` sets it so), else None (every thread)."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    return 1 if processes > 1 else None
+
+
+def _rates_of(figures: dict[str, Any], processes: int, threads: int | None) -> tuple[float, ...]:
+    """(matmul, conv, copy) rates of one of ``processes`` concurrent processes. Every thread
+    of one process: the all-thread figures. One thread each: the one-thread figures, compute
+    shared when there are more processes than cores, memory bandwidth shared over all of
+    them (the machine's total is the all-thread copy rate)."""
+    if threads is None or (threads > 1 and processes == 1):
+        return tuple(figures[k]["all"] for k in ("matmul_flops", "conv_flops", "copy_bandwidth"))
+    share = min(1.0, int(figures["cores"]) / (processes * threads))
+    copy = figures["copy_bandwidth"]
+    return (figures["matmul_flops"]["one"] * share, figures["conv_flops"]["one"] * share,
+            copy["one"] if processes == 1 else min(copy["one"], copy["all"] / processes))
 
 
 def local_cluster(figures: dict[str, Any], processes: int = 1,
-                  names: list[str] | None = None) -> Cluster:
+                  names: list[str] | None = None, threads: int | None = -1) -> Cluster:
     """The cluster of ``processes`` CPU devices that ``figures`` (from :func:`measure`)
     describe (see the module doc); ``names`` renames the devices (to run a strategy made
-    for other device names here)."""
+    for other device names here); ``threads`` per process (None: every thread; default:
+    :func:`threads_per_process`)."""
     n = int(processes)
+    threads = threads_per_process(n) if threads == -1 else threads
     if n < 1:
         raise ClusterError(f"processes must be >= 1, got {processes}")
     if n > 1 and "allreduce" not in figures:
         raise ClusterError(f"{n} processes need the gloo all-reduce figures; measure with "
                            "collectives=True (Cluster.local(remeasure=True))")
-    matmul = _per_process(figures, "matmul_flops", n)
-    conv = _per_process(figures, "conv_flops", n)
-    copy = _per_process(figures, "copy_bandwidth", n)
+    matmul, conv, copy = _rates_of(figures, n, threads)
     peak = max(matmul, conv)
     if names is not None and len(names) != n:
         raise ClusterError(f"{n} processes need {n} device names, got {list(names)}")

@@ -65,18 +65,23 @@ def test_unknown_size_names_the_valid_ones():
         local_mod.measure("huge")
 
 
-def test_one_process_uses_every_thread_several_share_the_machine():
+def test_one_process_uses_every_thread_several_share_the_machine(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     one = local_cluster(EXAMPLE_FIGURES, 1).devices.loc["cpu0"]
     assert one["peak_flops_fp32"] == 60e9 and one["mem_bandwidth"] == 12e9
-    four = local_cluster(EXAMPLE_FIGURES, 4).devices.loc["cpu0"]
-    # one thread each, but four processes on two cores share the machine's total
-    assert four["peak_flops_fp32"] == 60e9 / 4 and four["mem_bandwidth"] == 12e9 / 4
-    two = local_cluster(EXAMPLE_FIGURES, 2).devices.loc["cpu0"]
-    assert two["peak_flops_fp32"] == 30e9       # min(one thread 32e9, 60e9 / 2)
     assert one["compute_efficiency"] == pytest.approx((60 + 40) / 2 / 60)
+    two = local_cluster(EXAMPLE_FIGURES, 2).devices.loc["cpu0"]
+    # one thread each (torchrun's default) on two cores: a core each, memory shared
+    assert two["peak_flops_fp32"] == 32e9 and two["mem_bandwidth"] == 12e9 / 2
+    four = local_cluster(EXAMPLE_FIGURES, 4).devices.loc["cpu0"]
+    assert four["peak_flops_fp32"] == 32e9 / 2 and four["mem_bandwidth"] == 12e9 / 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    single = local_cluster(EXAMPLE_FIGURES, 1).devices.loc["cpu0"]
+    assert single["peak_flops_fp32"] == 32e9 and single["mem_bandwidth"] == 9e9
 
 
-def test_processes_meet_over_the_measured_loopback():
+def test_processes_meet_over_the_measured_loopback(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     c = local_cluster(EXAMPLE_FIGURES, 4)
     ar = EXAMPLE_FIGURES["allreduce"]
     assert c.ring_bandwidth(list(c.devices.index)) == pytest.approx(ar["bandwidth"])
