@@ -6,8 +6,10 @@ and takes the steady-state median of its step times after a warm-up. The predict
 :func:`memflow.simulate`'s ``iteration_time`` for the same graph, strategy and cluster — on a
 CPU, a cluster measured here (:meth:`memflow.Cluster.local`); on a GPU, the GPU's cluster.
 
-The GPU path runs only where CUDA is: :func:`gpu_problem` says why not otherwise, and
-:func:`memflow.export.validate` prints that reason instead of a row. The script waits for
+:func:`validate` is :func:`memflow.export.validate`: the memory rows of
+:mod:`memflow.export.validation`, and with ``time=True`` this row. The GPU path runs only
+where CUDA is: :func:`gpu_problem` says why not otherwise, and :func:`validate` prints that
+reason instead of a row. The script waits for
 every step's loss (a CUDA synchronisation), so a CUDA step time is the GPU's, not the launch
 queue's.
 
@@ -28,12 +30,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import pandas as pd
+import torch
+from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
 from .multiprocess import processes
 from .scripts import script, written_path
 
-__all__ = ["step_time", "timed_row", "measured_step_times", "gpu_problem", "cpu_devices",
+__all__ = ["validate", "step_time", "measured_step_times", "gpu_problem", "cpu_devices",
            "WARMUP", "STEPS"]
 
 WARMUP = 3
@@ -132,36 +136,57 @@ def step_time(strategy, model: str, cluster, *, model_options: Mapping[str, Any]
     return df
 
 
-def timed_row(strategy, graph, cluster=None, factory: str | None = None,
-              model_options: Mapping[str, Any] | None = None, optimizer: str = "sgd", *,
-              replica_graph: bool = False) -> pd.DataFrame | None:
-    """:func:`step_time` as :func:`memflow.export.validate` asks for it (``time=True``): the
-    model named by ``factory`` (default ``graph.meta["model"]``, a zoo name), on ``cluster``
-    (default: :meth:`Cluster.local <memflow.hardware.local.local>` with the strategy's device
-    names, one process each). ``replica_graph``: ``graph`` is one replica's (validate captured
-    it from its example inputs), so the script's global batch is its batch x the replicas.
-    None, with the reason printed, where the strategy's GPUs are not here.
+def validate(model, example_inputs, strategy, graph=None, *, time: bool = False, cluster=None,
+             factory: str | None = None, model_options: Mapping[str, Any] | None = None,
+             optimizer: str = "sgd", **options: Any) -> pd.DataFrame:
+    """:func:`memflow.export.validation.validate` (the memory rows; ``options`` are its own),
+    and with ``time=True`` a ``step_time`` row (:func:`step_time`): the exported training
+    script of the whole strategy, run for real, against the simulated step.
+
+    The script rebuilds the model in each process, so ``factory`` names it (a zoo name or
+    ``file.py:factory``, with ``model_options``; default: the graph's ``meta["model"]``, a
+    zoo name). ``graph`` is the strategy's graph (every replica's batch); without one the
+    script trains ``example_inputs``' batch per replica. The prediction is simulated on
+    ``cluster`` (default: :meth:`Cluster.local <memflow.hardware.local.local>` with the
+    strategy's device names, one process each). Where the strategy's GPUs are not here the
+    reason is printed and the row left out.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from memflow.strategy import Strategy
+    >>> model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    >>> s = Strategy(["0", "1", "2"], devices=[("gpu0",)] * 3).with_policy(
+    ...     {"0": "offload", "1": "recompute"})
+    >>> list(validate(model, torch.randn(8, 16), s, devices={"gpu0": "cpu"}).index)
+    ['saved_bytes', 'offloaded_bytes']
     """
     from .. import zoo
     from ..hardware.local import local
     from .factory import is_file_model
     from .placement import replicas
+    from .validation import validate as memory_rows
 
-    factory = factory or str(graph.meta.get("model"))
+    df = memory_rows(model, example_inputs, strategy, graph, optimizer=optimizer, **options)
+    if not time:
+        return df
+    factory = factory or str((graph.meta if graph is not None else df.attrs).get("model"))
     if factory not in zoo.names() and not is_file_model(factory):
         raise ExportError(f"time=True runs the exported script, which rebuilds the model in "
                           f"each process: name it with factory= (a zoo name, one of "
                           f"{zoo.names()[:4]}..., or 'file.py:factory'); {factory!r} is "
                           "neither")
-    batch = int(graph.meta.get("batch_size") or 0) or None
-    if replica_graph and batch:
-        batch *= replicas(strategy)
-        graph = None            # the script's graph is the whole batch's: captured again
+    if graph is not None:
+        batch = int(graph.meta.get("batch_size") or 0) or None
+    else:
+        first = next(t for t in pytree.tree_leaves(example_inputs) if isinstance(t, torch.Tensor))
+        batch = int(first.shape[0]) * replicas(strategy)
     if cluster is None:
         cluster = local(len(strategy.device_names), names=strategy.device_names)
     row = step_time(strategy, factory, cluster, model_options=model_options, batch_size=batch,
                     graph=graph, optimizer=optimizer)
     if row.attrs["skipped"]:
         print(f"step_time: skipped, {row.attrs['skipped']}")
-        return None
-    return row
+        return df
+    out = pd.concat([df, row[["predicted", "measured", "error"]]])
+    out.attrs.update(df.attrs, step_times=row.attrs["step_times"], cluster=cluster.name)
+    return out

@@ -13,12 +13,7 @@ Rows (``metric``), each with ``predicted``, ``measured`` and ``error`` (measured
   :func:`memflow.estimate` and measured with ``torch.cuda.max_memory_allocated`` less the
   weights of the caller's model (validate runs a copy beside it).
 
-With ``time=True`` a ``step_time`` row follows (:mod:`memflow.export.timing`): the exported
-training script of the whole strategy is run (``torchrun`` over its replicas) and its median
-step time compared with the simulated one; where the strategy's GPUs are not here, the reason
-is printed and the row left out.
-
-Both sides of the memory rows describe one replica on the batch given: a data-parallel strategy is measured as
+Both sides describe one replica on the batch given: a data-parallel strategy is measured as
 one replica processing ``example_inputs``, so the prediction is for the same strategy with
 its sample degree folded to 1, and device names are replaced by the torch devices they run on
 here (units that share a device share a placement, with no transfer between them).
@@ -126,19 +121,12 @@ def _peak_row(model: nn.Module, original: nn.Module, graph, local: Strategy,
 
 def validate(model: nn.Module, example_inputs: Any, strategy: Strategy, graph=None, *,
              replica: int = 0, devices: Mapping[str, str | torch.device] | None = None,
-             optimizer: str = "sgd", time: bool = False, cluster=None,
-             factory: str | None = None, model_options: Mapping[str, Any] | None = None
-             ) -> pd.DataFrame:
+             optimizer: str = "sgd") -> pd.DataFrame:
     """Predicted against measured memory of ``strategy`` on ``model`` (see the module doc).
 
     ``model`` and ``example_inputs`` are real tensors (on CPU, or on the GPU for
     ``peak_bytes``); the model is copied, not changed. ``graph`` is the graph the strategy
     was made for; without one it is captured from the model with the strategy's units.
-
-    ``time=True`` adds the ``step_time`` row: the training script rebuilds the model in each
-    process, so ``factory`` names it (a zoo name or ``file.py:factory``, with
-    ``model_options``; default: ``graph.meta["model"]``, a zoo name), and the prediction is
-    simulated on ``cluster`` (default: ``Cluster.local`` with one device per replica).
 
     >>> import torch
     >>> from torch import nn
@@ -153,7 +141,6 @@ def validate(model: nn.Module, example_inputs: Any, strategy: Strategy, graph=No
     offloaded_bytes      512.0     512.0
     """
     local = local_strategy(strategy, replica, devices)
-    whole = graph       # the strategy's own graph (all replicas), if the caller gave it
     if graph is None:
         graph = capture_units(model, example_inputs, strategy)
     exported = apply(model, local, graph, devices={d: d for d in local.device_names})
@@ -166,12 +153,6 @@ def validate(model: nn.Module, example_inputs: Any, strategy: Strategy, graph=No
         rows["peak_bytes"] = _peak_row(exported, model, graph, local, example_inputs, optimizer)
     df = pd.DataFrame([(m, float(p), float(x)) for m, (p, x) in rows.items()],
                       columns=["metric", "predicted", "measured"]).set_index("metric")
-    if time:
-        from .timing import timed_row
-        step = timed_row(strategy, whole or graph, cluster, factory, model_options, optimizer,
-                         replica_graph=whole is None)
-        if step is not None:
-            df = pd.concat([df, step[["predicted", "measured"]]])
     df["error"] = np.where(df["predicted"] > 0, df["measured"] / df["predicted"].where(
         df["predicted"] > 0, 1.0) - 1.0, np.where(df["measured"] > 0, np.inf, 0.0))
     df.attrs.update(strategy=strategy.name, model=graph.meta.get("model"),

@@ -8,7 +8,7 @@ import memflow
 from memflow._jsonio import write_json
 from memflow.errors import ExportError
 from memflow.export import validate
-from memflow.export.timing import gpu_problem, step_time, timed_row
+from memflow.export.timing import gpu_problem, step_time
 from memflow.hardware.local import EXAMPLE_FIGURES, cache_file
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
@@ -55,8 +55,11 @@ def test_gpu_path_is_skipped_with_its_reason_printed(capsys):
     g, s = _chain()
     assert "no CUDA device here" in gpu_problem(s)
     assert gpu_problem(s, {"gpu0": "cpu"}) is None
-    row = timed_row(s, g, memflow.Cluster.preset("1xV100-16GB"), "chain", {"n": 2, "width": 16})
-    assert row is None
+    model, inputs = memflow.zoo.get("chain", 8, n=2, width=16, device="cpu")
+    df = validate(model, inputs, s, g, devices={"gpu0": "cpu"}, time=True,
+                  cluster=memflow.Cluster.preset("1xV100-16GB"),
+                  model_options={"n": 2, "width": 16})
+    assert "step_time" not in df.index
     out = capsys.readouterr().out
     assert out.startswith("step_time: skipped, no CUDA device here")
     assert "torch.cuda.is_available() is False" in out
