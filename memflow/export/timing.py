@@ -149,7 +149,7 @@ def validate(model, example_inputs, strategy, graph=None, *, time: bool = False,
     script trains ``example_inputs``' batch per replica. The prediction is simulated on
     ``cluster`` (default: :meth:`Cluster.local <memflow.hardware.local.local>` with the
     strategy's device names, one process each). Where the strategy's GPUs are not here the
-    reason is printed and the row left out.
+    reason is printed and the row left out (for ``peak_bytes`` as for ``step_time``).
 
     >>> import torch
     >>> from torch import nn
@@ -169,6 +169,9 @@ def validate(model, example_inputs, strategy, graph=None, *, time: bool = False,
     df = memory_rows(model, example_inputs, strategy, graph, optimizer=optimizer, **options)
     if not time:
         return df
+    problem = gpu_problem(strategy, options.get("devices"))
+    if problem:         # validation's peak_bytes row needs the strategy's GPUs too
+        print(f"peak_bytes: skipped, {problem}")
     factory = factory or str((graph.meta if graph is not None else df.attrs).get("model"))
     if factory not in zoo.names() and not is_file_model(factory):
         raise ExportError(f"time=True runs the exported script, which rebuilds the model in "

@@ -59,9 +59,15 @@ def test_gpu_path_is_skipped_with_its_reason_printed(capsys):
     df = validate(model, inputs, s, g, devices={"gpu0": "cpu"}, time=True,
                   cluster=memflow.Cluster.preset("1xV100-16GB"),
                   model_options={"n": 2, "width": 16})
-    assert "step_time" not in df.index
+    assert "step_time" not in df.index and "peak_bytes" not in df.index
     out = capsys.readouterr().out
-    assert out.startswith("step_time: skipped, no CUDA device here")
+    assert "peak_bytes" not in out          # the memory rows ran on the CPU, as asked
+    assert out.startswith("step_time: skipped")
+    validate(model, inputs, s, g, time=True, cluster=memflow.Cluster.preset("1xV100-16GB"),
+             model_options={"n": 2, "width": 16})
+    out = capsys.readouterr().out
+    assert "peak_bytes: skipped, no CUDA device here" in out
+    assert "step_time: skipped, no CUDA device here" in out
     assert "torch.cuda.is_available() is False" in out
 
 

@@ -109,3 +109,16 @@ def test_measured_times_errors_name_the_column():
     with pytest.raises(ClusterError, match="unknown device 'gpu9'"):
         calibrate(pd.DataFrame({"flops": [1.0], "bytes_moved": [1.0], "ops": [1],
                                 "seconds": [1.0]}), c, devices=["gpu9"])
+
+
+def test_the_report_says_which_figures_are_measured():
+    from memflow.report.page import report_html
+
+    g = memflow.zoo.graph("chain", batch_size=8, n=2, width=16)
+    work = _unit_work()
+    work["seconds"] = predicted_seconds(work, 15.7e12 * 0.5, 900e9 * 0.8, 5e-6)
+    c = calibrate(work, memflow.Cluster.preset("2xV100-16GB"), devices=["gpu1"])
+    result = memflow.simulate(g, memflow.Strategy.data_parallel(g, c), c)
+    page = report_html(result, cluster=c)
+    assert "<th>time figures</th>" in page
+    assert "V100-16GB: datasheet" in page and "V100-16GB: calibrated" in page
