@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
@@ -38,6 +39,7 @@ from _results import table, write_section  # noqa: E402
 
 import memflow  # noqa: E402
 from memflow.export.timing import step_time  # noqa: E402
+from memflow.hardware import calibrate  # noqa: E402
 from memflow._jsonio import read_json  # noqa: E402
 from memflow.hardware.local import cache_file, local, local_cluster, measure  # noqa: E402
 
@@ -62,9 +64,37 @@ def strategy(graph, kind: str, processes: int, cluster):
     return s
 
 
-def row(model: str, kind: str, processes: int, repeat: int, cached: dict) -> dict:
+def unit_times(model: str, graph, reps: int = 5) -> pd.DataFrame:
+    """Measured op times for ``memflow.hardware.calibrate``: each module unit's forward, timed
+    with module hooks on the real model (median of ``reps`` forwards), beside its FLOPs,
+    bytes and kernels from the graph."""
     options, batch = MODELS[model]
-    ratios, predicted, measured, loads = [], [], [], []
+    net, inputs = memflow.zoo.get(model, batch, device="cpu", **options)
+    modules = dict(net.named_modules())
+    seconds: dict[str, list[float]] = {u: [] for u in graph.names if u in modules}
+    start: dict[str, float] = {}
+    hooks = []
+    for u in seconds:
+        hooks.append(modules[u].register_forward_pre_hook(
+            lambda m, a, u=u: start.__setitem__(u, time.perf_counter())))
+        hooks.append(modules[u].register_forward_hook(
+            lambda m, a, o, u=u: seconds[u].append(time.perf_counter() - start[u])))
+    with torch.no_grad():
+        for _ in range(reps + 1):
+            net(*inputs)
+    for h in hooks:
+        h.remove()
+    units = graph.units.set_index("unit") if "unit" in graph.units.columns else graph.units
+    rows = units.loc[list(seconds), ["fwd_flops", "fwd_bytes_moved", "fwd_ops"]]
+    rows.columns = ["flops", "bytes_moved", "ops"]
+    rows["seconds"] = [statistics.median(v[1:]) for v in seconds.values()]
+    return rows
+
+
+def row(model: str, kind: str, processes: int, repeat: int, cached: dict,
+        calibrated: bool = False) -> dict:
+    options, batch = MODELS[model]
+    ratios, predicted, measured, loads, again = [], [], [], [], []
     graph = memflow.zoo.graph(model, batch_size=batch, units="blocks", **options)
     for _ in range(repeat):
         figures = measure(collectives=False)           # this moment's compute rates
@@ -72,6 +102,9 @@ def row(model: str, kind: str, processes: int, repeat: int, cached: dict) -> dic
         cluster = local_cluster(figures, processes)
         s = strategy(graph, kind, processes, cluster)
         r = step_time(s, model, cluster, model_options=options, batch_size=batch, graph=graph)
+        if calibrated:
+            fitted = calibrate(unit_times(model, graph), cluster)
+            again.append(memflow.simulate(graph, s, fitted).iteration_time)
         predicted.append(float(r["predicted"].iloc[0]))
         measured.append(float(r["measured"].iloc[0]))
         ratios.append(measured[-1] / predicted[-1])
@@ -81,6 +114,9 @@ def row(model: str, kind: str, processes: int, repeat: int, cached: dict) -> dic
            "measured (ms)": 1e3 * statistics.median(measured),
            "measured / predicted": statistics.median(ratios),
            "spread": max(ratios) - min(ratios), "load": statistics.median(loads)}
+    if calibrated:
+        out["measured / calibrated"] = statistics.median(
+            m / a for m, a in zip(measured, again))
     print(", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                     for k, v in out.items()), flush=True)
     return out
@@ -88,12 +124,14 @@ def row(model: str, kind: str, processes: int, repeat: int, cached: dict) -> dic
 
 def main(argv: list[str] | None = None) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
     torch.set_num_threads(1)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--models", nargs="*", default=None)
+    p.add_argument("--calibrate", action="store_true",
+                   help="also predict on the cluster calibrated to measured unit times")
+    p.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     args = p.parse_args(argv)
     models = args.models or (["mlp", "gpt2"] if args.quick else list(MODELS))
     local(2)                                  # measures (and caches) once if need be
@@ -103,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     for model in models:
         cases = [(k, 1) for k in SINGLE] + [("keep", 2)] + ([] if args.quick else [("keep", 4)])
         for kind, n in cases:
-            rows.append(row(model, kind, n, args.repeat, figures))
+            rows.append(row(model, kind, n, args.repeat, figures, args.calibrate))
     df = pd.DataFrame(rows)
     err = (df["measured / predicted"] - 1).abs()
     worst = df.loc[err.idxmax()]
@@ -122,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{os.cpu_count()} cores), so measured times swing with it; the figures re-measured "
         f"before each row follow part of that swing, not all. Ran in "
         f"{time.time() - started:.0f} s.\n\n" + table(df, ".3g"))
-    write_section("step_time", body, title="Step time: predicted vs measured (CPU)")
+    if not args.no_write:
+        write_section("step_time", body, title="Step time: predicted vs measured (CPU)")
     print(body)
 
 
