@@ -151,13 +151,11 @@ def validate(model, example_inputs, strategy, graph=None, *, time: bool = False,
     strategy's device names, one process each). Where the strategy's GPUs are not here the
     reason is printed and the row left out (for ``peak_bytes`` as for ``step_time``).
 
-    >>> import torch
-    >>> from torch import nn
-    >>> from memflow.strategy import Strategy
-    >>> model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    >>> s = Strategy(["0", "1", "2"], devices=[("gpu0",)] * 3).with_policy(
-    ...     {"0": "offload", "1": "recompute"})
-    >>> list(validate(model, torch.randn(8, 16), s, devices={"gpu0": "cpu"}).index)
+    >>> import memflow
+    >>> model, x = memflow.zoo.get("chain", 8, device="cpu", n=2, width=16)
+    >>> g = memflow.zoo.graph("chain", batch_size=8, n=2, width=16, units="blocks")
+    >>> s = memflow.Strategy.data_parallel(g, ["gpu0"]).with_policy(recompute=["layers.0"])
+    >>> validate(model, x, s, g, devices={"gpu0": "cpu"}).index.tolist()  # time=False
     ['saved_bytes', 'offloaded_bytes']
     """
     from .. import zoo
