@@ -84,7 +84,8 @@ def fit_rates(measured: pd.DataFrame, flop_rate: float, byte_rate: float,
     ...                   "ops": [1, 1, 100]})
     >>> w["seconds"] = predicted_seconds(w, 2e10, 5e9, 1e-5)
     >>> {k: float(f"{v:.4g}") for k, v in fit_rates(w, 1e10, 1e10, 5e-6).items()}
-    {'flop_rate': 20000000000.0, 'byte_rate': 5000000000.0, 'launch': 1e-05, 'median_error': 0.0, 'rows': 3.0}
+    {'flop_rate': 20000000000.0, 'byte_rate': 5000000000.0, 'launch': 1e-05,
+     'median_error': 0.0, 'rows': 3.0}
     """
     work = _checked(measured)
     seconds = work["seconds"].to_numpy(float)

@@ -113,8 +113,9 @@ EDGE_BOARDS: dict[str, GPU] = {g.name: g for g in (
         description="Jetson Orin Nano 8 GB: 1024-core Ampere, 32 tensor cores, LPDDR5 68 GB/s"),
 )}
 
-LINK_KINDS: dict[str, LinkKind] = {name: LinkKind(name, bw, efficiency(name, "efficiency"), lat, text)
-                                   for name, bw, lat, text in (
+LINK_KINDS: dict[str, LinkKind] = {
+    name: LinkKind(name, bw, efficiency(name, "efficiency"), lat, text)
+    for name, bw, lat, text in (
     ("nvlink", 0.0, 1e-6, "NVLink/NVSwitch port; bandwidth depends on the GPU"),
     ("pcie3", 15.75 * GB, 5e-6, "PCIe 3.0 x16"),
     ("pcie4", 31.5 * GB, 5e-6, "PCIe 4.0 x16"),

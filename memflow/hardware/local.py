@@ -46,8 +46,8 @@ from .._jsonio import read_json, write_json
 from ..errors import ClusterError
 from .cluster import Cluster
 
-__all__ = ["local", "local_cluster", "measure", "threads_per_process", "cache_dir", "cache_file", "FORMAT",
-           "EXAMPLE_FIGURES", "SIZES"]
+__all__ = ["local", "local_cluster", "measure", "threads_per_process", "cache_dir", "cache_file",
+           "FORMAT", "EXAMPLE_FIGURES", "SIZES"]
 
 FORMAT = "memflow.local/1"
 CACHE_ENV = "MEMFLOW_CACHE_DIR"
