@@ -17,6 +17,16 @@ Memory policies live in one table, ``memflow.POLICIES`` (see ``docs/architecture
 >>> list(memflow.POLICIES), memflow.POLICIES["offload"].mechanism
 (['keep', 'recompute', 'offload', 'compress', 'selective'], 'host')
 
+Step times come from datasheet peaks and a table of sourced efficiencies
+(``memflow.hardware.EFFICIENCY``), from this machine's CPU measured by a short micro-benchmark
+(``memflow.Cluster.local()``, cached; ``remeasure=True`` measures again), or from measured op
+times (``memflow.hardware.calibrate``); each device says which, and
+``memflow.export.validate(..., time=True)`` compares a prediction with the exported script's
+real step time:
+
+>>> cluster.devices["figures"].tolist(), cluster.figures_note()
+(['datasheet'], 'V100-16GB: datasheet (peaks from the vendor, efficiencies from the sourced table)')
+
 The names below load on first use, so ``import memflow`` stays fast.
 """
 from __future__ import annotations

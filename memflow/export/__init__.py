@@ -6,14 +6,15 @@
 * :func:`script` — a ``torchrun`` training script (DistributedDataParallel over the
   data-parallel replicas) and the strategy JSON beside it;
 * :func:`validate` — predicted against measured memory (``saved_bytes``, ``offloaded_bytes``,
-  and ``peak_bytes`` on a GPU); :func:`validate_ranks` — the same per rank of the training
+  and ``peak_bytes`` on a GPU) and, with ``time=True``, step time (:mod:`~.timing`: the
+  exported script run for real); :func:`validate_ranks` — memory per rank of the training
   script run across processes (:mod:`~.rank_validation`).
 
 Anything PyTorch code cannot do as the strategy says raises
 :class:`~memflow.errors.ExportError` naming the unit. Modules: :mod:`~.spans` (units as
 stretches of the forward), :mod:`~.tracker` (following them at run time), :mod:`~.segment`
 (recompute), :mod:`~.saved` (offload, compress), :mod:`~.placement`, :mod:`~.sharding`, :mod:`~.exported`,
-:mod:`~.measure`, :mod:`~.validation`, :mod:`~.scripts` and its :mod:`~.train_template`,
+:mod:`~.measure`, :mod:`~.validation`, :mod:`~.timing`, :mod:`~.scripts` and its :mod:`~.train_template`,
 :mod:`~.factory` (a model from a zoo name or the user's ``file.py:factory``). Across processes:
 :mod:`~.pipelining` (pipeline stages, ``torch.distributed.pipelining``),
 :mod:`~.tensor_parallel` (parameter splits as DTensor shards) and :mod:`~.multiprocess` (the
@@ -30,7 +31,7 @@ from .measure import held_bytes
 from .placement import replicas
 from .scripts import script
 from .rank_validation import validate_ranks
-from .validation import validate
+from .timing import validate
 
 __all__ = ["apply", "Exported", "script", "validate", "validate_ranks", "held_bytes", "replicas",
            "ExportError"]

@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -68,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--measure", default=None, help="folder: each rank writes the memory it "
                    "holds after the first step (memflow.export.rank_validation)")
+    p.add_argument("--step-times", default=None,
+                   help="JSON file: wall seconds of every step, written by rank 0")
     return p.parse_args(argv)
 
 
@@ -153,8 +156,9 @@ def main(argv: list[str] | None = None) -> list[float]:
                      (torch.optim.SGD, {"lr": args.lr, "momentum": 0.9 if args.optimizer ==
                                         "momentum" else 0.0}))
     optimizer = (sharding.optimizer(kind, **options) if sharding else kind(params, **options))
-    losses, target = [], None
+    losses, target, seconds = [], None, []
     for step in tqdm(range(args.steps), disable=rank != 0, desc="training"):
+        start = time.perf_counter()
         inputs, given = next(batches)
         call_args, call_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to(device), as_args(inputs))
@@ -172,9 +176,12 @@ def main(argv: list[str] | None = None) -> list[float]:
         if distributed:
             dist.all_reduce(value)
             value /= world
-        losses.append(float(value))
+        losses.append(float(value))      # waits for the step (a CUDA sync, on GPUs)
+        seconds.append(time.perf_counter() - start)
         if rank == 0:
             tqdm.write(f"step {step + 1}/{args.steps} loss {losses[-1]:.6f}")
+    if args.step_times and rank == 0:
+        Path(args.step_times).write_text(json.dumps(seconds))
     if distributed:
         # Every rank leaves together, the DDP reducer first: a rank that tears gloo down while
         # another still finishes its last collective aborts ("terminate called without an

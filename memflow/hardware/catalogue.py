@@ -1,23 +1,11 @@
 """What memflow knows about GPUs, edge boards and links, with where each figure comes from.
 
 Peak figures are the vendors' (``shared/REFERENCES.md``, "Hardware"): dense tensor-core FP16
-where the GPU has tensor cores, per-direction link bandwidth. Achieved rates are below peak; the
-defaults below say by how much and why:
-
-* ``compute_efficiency`` — fraction of peak FLOP/s that large cuBLAS/cuDNN kernels reach:
-  about 0.75 of the FP32 SIMT peak before tensor cores (SGEMM on Kepler to Pascal), 0.6–0.65 of
-  the tensor-core peak on V100 to H200 (large GEMMs; Megatron-LM's end-to-end 52% MFU on A100,
-  Narayanan et al. 2021, also counts non-GEMM ops, which the time model charges to memory
-  bandwidth instead).
-* ``memory_efficiency`` — fraction of peak DRAM bandwidth a streaming kernel reaches: ~0.8 on
-  GDDR5 (K80, Titan X), ~0.85–0.9 on HBM (Jia et al., "Dissecting the NVIDIA Volta GPU
-  architecture via microbenchmarking", 2018: 790 of 900 GB/s on V100), ~0.7 on LPDDR boards.
-* ``launch_overhead`` — seconds charged per op: PyTorch eager dispatch plus a kernel launch,
-  4–6 µs on x86 hosts; Jetson's ARM cores take about twice that.
-* Link efficiency — achieved/peak of large transfers: PCIe ~0.8 (pinned ``cudaMemcpy`` reaches
-  12–13 of 15.75 GB/s on gen3, ~25 of 31.5 on gen4), NVLink ~0.8 (nccl-tests bus bandwidth
-  ~240 of 300 GB/s on DGX A100), InfiniBand ~0.9 (``ib_write_bw`` reaches >90% of line rate),
-  Ethernet ~0.7 (TCP sockets, as gloo and NCCL's socket transport use).
+where the GPU has tensor cores, per-direction link bandwidth. Achieved rates are below peak: the
+fractions (``compute_efficiency``, ``memory_efficiency``, ``launch_overhead`` of a GPU, the
+``efficiency`` of a link kind) are rows of :data:`memflow.hardware.efficiency.EFFICIENCY`,
+each with its source. ``memcpy`` and ``loopback`` links have no datasheet: their bandwidth is
+what :meth:`Cluster.local <memflow.hardware.local.local>` measures on this machine.
 
 >>> GPUS["A100-80GB"].mem_bandwidth
 2039000000000.0
@@ -27,6 +15,8 @@ defaults below say by how much and why:
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .efficiency import efficiency
 
 __all__ = ["GPU", "LinkKind", "GPUS", "EDGE_BOARDS", "LINK_KINDS", "GIB", "lookup_gpu"]
 
@@ -52,11 +42,21 @@ class GPU:
     host_link: str
     default_ib: str
     nics_per_gpu: float
-    compute_efficiency: float
-    memory_efficiency: float
-    launch_overhead: float
     unified: bool = False
     description: str = ""
+
+    # achieved fractions of the peaks: rows of the efficiency table, with their sources
+    @property
+    def compute_efficiency(self) -> float:
+        return efficiency(self.name, "compute_efficiency")
+
+    @property
+    def memory_efficiency(self) -> float:
+        return efficiency(self.name, "memory_efficiency")
+
+    @property
+    def launch_overhead(self) -> float:
+        return efficiency(self.name, "launch_overhead")
 
 
 @dataclass(frozen=True)
@@ -74,25 +74,23 @@ class LinkKind:
 # give every GPU its own compute NIC, DGX-1 (P100, V100) has 4 for 8 GPUs; older servers one.
 GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("K80-12GB", 12 * GIB, 240 * GB, 4.4 * TFLOP, 4.4 * TFLOP, 0, "pcie3", "ib-edr", 0.125,
-        0.75, 0.8, 6e-6,
         description="Tesla K80, one GK210 of the board; no fast FP16 (runs at the FP32 rate)"),
     GPU("TitanX-12GB", 12 * GIB, 336 * GB, 6.6 * TFLOP, 6.6 * TFLOP, 0, "pcie3", "ib-edr", 0.125,
-        0.75, 0.8, 6e-6,
         description="GeForce GTX Titan X (Maxwell); no fast FP16 (runs at the FP32 rate)"),
     GPU("P100-16GB", 16 * GIB, 732 * GB, 21 * TFLOP, 10.6 * TFLOP, 80 * GB, "pcie3", "ib-edr", 0.5,
-        0.75, 0.85, 5e-6, description="Tesla P100 SXM2; FP16 via half2 at twice FP32"),
+        description="Tesla P100 SXM2; FP16 via half2 at twice FP32"),
     GPU("V100-16GB", 16 * GIB, 900 * GB, 125 * TFLOP, 15.7 * TFLOP, 150 * GB, "pcie3", "ib-edr",
-        0.5, 0.6, 0.88, 5e-6, description="Tesla V100 SXM2 16 GB; tensor cores (FP16 only)"),
+        0.5, description="Tesla V100 SXM2 16 GB; tensor cores (FP16 only)"),
     GPU("V100-32GB", 32 * GIB, 900 * GB, 125 * TFLOP, 15.7 * TFLOP, 150 * GB, "pcie3", "ib-edr",
-        0.5, 0.6, 0.88, 5e-6, description="Tesla V100 SXM2 32 GB; tensor cores (FP16 only)"),
+        0.5, description="Tesla V100 SXM2 32 GB; tensor cores (FP16 only)"),
     GPU("A100-40GB", 40 * GIB, 1555 * GB, 312 * TFLOP, 19.5 * TFLOP, 300 * GB, "pcie4", "ib-hdr",
-        1.0, 0.65, 0.88, 4e-6, description="A100 SXM4 40 GB; FP16/BF16 tensor cores"),
+        1.0, description="A100 SXM4 40 GB; FP16/BF16 tensor cores"),
     GPU("A100-80GB", 80 * GIB, 2039 * GB, 312 * TFLOP, 19.5 * TFLOP, 300 * GB, "pcie4", "ib-hdr",
-        1.0, 0.65, 0.88, 4e-6, description="A100 SXM4 80 GB; FP16/BF16 tensor cores"),
+        1.0, description="A100 SXM4 80 GB; FP16/BF16 tensor cores"),
     GPU("H100-80GB", 80 * GIB, 3350 * GB, 989 * TFLOP, 67 * TFLOP, 450 * GB, "pcie5", "ib-ndr",
-        1.0, 0.6, 0.9, 4e-6, description="H100 SXM5 80 GB; FP16/BF16 tensor cores"),
+        1.0, description="H100 SXM5 80 GB; FP16/BF16 tensor cores"),
     GPU("H200-141GB", 141 * GIB, 4800 * GB, 989 * TFLOP, 67 * TFLOP, 450 * GB, "pcie5", "ib-ndr",
-        1.0, 0.6, 0.9, 4e-6, description="H200 SXM 141 GB; H100's compute with faster HBM3e"),
+        1.0, description="H200 SXM 141 GB; H100's compute with faster HBM3e"),
 )}
 
 # Edge boards: one LPDDR pool shared by CPU and GPU. memory_bytes is what the GPU can use after
@@ -102,30 +100,36 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
 # tensor-core FP16 = 48 or 32 tensor cores at 1.1 GHz or 625 MHz).
 EDGE_BOARDS: dict[str, GPU] = {g.name: g for g in (
     GPU("jetson-nano-4GB", 3 * GIB, 25.6 * GB, 0.472 * TFLOP, 0.236 * TFLOP, 0, "unified",
-        "ethernet", 1.0, 0.7, 0.7, 1e-5, unified=True,
+        "ethernet", 1.0, unified=True,
         description="Jetson Nano 4 GB: 128-core Maxwell, LPDDR4 25.6 GB/s"),
     GPU("jetson-tx2-8GB", 7 * GIB, 59.7 * GB, 1.33 * TFLOP, 0.665 * TFLOP, 0, "unified",
-        "ethernet", 1.0, 0.7, 0.7, 1e-5, unified=True,
+        "ethernet", 1.0, unified=True,
         description="Jetson TX2 8 GB: 256-core Pascal, LPDDR4 59.7 GB/s"),
     GPU("jetson-xavier-nx-8GB", 7 * GIB, 51.2 * GB, 6.76 * TFLOP, 0.845 * TFLOP, 0, "unified",
-        "ethernet", 1.0, 0.65, 0.7, 1e-5, unified=True,
+        "ethernet", 1.0, unified=True,
         description="Jetson Xavier NX 8 GB: 384-core Volta, 48 tensor cores, LPDDR4x 51.2 GB/s"),
     GPU("jetson-orin-nano-8GB", 7 * GIB, 68 * GB, 10.24 * TFLOP, 1.28 * TFLOP, 0, "unified",
-        "ethernet", 1.0, 0.65, 0.7, 1e-5, unified=True,
+        "ethernet", 1.0, unified=True,
         description="Jetson Orin Nano 8 GB: 1024-core Ampere, 32 tensor cores, LPDDR5 68 GB/s"),
 )}
 
-LINK_KINDS: dict[str, LinkKind] = {k.name: k for k in (
-    LinkKind("nvlink", 0.0, 0.8, 1e-6, "NVLink/NVSwitch port; bandwidth depends on the GPU"),
-    LinkKind("pcie3", 15.75 * GB, 0.8, 5e-6, "PCIe 3.0 x16"),
-    LinkKind("pcie4", 31.5 * GB, 0.8, 5e-6, "PCIe 4.0 x16"),
-    LinkKind("pcie5", 63 * GB, 0.8, 5e-6, "PCIe 5.0 x16"),
-    LinkKind("ib-edr", 12.5 * GB, 0.9, 2.5e-6, "InfiniBand EDR, 100 Gb/s per NIC"),
-    LinkKind("ib-hdr", 25 * GB, 0.9, 2.5e-6, "InfiniBand HDR, 200 Gb/s per NIC"),
-    LinkKind("ib-ndr", 50 * GB, 0.9, 2.5e-6, "InfiniBand NDR, 400 Gb/s per NIC"),
-    LinkKind("ethernet", 1.25 * GB, 0.7, 2.5e-5, "10 Gb Ethernet (TCP)"),
-    LinkKind("unified", 0.0, 0.7, 5e-6,
-             "copy inside one DRAM shared by CPU and GPU; half the DRAM bandwidth (read + write)"),
+LINK_KINDS: dict[str, LinkKind] = {
+    name: LinkKind(name, bw, efficiency(name, "efficiency"), lat, text)
+    for name, bw, lat, text in (
+    ("nvlink", 0.0, 1e-6, "NVLink/NVSwitch port; bandwidth depends on the GPU"),
+    ("pcie3", 15.75 * GB, 5e-6, "PCIe 3.0 x16"),
+    ("pcie4", 31.5 * GB, 5e-6, "PCIe 4.0 x16"),
+    ("pcie5", 63 * GB, 5e-6, "PCIe 5.0 x16"),
+    ("ib-edr", 12.5 * GB, 2.5e-6, "InfiniBand EDR, 100 Gb/s per NIC"),
+    ("ib-hdr", 25 * GB, 2.5e-6, "InfiniBand HDR, 200 Gb/s per NIC"),
+    ("ib-ndr", 50 * GB, 2.5e-6, "InfiniBand NDR, 400 Gb/s per NIC"),
+    ("ethernet", 1.25 * GB, 2.5e-5, "10 Gb Ethernet (TCP)"),
+    ("unified", 0.0, 5e-6,
+     "copy inside one DRAM shared by CPU and GPU; half the DRAM bandwidth (read + write)"),
+    ("memcpy", 0.0, 1e-6, "a copy inside one machine's DRAM (a CPU device to its host); "
+                          "bandwidth measured"),
+    ("loopback", 0.0, 5e-5, "gloo over TCP loopback between processes of one machine; "
+                            "bandwidth and latency measured"),
 )}
 
 

@@ -34,6 +34,11 @@ from .tables import validate
 __all__ = ["Cluster"]
 
 FORMAT = "memflow.cluster/1"
+_FIGURES = {  # the ``figures`` column's values, as the report says them
+    "datasheet": "datasheet (peaks from the vendor, efficiencies from the sourced table)",
+    "measured": "measured on this machine (Cluster.local micro-benchmark)",
+    "calibrated": "calibrated (efficiencies fitted to measured op times)",
+}
 
 class Cluster:
     """Devices (GPUs), hosts (one per node, for offloading), switches and directed links.
@@ -206,6 +211,19 @@ class Cluster:
         """True for devices whose memory is the host's (edge boards: offloading frees nothing)."""
         uni = self.links.loc[self.links["kind"] == "unified", "src"]
         return pd.Series(self.devices.index.isin(uni), index=self.devices.index, name="unified")
+
+    def figures_note(self, devices: Iterable[str] | None = None) -> str:
+        """Where the time figures of ``devices`` (default: all) come from, in one line: the
+        ``figures`` column, per device model.
+
+        >>> Cluster.preset("2xV100-16GB").figures_note()
+        'V100-16GB: datasheet (peaks from the vendor, efficiencies from the sourced table)'
+        """
+        table = self.devices if devices is None else self.devices.loc[list(devices)]
+        parts = []
+        for (model, source), _ in table.groupby(["model", "figures"], sort=False):
+            parts.append(f"{model}: {_FIGURES.get(source, source)}")
+        return "; ".join(parts)
 
     # -- display ----------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -37,6 +37,9 @@ DEVICE_COLUMNS: dict[str, Any] = {
     "memory_efficiency": 0.85,
     "launch_overhead": 5e-6,
     "host": None,
+    # where the rate and efficiency figures come from: "datasheet" (the catalogue and its
+    # efficiency table), "measured" (Cluster.local) or "calibrated" (hardware.calibrate)
+    "figures": "datasheet",
 }
 HOST_COLUMNS: dict[str, Any] = {"node": None, "memory_bytes": None}
 LINK_COLUMNS: dict[str, Any] = {
@@ -96,6 +99,7 @@ def _check_devices(devices: pd.DataFrame, hosts: pd.DataFrame) -> pd.DataFrame:
     devices = _frame(devices, "devices", "device", DEVICE_COLUMNS)
     _numeric(devices, "device", _DEVICE_FLOATS)
     devices["model"] = devices["model"].astype(str)
+    devices["figures"] = devices["figures"].astype(str)
     for col in ("memory_bytes", "launch_overhead"):
         bad = _first_bad(devices, (devices[col] < 0).to_numpy())
         if bad is not None:
@@ -191,7 +195,7 @@ def _check_links(links: pd.DataFrame, endpoints: pd.Index, devices: pd.DataFrame
     bad = _first_bad(links, ~(links["bandwidth"] > 0).to_numpy())
     if bad is not None:
         raise ClusterError(f"link {bad} ({links.at[int(bad), 'kind']}): bandwidth must be > 0 "
-                           "(nvlink and unified links have no default: give it)")
+                           "(nvlink, unified, memcpy and loopback links have no default: give it)")
     eff = links["efficiency"].to_numpy()
     bad = _first_bad(links, ~((eff > 0) & (eff <= 1)))
     if bad is not None:

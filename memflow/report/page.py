@@ -80,7 +80,7 @@ def _fit(result) -> str:
             "</span>")
 
 
-def _numbers(result, summary: Mapping[str, Any], baseline) -> str:
+def _numbers(result, summary: Mapping[str, Any], baseline, cluster=None) -> str:
     worst = result.peak_memory.idxmax()
     rows = []
     for key, label in (("model", "model"), ("batch", "batch"), ("cluster_name", "cluster"),
@@ -93,6 +93,8 @@ def _numbers(result, summary: Mapping[str, Any], baseline) -> str:
              ("largest peak", f"{format_bytes(result.peak_memory[worst])} of "
                               f"{format_bytes(result.capacity[worst])} ({html.escape(worst)})"),
              ("memory", _fit(result))]
+    if cluster is not None:
+        rows.append(("time figures", html.escape(cluster.figures_note(result.peak_memory.index))))
     if baseline is not None:
         rows.append(("data parallel", f"{format_seconds(baseline.iteration_time)}, "
                                       f"{_fit(baseline)}"))
@@ -127,12 +129,15 @@ def static_components(roots: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
 
 
 def report_html(result, *, graph=None, history: pd.DataFrame | None = None, baseline=None,
-                summary: Mapping[str, Any] | None = None, title: str | None = None) -> str:
+                summary: Mapping[str, Any] | None = None, title: str | None = None,
+                cluster=None) -> str:
     """The report of ``result`` (a :class:`~memflow.SimResult`) as one HTML page.
 
     ``graph`` adds the picture of the strategy over the units; ``history`` (a search's) the
     cost and acceptance charts; ``baseline`` (another SimResult, e.g. data parallel) the
-    comparison; ``summary`` (``plan/summary.json``) the model, batch and search numbers.
+    comparison; ``summary`` (``plan/summary.json``) the model, batch and search numbers;
+    ``cluster`` (the result's) a line saying which time figures are datasheet and which
+    measured or calibrated (its devices' ``figures`` column).
     """
     from bokeh.resources import INLINE
 
@@ -166,7 +171,7 @@ def report_html(result, *, graph=None, history: pd.DataFrame | None = None, base
         sections.append(("Search", chart.summary_html(), chart))
     charts = {f"chart{i}": c.root for i, (_, _, c) in enumerate(sections) if c is not None}
     script, divs = static_components(charts)
-    body = [f"<h1>{html.escape(title)}</h1>", _numbers(result, summary, baseline)]
+    body = [f"<h1>{html.escape(title)}</h1>", _numbers(result, summary, baseline, cluster)]
     for i, (heading, text, chart) in enumerate(sections):
         body.append(f"<h2>{html.escape(heading)}</h2>{text}")
         if chart is not None:
@@ -230,4 +235,5 @@ def write_plan_report(plan: str | os.PathLike, out: str | os.PathLike | None = N
     result = simulate(graph, strategy, cluster, **settings)
     baseline = simulate(graph, data_parallel(graph, cluster), cluster, **settings)
     return write_report(plan / "report.html" if out is None else out, result, graph=graph,
-                        history=search.history, baseline=baseline, summary=summary)
+                        history=search.history, baseline=baseline, summary=summary,
+                        cluster=cluster)

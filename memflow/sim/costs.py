@@ -13,22 +13,19 @@ from typing import Callable
 
 import numpy as np
 
+from ..hardware.efficiency import efficiency
 from ..strategy.policies import M_COMPRESSED, POLICIES
 
 __all__ = ["LayoutCost", "layout_cost", "copy_cost", "copy_times", "ring_time", "compress_model",
            "compression_ratios",
            "CPU_ADAM_RATE"]
 
-CPU_ADAM_RATE = 1.0e9
-"""Parameters per second a host's CPU Adam step updates (ZeRO-Offload's optimizer on the host).
-
-Source: Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training" (USENIX ATC
-2021), §5.1 and its Adam-latency table: DeepSpeed's CPU-Adam (AVX SIMD, loop tiling, OpenMP)
-updates on the order of 10^9 parameters per second on the paper's two-socket Xeon host (about
-a second per billion parameters, 5-7x PyTorch's CPU Adam as DeepSpeed's ZeRO-Offload tutorial
-also states). It agrees with the memory-traffic bound: about 30 bytes of DRAM traffic per
-parameter (fp32 parameter, gradient and two moments read; parameter and moments written; the
-16-bit copy written) is ~30 GB/s sustained. Set it for your host's measured CPU Adam rate."""
+CPU_ADAM_RATE = efficiency("cpu", "cpu_adam_rate")
+"""Parameters per second a host's CPU Adam step updates (ZeRO-Offload). CPU Adam is bound by
+host memory traffic: about 30 bytes per parameter (fp32 parameter, gradient and two moments
+read; parameter and moments written; the bf16 copy written), so ~1e9 parameters/s is ~30 GB/s
+of sustained DRAM traffic, a two-socket server's reach with AVX kernels. An assumption, not a
+measurement here: a row of ``memflow.hardware.efficiency.EFFICIENCY``."""
 OPTIMIZER_LAUNCHES = 10  # foreach kernels per step
 
 

@@ -1,0 +1,108 @@
+"""Cluster.local(): the micro-benchmark, its cache, and the cluster built from its figures."""
+from __future__ import annotations
+
+import pytest
+
+import memflow
+from memflow._jsonio import read_json, write_json
+from memflow.errors import ClusterError
+from memflow.hardware import local as local_mod
+from memflow.hardware.local import EXAMPLE_FIGURES, cache_dir, cache_file, local_cluster
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMFLOW_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_cache_folder_follows_xdg_then_home(monkeypatch, tmp_path):
+    monkeypatch.delenv("MEMFLOW_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / "memflow"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "memflow"
+
+
+def test_measured_once_then_cached_and_remeasured_on_request(cache, monkeypatch):
+    calls = []
+
+    def fake(size="default", *, collectives=True):
+        calls.append(size)
+        return dict(EXAMPLE_FIGURES)
+    monkeypatch.setattr(local_mod, "measure", fake)
+    a = memflow.Cluster.local()
+    b = memflow.Cluster.local()
+    assert calls == ["default"] and a == b
+    assert read_json(cache_file())["format"] == "memflow.local/1"
+    memflow.Cluster.local(remeasure=True)
+    assert len(calls) == 2
+
+
+def test_cache_of_another_format_is_measured_again(cache, monkeypatch):
+    write_json(cache_file(), {**EXAMPLE_FIGURES, "format": "memflow.local/0"})
+    monkeypatch.setattr(local_mod, "measure", lambda *a, **k: dict(EXAMPLE_FIGURES))
+    memflow.Cluster.local()
+    assert read_json(cache_file())["format"] == "memflow.local/1"
+
+
+def test_tiny_micro_benchmark_gives_positive_rates():
+    f = local_mod.measure("tiny", collectives=False)
+    for key in ("matmul_flops", "conv_flops", "copy_bandwidth"):
+        assert f[key]["all"] > 0 and f[key]["one"] > 0
+    assert 0 < f["launch_overhead"] < 1e-2
+    assert f["cores"] >= 1 and f["memory_bytes"] > 0
+
+
+def test_gloo_allreduce_between_two_processes():
+    ar = local_mod._allreduce("tiny")
+    assert ar["processes"] == 2 and ar["bandwidth"] > 0 and ar["latency"] > 0
+
+
+def test_unknown_size_names_the_valid_ones():
+    with pytest.raises(ClusterError, match="'default', 'tiny'"):
+        local_mod.measure("huge")
+
+
+def test_one_process_uses_every_thread_several_share_the_machine(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    one = local_cluster(EXAMPLE_FIGURES, 1).devices.loc["cpu0"]
+    assert one["peak_flops_fp32"] == 60e9 and one["mem_bandwidth"] == 12e9
+    assert one["compute_efficiency"] == pytest.approx((60 + 40) / 2 / 60)
+    two = local_cluster(EXAMPLE_FIGURES, 2).devices.loc["cpu0"]
+    # one thread each (torchrun's default) on two cores: a core each, memory shared
+    assert two["peak_flops_fp32"] == 32e9 and two["mem_bandwidth"] == 12e9 / 2
+    four = local_cluster(EXAMPLE_FIGURES, 4).devices.loc["cpu0"]
+    assert four["peak_flops_fp32"] == 32e9 / 2 and four["mem_bandwidth"] == 12e9 / 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    single = local_cluster(EXAMPLE_FIGURES, 1).devices.loc["cpu0"]
+    assert single["peak_flops_fp32"] == 32e9 and single["mem_bandwidth"] == 9e9
+
+
+def test_processes_meet_over_the_measured_loopback(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    c = local_cluster(EXAMPLE_FIGURES, 4)
+    ar = EXAMPLE_FIGURES["allreduce"]
+    assert c.ring_bandwidth(list(c.devices.index)) == pytest.approx(ar["bandwidth"])
+    assert c.ring_latency(list(c.devices.index)) == pytest.approx(ar["latency"])
+    # an offload is a copy in DRAM: half the copy bandwidth (read + write), not the loopback
+    assert c.bandwidth("cpu0", "host0") == pytest.approx(12e9 / 4 / 2)
+    assert set(c.devices["figures"]) == {"measured"}
+    assert memflow.Cluster.from_dict(c.to_dict()) == c
+
+
+def test_a_strategy_runs_on_the_local_cluster():
+    c = local_cluster(EXAMPLE_FIGURES, 2, names=["gpu0", "gpu1"])
+    g = memflow.zoo.graph("chain", batch_size=8, n=2, width=16)
+    r = memflow.simulate(g, memflow.Strategy.data_parallel(g, ["gpu0", "gpu1"]), c)
+    assert r.iteration_time > 0
+
+
+def test_several_processes_need_the_allreduce_figures():
+    figures = {k: v for k, v in EXAMPLE_FIGURES.items() if k != "allreduce"}
+    local_cluster(figures, 1)
+    with pytest.raises(ClusterError, match="collectives=True"):
+        local_cluster(figures, 2)
+    with pytest.raises(ClusterError, match="2 device names"):
+        local_cluster(EXAMPLE_FIGURES, 2, names=["a"])
