@@ -55,7 +55,7 @@ def test_sz3_keeps_relu_zeros_and_the_bound(seed, log_eb, log_scale):
 
 @needs_pysz
 def test_sz3_beats_the_quantizer_on_relu_maps_and_holds_its_exact_stream():
-    x = relu_map(0, (16, 64, 28, 28))
+    x = relu_map(0, (8, 32, 28, 28))
     for eb in (1e-1, 1e-2, 1e-3):
         p, q = sz3.compress(x, eb), quantizer.compress(x, eb)
         assert p.compressor == "sz3" and p.shift > 0 and p.raw is None
