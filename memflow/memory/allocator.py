@@ -162,7 +162,8 @@ class CachingAllocator:
 
 def replay(events: Iterable[tuple[Hashable, float]]) -> CachingAllocator:
     """Run ``(key, bytes)`` events through a :class:`CachingAllocator`: positive bytes
-    allocate a tensor under ``key``, anything else frees the tensor held under ``key``.
+    allocate a tensor under ``key``, negative bytes free the tensor held under ``key``, zero
+    bytes (an empty tensor, which takes no block) are skipped.
 
     >>> a = replay([("x", 3 * MIB), ("y", 3 * MIB), ("x", -3 * MIB), ("z", 2 * MIB)])
     >>> a.peak_allocated // MIB, a.reserved // MIB, a.segments
@@ -173,6 +174,6 @@ def replay(events: Iterable[tuple[Hashable, float]]) -> CachingAllocator:
     for key, nbytes in events:
         if nbytes > 0:
             live[key] = alloc.malloc(int(nbytes))
-        else:
+        elif nbytes < 0:
             alloc.free(live.pop(key))
     return alloc

@@ -54,6 +54,7 @@ def test_best_fit_reuses_the_smallest_free_block():
     a = replay([("x", 3 * MIB), ("y", 3 * MIB), ("x", -3 * MIB), ("z", 2 * MIB)])
     assert (a.allocated, a.peak_allocated, a.reserved, a.segments) == \
         (6 * MIB, 6 * MIB, 20 * MIB, 1)
+    assert replay([("e", 0.0), ("e", -0.0)]).segments == 0     # empty tensors take no block
     # a small request never comes from the large pool: a new 2 MiB segment
     a.malloc(100)
     assert a.reserved == 22 * MIB
