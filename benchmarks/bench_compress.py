@@ -1,11 +1,13 @@
-"""memflow's error-bounded quantizer on real feature maps: ratio, error and speed vs the bound.
+"""SZ3 and memflow's error-bounded quantizer on real feature maps: ratio, error and speed.
 
 Runs zoo models for real on CPU (weights from the zoo's seed, training mode), collects every
 floating tensor autograd saves for backward (what the ``compress`` policy would compress; each
 storage once, parameters excluded) and compresses all of them at each error bound, in the
 absolute mode and in the range-relative mode. Ratios are over all bytes (bytes-weighted), with
-the quantizer alone (what a GPU holds) and with the zlib stage. Beside them: COMET's "up to
-13.5x" (whole training memory, SZ with entropy coding) and ActNN's 12x (2-bit activations).
+the quantizer alone (what a GPU holds; memflow's fallback), with its zlib stage, and with SZ3
+(``pysz``: what COMET compresses with, memflow's CPU compressor when installed; columns
+``sz3_*``, left out without pysz). Beside them: COMET's "up to 13.5x" (whole training memory,
+SZ with entropy coding) and ActNN's 12x (2-bit activations).
 
 Speed: single-thread CPU throughput on one 16 MB ReLU map, and the memory traffic (bytes read
 and written by every torch op, counted by a dispatch mode) and op count per element, from
@@ -17,6 +19,7 @@ which ``memflow.compress.model`` predicts GPU throughput as bandwidth / traffic.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 import time
 from pathlib import Path
@@ -33,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import table, write_section  # noqa: E402
 
 from memflow import zoo  # noqa: E402
-from memflow.compress import FLOAT_DTYPES, compress, decompress  # noqa: E402
+from memflow.compress import FLOAT_DTYPES, compress, decompress, sz3_available  # noqa: E402
 
 ABS_BOUNDS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 1e-4)
 REL_BOUNDS = (1e-1, 1e-2, 1e-3, 1e-4)
@@ -65,33 +68,44 @@ def feature_maps(name: str, options: dict) -> list[torch.Tensor]:
 
 
 def ratio_table(maps: dict[str, list[torch.Tensor]], bounds, relative: bool) -> pd.DataFrame:
+    with_sz3 = sz3_available()
     rows = []
     for model, tensors in maps.items():
         for eb in bounds:
             print(f"  {model} eb={eb:g} ({'relative' if relative else 'absolute'})", flush=True)
             row = {"model": model, "error_bound": eb, "bytes": 0, "elements": 0, "packed": 0,
-                   "lossless": 0, "max_error/bound": 0.0}
+                   "lossless": 0, "max_error/bound": 0.0, "sz3": 0, "sz3_error/bound": 0.0}
             for t in tensors:
-                p = compress(t, eb, relative=relative)
+                if with_sz3:
+                    p = compress(t, eb, relative=relative, compressor="sz3")
+                    err = float((decompress(p).double() - t.double()).abs().max())
+                    row["sz3"] += p.nbytes
+                    if p.error_bound:
+                        row["sz3_error/bound"] = max(row["sz3_error/bound"], err / p.error_bound)
+                p = compress(t, eb, relative=relative, compressor="quantizer")
                 err = float((decompress(p).double() - t.double()).abs().max())
                 if p.error_bound:  # the guarantee: this stays <= 1
                     row["max_error/bound"] = max(row["max_error/bound"], err / p.error_bound)
                 row["bytes"] += p.original_bytes
                 row["elements"] += p.numel
                 row["packed"] += p.nbytes
-                row["lossless"] += compress(t, eb, relative=relative, lossless=True).nbytes
+                row["lossless"] += compress(t, eb, relative=relative, lossless=True,
+                                            compressor="quantizer").nbytes
             rows.append(row)
     df = pd.DataFrame(rows)
     pooled = df.groupby("error_bound", sort=False).agg(
         {"bytes": "sum", "elements": "sum", "packed": "sum", "lossless": "sum",
-         "max_error/bound": "max"}).reset_index().assign(model="all")
+         "max_error/bound": "max", "sz3": "sum", "sz3_error/bound": "max"}
+    ).reset_index().assign(model="all")
     df = pd.concat([df, pooled], ignore_index=True)
+    sz = {"sz3_bits": 8 * df["sz3"] / df["elements"], "sz3_ratio": df["bytes"] / df["sz3"],
+          "sz3_error/bound": df["sz3_error/bound"]} if with_sz3 else {}
     return pd.DataFrame({
         "model": df["model"], "error_bound": df["error_bound"], "MB": df["bytes"] / 1e6,
         "bits": 8 * df["packed"] / df["elements"],
         "bits_lossless": 8 * df["lossless"] / df["elements"],
         "ratio": df["bytes"] / df["packed"], "ratio_lossless": df["bytes"] / df["lossless"],
-        "max_error/bound": df["max_error/bound"]})
+        "max_error/bound": df["max_error/bound"], **sz})
 
 
 class Traffic(TorchDispatchMode):
@@ -119,22 +133,31 @@ def speed_table(bounds, quick: bool) -> pd.DataFrame:
     x = torch.relu(torch.randn(n) * 2)
     rows = []
     for eb in bounds:
-        t0 = time.perf_counter()
-        p = compress(x, eb)
-        t1 = time.perf_counter()
-        decompress(p)
-        t2 = time.perf_counter()
+        (p, t_c), (_, t_d) = timed(x, eb, "quantizer")
         with Traffic() as tc:
-            p = compress(x, eb)
+            p = compress(x, eb, compressor="quantizer")
         with Traffic() as td:
             decompress(p)
-        rows.append({"error_bound": eb, "bits": p.bits,
-                     "cpu_compress_MBps": 4 * n / (t1 - t0) / 1e6,
-                     "cpu_decompress_MBps": 4 * n / (t2 - t1) / 1e6,
-                     "traffic_compress_B/elem": tc.bytes / n,
-                     "traffic_decompress_B/elem": td.bytes / n,
-                     "ops_compress": tc.ops, "ops_decompress": td.ops})
+        row = {"error_bound": eb, "bits": p.bits, "ratio": p.ratio,
+               "cpu_compress_MBps": 4 * n / t_c / 1e6, "cpu_decompress_MBps": 4 * n / t_d / 1e6,
+               "traffic_compress_B/elem": tc.bytes / n,
+               "traffic_decompress_B/elem": td.bytes / n,
+               "ops_compress": tc.ops, "ops_decompress": td.ops}
+        if sz3_available():
+            (p, t_c), (_, t_d) = timed(x, eb, "sz3")
+            row.update({"sz3_ratio": p.ratio, "sz3_compress_MBps": 4 * n / t_c / 1e6,
+                        "sz3_decompress_MBps": 4 * n / t_d / 1e6})
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+def timed(x: torch.Tensor, eb: float, compressor: str) -> tuple[tuple, tuple]:
+    """((packed, compress seconds), (tensor, decompress seconds)) of one round trip."""
+    t0 = time.perf_counter()
+    p = compress(x, eb, compressor=compressor)
+    t1 = time.perf_counter()
+    y = decompress(p)
+    return (p, t1 - t0), (y, time.perf_counter() - t1)
 
 
 def main() -> None:
@@ -151,8 +174,8 @@ def main() -> None:
     absolute = ratio_table(maps, abs_bounds, relative=False)
     relative = ratio_table(maps, rel_bounds, relative=True)
     speed = speed_table(abs_bounds, args.quick)
-    traffic = {int(r.bits): (round(r[4], 2), round(r[5], 2)) for r in speed.itertuples(index=False)}
-    ops = {int(r.bits): (int(r[6]), int(r[7])) for r in speed.itertuples(index=False)}
+    traffic = {int(r.bits): (round(r[5], 2), round(r[6], 2)) for r in speed.itertuples(index=False)}
+    ops = {int(r.bits): (int(r[7]), int(r[8])) for r in speed.itertuples(index=False)}
     elapsed = time.perf_counter() - start
 
     pd.set_option("display.width", 160)
@@ -170,10 +193,18 @@ def main() -> None:
     print({float(r.error_bound): round(float(r.bits_lossless), 3) for r in pooled_rel.itertuples()})
 
     sizes = ", ".join(f"{m} {opts}" for m, opts in models.items())
+    pysz_version = importlib.metadata.version("pysz") if sz3_available() else "not installed"
     body = f"""Feature maps: every floating tensor autograd saves in one training forward of {sizes}
 (zoo weights, CPU, fp32). Ratio = original bytes / compressed bytes over all maps; `bits` per
-element; `max_error/bound` <= 1 is the guarantee. Beside: COMET reports up to **13.5x** less
-training memory (SZ with entropy coding), ActNN **12x** less activation memory (2-bit).
+element; `max_error/bound` <= 1 is the guarantee. Which compressor: `bits`, `ratio` and
+`max_error/bound` are **memflow's fixed-width quantizer** (the GPU path and the fallback without
+pysz; headers and outliers counted); `*_lossless` the quantizer with its zlib stage (CPU);
+`sz3_*` are **SZ3** (pysz {pysz_version}: prediction + quantization + Huffman + zstd, COMET's
+compressor; memflow keeps zeros of maps >= 0 exact and stores bound misses as outliers, all
+counted). Beside: COMET reports up to **13.5x** less training memory (SZ with entropy coding,
+trained CNNs on ImageNet), ActNN **12x** less activation memory (2-bit). Random weights and
+inputs here: trained networks on real data give other ratios. The machine was loaded (see
+load) — speeds are noisy.
 
 ### Absolute error bound
 
@@ -184,6 +215,8 @@ training memory (SZ with entropy coding), ActNN **12x** less activation memory (
 {table(relative)}
 
 ### Speed (one 16 MB ReLU map, one CPU thread) and memory traffic for the GPU model
+
+`ratio`/`cpu_*` the quantizer, `sz3_*` SZ3, on the same synthetic map (ReLU of N(0, 4)).
 
 {table(speed)}
 

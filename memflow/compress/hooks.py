@@ -1,7 +1,8 @@
 """Compress what autograd saves for backward: a ``saved_tensors_hooks`` context.
 
 Inside ``with compressed_saved_tensors(eb):`` every floating tensor an op saves for backward
-is packed by :func:`~memflow.compress.quantizer.compress` and unpacked when backward needs it,
+is packed by :func:`~memflow.compress.codec.compress` (SZ3 on the CPU when pysz is installed,
+memflow's quantizer otherwise; ``compressor`` picks one) and unpacked when backward needs it,
 so the forward keeps only the compressed bytes. Parameters (and views of them), integer and
 bool tensors (masks, indices), tensors smaller than ``min_numel`` and storages listed in
 ``skip`` are saved as they are. A storage saved twice by one forward (a ReLU output read by
@@ -25,7 +26,8 @@ from typing import Any, Iterable
 
 import torch
 
-from .quantizer import FLOAT_DTYPES, Packed, compress, decompress
+from .codec import choose, compress, decompress
+from .quantizer import FLOAT_DTYPES, Packed
 
 __all__ = ["compressed_saved_tensors"]
 
@@ -38,15 +40,18 @@ def _is_parameter(t: torch.Tensor) -> bool:
 class compressed_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     """Context manager: saved floating activations are stored compressed within ``error_bound``.
 
-    ``relative`` and ``lossless`` are passed to :func:`compress`. Counters after (or during)
+    ``relative``, ``lossless`` and ``compressor`` are passed to :func:`compress`. Counters after (or during)
     the forward: ``tensors`` compressed, ``skipped``, ``bytes_in`` (their original bytes) and
     ``bytes_out`` (compressed); ``ratio`` = bytes_in / bytes_out.
     """
 
     def __init__(self, error_bound: float, *, relative: bool = False, lossless: bool = False,
-                 min_numel: int = 64, skip: Iterable[torch.Tensor] = ()) -> None:
-        compress(torch.zeros(1), error_bound)  # fail now, not inside autograd, on a bad bound
+                 compressor: str | None = None, min_numel: int = 64,
+                 skip: Iterable[torch.Tensor] = ()) -> None:
+        # fail now, not inside autograd, on a bad bound or compressor
+        compress(torch.zeros(1), error_bound, compressor=choose("cpu", compressor))
         self.error_bound, self.relative, self.lossless = error_bound, relative, lossless
+        self.compressor = compressor
         self.min_numel = int(min_numel)
         self._skip = {t.untyped_storage().data_ptr() for t in skip}
         self.tensors = self.skipped = self.bytes_in = self.bytes_out = 0
@@ -74,7 +79,8 @@ class compressed_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         # a live weak reference proves the storage was not freed and its address reused
         if hit is not None and hit[0]() is not None:
             return hit[1]
-        packed = compress(t, self.error_bound, relative=self.relative, lossless=self.lossless)
+        packed = compress(t, self.error_bound, relative=self.relative, lossless=self.lossless,
+                          compressor=self.compressor)
         self._seen[key] = (weakref.ref(t), packed)
         self.tensors += 1
         self.bytes_in += packed.original_bytes

@@ -39,8 +39,8 @@ __all__ = ["Packed", "compress", "decompress", "compressed_bytes", "FLOAT_DTYPES
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MAX_CODE_BITS = {torch.float32: 23, torch.float64: 31}  # codes stay exact in the working
                                                           # float and fit an int32
-_STEP_MARGIN = 1 - 2 ** -12          # step a hair under 2·eb: float rounding stays inside eb
-_HEADER_BYTES = 32                   # min, step, bits, count, shape: a fixed small header
+STEP_MARGIN = 1 - 2 ** -12          # step a hair under 2·eb: float rounding stays inside eb
+HEADER_BYTES = 32                   # min, step, bits, count, shape: a fixed small header
 
 
 @dataclass(eq=False)
@@ -65,6 +65,10 @@ class Packed:
     outlier_index: torch.Tensor | None = None
     outlier_value: torch.Tensor | None = None
     raw: torch.Tensor | None = None
+    compressor: str = "quantizer"    # what made it: "quantizer", or "sz3" (memflow.compress.sz3)
+    stream: torch.Tensor | None = None   # SZ3's bytes (uint8, CPU)
+    shift: float = 0.0               # SZ3 on a map >= 0 with zeros: positives were moved up by
+                                     # this so that zeros stay zeros (see sz3.py)
 
     @property
     def numel(self) -> int:
@@ -93,23 +97,24 @@ class Packed:
 
 
 def compressed_bytes(packed: Packed) -> int:
-    """Bytes a packed tensor occupies: planes (or zlib bytes), outliers and a small header.
+    """Bytes a packed tensor occupies: planes (or zlib bytes, or SZ3's stream), outliers and a
+    small header.
 
     >>> compressed_bytes(compress(torch.zeros(1000), 0.1))
     32
     """
     if packed.raw is not None:
         return packed.original_bytes
-    body = len(packed.zipped) if packed.zipped is not None else \
-        (0 if packed.planes is None else packed.planes.numel())
+    body = sum(0 if b is None else (len(b) if isinstance(b, bytes) else b.numel())
+               for b in (packed.zipped, packed.planes, packed.stream))
     extra = 0
     if packed.outlier_index is not None:
         extra = packed.outlier_index.numel() * packed.outlier_index.element_size() + \
             packed.outlier_value.numel() * packed.outlier_value.element_size()
-    return _HEADER_BYTES + body + extra
+    return HEADER_BYTES + body + extra
 
 
-def _check_args(tensor: torch.Tensor, error_bound: float) -> float:
+def check_args(tensor: torch.Tensor, error_bound: float) -> float:
     if not isinstance(tensor, torch.Tensor):
         raise CompressionError(f"compress expects a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in FLOAT_DTYPES:
@@ -127,6 +132,20 @@ def _check_args(tensor: torch.Tensor, error_bound: float) -> float:
     return eb
 
 
+def finite_range(values: torch.Tensor) -> tuple[float, float, torch.Tensor | None]:
+    """``(min, max)`` over the finite elements of a flat tensor, and their mask (None when
+    every element is finite, the common case, found without making one)."""
+    low, high = (float(v) for v in torch.aminmax(values)) if values.numel() else (0.0, 0.0)
+    # min and max propagate NaN and show inf: finite extremes mean every element is finite
+    if math.isfinite(low) and math.isfinite(high):
+        return low, high, None
+    finite = torch.isfinite(values)     # rare: range over the finite values only
+    if not bool(finite.any()):
+        return 0.0, 0.0, finite
+    return (float(torch.where(finite, values, math.inf).min()),
+            float(torch.where(finite, values, -math.inf).max()), finite)
+
+
 def _reconstruct(codes: torch.Tensor, packed: Packed, work: torch.dtype,
                  inplace: bool = False) -> torch.Tensor:
     """Values in the working float. The same ops run in compress (to check the bound) and in
@@ -138,7 +157,7 @@ def _reconstruct(codes: torch.Tensor, packed: Packed, work: torch.dtype,
     return out.add_(packed.base) if packed.base else out
 
 
-def _threshold(bound: float, work: torch.dtype) -> float:
+def threshold(bound: float, work: torch.dtype) -> float:
     """A working-float number just under ``bound``: a difference computed in ``work`` (relative
     rounding error <= eps/2) that does not exceed it is truly within ``bound``."""
     eps = torch.finfo(work).eps
@@ -149,12 +168,12 @@ def _threshold(bound: float, work: torch.dtype) -> float:
     return target
 
 
-def _step(low: float, high: float, bound: float, dtype: torch.dtype) -> float:
+def grid_step(low: float, high: float, bound: float, dtype: torch.dtype) -> float:
     # Leave room for the final cast to a 16-bit dtype (rounding up to half an ulp of the
     # largest value) unless that ulp is comparable to the bound itself.
     cast = max(abs(low), abs(high)) * torch.finfo(dtype).eps / 2
-    half = bound * _STEP_MARGIN - cast
-    return 2 * (half if half > bound / 2 else bound * _STEP_MARGIN)
+    half = bound * STEP_MARGIN - cast
+    return 2 * (half if half > bound / 2 else bound * STEP_MARGIN)
 
 
 def compress(tensor: torch.Tensor, error_bound: float, *, relative: bool = False,
@@ -170,30 +189,24 @@ def compress(tensor: torch.Tensor, error_bound: float, *, relative: bool = False
     >>> y.dtype, y[2].isnan().item(), (y - x).abs().nan_to_num().max().item() <= 0.3
     (torch.float16, True, True)
     """
-    eb = _check_args(tensor, error_bound)
+    eb = check_args(tensor, error_bound)
     x = tensor.detach()
     flat = x.reshape(-1)
     n = flat.numel()
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     values = flat.to(work)
-    low, high = (float(v) for v in torch.aminmax(values)) if n else (0.0, 0.0)
-    # min and max propagate NaN and show inf: finite extremes mean every element is finite
-    all_finite = math.isfinite(low) and math.isfinite(high)
-    if not all_finite:  # rare: range over the finite values only
-        finite = torch.isfinite(values)
-        any_finite = bool(finite.any())
-        low = float(torch.where(finite, values, math.inf).min()) if any_finite else 0.0
-        high = float(torch.where(finite, values, -math.inf).max()) if any_finite else 0.0
+    low, high, finite = finite_range(values)
+    all_finite = finite is None
     bound = eb * (high - low) if relative else eb
     packed = Packed(x.shape, x.dtype, x.device, bound, base=low)
     if high == low:  # constant (or empty): every finite element is `low`; no codes at all
         codes = torch.zeros(n, dtype=torch.int32, device=x.device)
     else:
-        step = _step(low, high, bound, x.dtype)
+        step = grid_step(low, high, bound, x.dtype)
         levels = (high - low) / step + 2
         limit = min(_MAX_CODE_BITS[work], x.dtype.itemsize * 8 - 1)
         if not levels < 2.0 ** limit or \
-                packed_size(n, math.ceil(math.log2(levels))) + _HEADER_BYTES >= n * x.itemsize:
+                packed_size(n, math.ceil(math.log2(levels))) + HEADER_BYTES >= n * x.itemsize:
             packed.raw = x.clone()  # too many bits (or an overflow to inf), or too few elements
             return packed
         packed.step = step
@@ -213,13 +226,10 @@ def compress(tensor: torch.Tensor, error_bound: float, *, relative: bool = False
     recon = _reconstruct(codes if packed.bits == 0 else q, packed, work, inplace=True)
     if x.dtype != work:
         recon = recon.to(x.dtype).to(work)
-    miss = recon.sub_(values).abs_() > _threshold(bound, work)  # NaN compares False:
+    miss = recon.sub_(values).abs_() > threshold(bound, work)  # NaN compares False:
     if not all_finite:
         miss |= ~finite                                          # count them in
-    if bool(miss.any()):
-        index = torch.nonzero(miss).flatten()
-        packed.outlier_index = index.to(torch.int32 if n < 2 ** 31 else torch.int64)
-        packed.outlier_value = flat[index].clone()
+    keep_outliers(packed, flat, miss)
     if packed.bits:
         planes = pack_bits(codes, packed.bits)
         if lossless:
@@ -227,6 +237,14 @@ def compress(tensor: torch.Tensor, error_bound: float, *, relative: bool = False
         else:
             packed.planes = planes
     return packed
+
+
+def keep_outliers(packed: Packed, flat: torch.Tensor, miss: torch.Tensor) -> None:
+    """Store the elements of ``flat`` where ``miss`` is true exactly, beside the codes."""
+    if bool(miss.any()):
+        index = torch.nonzero(miss).flatten()
+        packed.outlier_index = index.to(torch.int32 if flat.numel() < 2 ** 31 else torch.int64)
+        packed.outlier_value = flat[index].clone()
 
 
 def decompress(packed: Packed) -> torch.Tensor:
@@ -237,6 +255,9 @@ def decompress(packed: Packed) -> torch.Tensor:
     >>> y.shape, y.dtype, bool(((y.float() - x.float()).abs() <= 0.05).all())
     (torch.Size([3, 5]), torch.bfloat16, True)
     """
+    if packed.compressor != "quantizer":
+        raise CompressionError(f"this tensor was packed by {packed.compressor!r}: decompress it "
+                               "with memflow.compress.decompress")
     if packed.raw is not None:
         return packed.raw
     n = packed.numel

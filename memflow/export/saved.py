@@ -4,8 +4,9 @@
 
 * ``offload`` (:meth:`SavedStore.offload`) works like ``torch.autograd.graph.save_on_cpu``
   scoped to the unit, copying to pinned memory without blocking when the tensor is on a GPU;
-* ``compress`` (:meth:`SavedStore.compress`) packs floating tensors with memflow's
-  error-bounded quantizer (:func:`memflow.compress.compress`: every element within the bound).
+* ``compress`` (:meth:`SavedStore.compress`) packs floating tensors within the error bound
+  (:func:`memflow.compress.compress`: SZ3 on the CPU when pysz is installed, memflow's
+  quantizer otherwise — every element within the bound).
 
 Both realise the memory model (``docs/data-model.md``) exactly:
 

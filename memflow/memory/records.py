@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .allocator import allocated_bytes
 from .arrays import GraphArrays
 from .rows import row_max, row_of
 
@@ -149,9 +150,11 @@ def _pairs(ga: GraphArrays) -> tuple[np.ndarray, ...]:
 
 
 def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarray,
-               microbatches: int) -> Placed:
+               microbatches: int, allocator: str | None = None) -> Placed:
     """The records, copies and gradient blocks of ``layout`` (placement per unit), where
-    ``sa`` is each unit's sample × attribute degree and ``p`` its parameter degree."""
+    ``sa`` is each unit's sample × attribute degree and ``p`` its parameter degree.
+    ``allocator="cuda"`` charges each record the CUDA caching allocator's block
+    (:func:`memflow.memory.allocator.allocated_bytes`) instead of its bytes."""
     n, last, M = ga.n, ga.n - 1, int(microbatches)
     n_t = len(ga.bytes)
     prod_t = ga.producer
@@ -206,7 +209,7 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     no_readers = (ga.readers_ptr[rec_t + 1] == ga.readers_ptr[rec_t]) & ~ga.is_output[rec_t]
     split = rec_home & (rec_prod >= 0) & no_readers & (p[np.maximum(rec_prod, 0)] > 1)
     share = np.where(split, share / p[np.maximum(rec_prod, 0)], share)  # internal to a split unit
-    nbytes = size * share
+    nbytes = allocated_bytes(size * share, allocator)
 
     # copies: every record off the producer's placement
     is_copy = ~rec_home

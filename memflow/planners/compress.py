@@ -6,10 +6,11 @@ its backward, at the cost of a compress and a decompress task on its device. COM
 error bound and then spends the memory saved on a larger batch; :func:`compress` reports, per
 error bound:
 
-* the compression ratio the simulator charges (:func:`memflow.sim.costs.compress_model`) and,
-  when asked, the ratio and throughput measured with memflow's own quantizer on the real
-  feature maps of a model, and the gradient error of one real training step
-  (:mod:`memflow.planners.compress_measure`);
+* the compression ratio the simulator charges (:func:`memflow.sim.costs.compress_model`: memflow's
+  quantizer, what the exported step runs on a GPU) and, when asked, the ratio and throughput
+  measured on the real feature maps of a model — with SZ3 as COMET (``pysz`` installed) or
+  the quantizer (without it; the ``compressor`` column says which) — and the gradient error
+  of one real training step (:mod:`memflow.planners.compress_measure`);
 * the activation memory and the peak with and without compression, and the step time;
 * with ``adapt_batch``, the largest batch that fits the device with and without compression.
 
@@ -90,19 +91,21 @@ def largest_batch(source: Callable[[int], Any], cluster, make: Callable[[Any], S
 
 def compress(graph, cluster: Any, *, error_bound: float | Iterable[float] = ERROR_BOUNDS,
              memory_limit: Any = None, adapt_batch: bool = True, measure: Any = None,
-             measure_options: dict | None = None, optimizer: str = "sgd") -> pd.DataFrame:
+             measure_options: dict | None = None, optimizer: str = "sgd",
+             compressor: str | None = None) -> pd.DataFrame:
     """COMET's trade-off per error bound (absolute), on the cluster's first device.
 
     ``measure``: a zoo model name or ``(model, inputs)`` whose real feature maps and gradients
     are measured (default: the graph's zoo model, ``graph.meta["model"]``; False to skip);
     ``measure_options`` go to the zoo model (e.g. ``{"image_size": 112}``) and
-    ``batch_size`` of the measurement.
+    ``batch_size`` of the measurement; ``compressor`` the one measured (default: SZ3 when
+    pysz is installed, else memflow's quantizer; :func:`memflow.compress.choose`).
 
     Columns: ``sim_ratio``; ``activations_keep``, ``activations`` (bytes, largest over the
     step), ``activation_reduction``; ``peak_keep``, ``peak``, ``memory_reduction`` (total
     peak); ``time_keep``, ``time``; ``fits``; with ``adapt_batch`` ``max_batch_keep``,
     ``max_batch`` and ``batch_gain``; when measured ``measured_ratio``, ``throughput`` (bytes/s
-    of this CPU), ``max_error`` and ``grad_rel_error``.
+    of this CPU), ``max_error``, ``grad_rel_error`` and ``compressor``.
     """
     check_graph(graph, "compress")
     c = as_cluster(cluster)
@@ -146,7 +149,8 @@ def compress(graph, cluster: Any, *, error_bound: float | Iterable[float] = ERRO
     if measure is None:
         measure = graph.meta.get("model")
     if measure is not False and measure is not None:
-        df = df.join(_measured(measure, bounds, dict(measure_options or {})))
+        df = df.join(_measured(measure, bounds, {**(measure_options or {}),
+                                                 "compressor": compressor}))
     df.attrs.update(limit=limit, device=c.name, strategies={eb: _policy(graph, dev, eb)
                                                              for eb in bounds})
     return df
@@ -163,4 +167,5 @@ def _measured(source: Any, bounds: list[float], options: dict) -> pd.DataFrame:
     maps = feature_map_ratios(source, bounds, **options)
     grads = gradient_error(source, bounds, **options)
     return pd.DataFrame({"measured_ratio": maps["ratio"], "throughput": maps["throughput"],
-                         "max_error": maps["max_error"], "grad_rel_error": grads["rel_error"]})
+                         "max_error": maps["max_error"], "grad_rel_error": grads["rel_error"],
+                         "compressor": maps["compressor"]})

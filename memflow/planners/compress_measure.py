@@ -4,9 +4,10 @@ Both functions run a real PyTorch model on CPU (a zoo model by name, shrunk by k
 where the full one is too big for a quick run, or any ``(model, inputs)``):
 
 * :func:`feature_map_ratios` collects every floating tensor autograd saves in one forward
-  (parameters excluded, each storage once) and compresses them with memflow's own quantizer
-  (:func:`memflow.compress.compress`) at each error bound: the compression ratio over all of
-  them, the compressor's throughput on this machine, and the largest error reached;
+  (parameters excluded, each storage once) and compresses them (:func:`memflow.compress.compress`:
+  SZ3, as COMET, when pysz is installed, else memflow's own quantizer; ``compressor`` picks)
+  at each error bound: the compression ratio over all of them, the compressor's throughput on
+  this machine, and the largest error reached;
 * :func:`gradient_error` trains one step with and without
   :class:`memflow.compress.compressed_saved_tensors` and compares the parameter gradients.
 
@@ -34,7 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..compress import compress, compressed_saved_tensors, decompress
+from ..compress import choose, compress, compressed_saved_tensors, decompress
 from ..errors import PlanError
 
 __all__ = ["feature_map_ratios", "gradient_error", "real_model"]
@@ -73,10 +74,12 @@ def _saved_activations(model: torch.nn.Module, inputs: tuple) -> list[torch.Tens
 
 
 def feature_map_ratios(source: Any, error_bounds: Iterable[float], *, batch_size: int = 2,
-                       **cfg: Any) -> pd.DataFrame:
+                       compressor: str | None = None, **cfg: Any) -> pd.DataFrame:
     """Per error bound (absolute): ``tensors``, ``bytes`` (original), ``ratio`` (original over
     compressed bytes, all saved tensors together), ``throughput`` and
-    ``decompress_throughput`` (bytes/s on this machine's CPU) and ``max_error``."""
+    ``decompress_throughput`` (bytes/s on this machine's CPU), ``max_error`` and
+    ``compressor`` (which one ran: see :func:`memflow.compress.choose`)."""
+    compressor = choose("cpu", compressor)
     model, inputs = real_model(source, batch_size, **cfg)
     maps = _saved_activations(model, inputs)
     if not maps:
@@ -87,7 +90,7 @@ def feature_map_ratios(source: Any, error_bounds: Iterable[float], *, batch_size
         packed_bytes, t_c, t_d, worst = 0, 0.0, 0.0, 0.0
         for t in maps:
             start = time.perf_counter()
-            p = compress(t, float(eb))
+            p = compress(t, float(eb), compressor=compressor)
             mid = time.perf_counter()
             back = decompress(p)
             t_c += mid - start
@@ -97,12 +100,13 @@ def feature_map_ratios(source: Any, error_bounds: Iterable[float], *, batch_size
             worst = max(worst, float((back.double() - t.double()).abs()[finite].max()))
         rows.append({"error_bound": float(eb), "tensors": len(maps), "bytes": total,
                      "ratio": total / packed_bytes, "throughput": total / t_c,
-                     "decompress_throughput": total / t_d, "max_error": worst})
+                     "decompress_throughput": total / t_d, "max_error": worst,
+                     "compressor": compressor})
     return pd.DataFrame(rows).set_index("error_bound")
 
 
 def gradient_error(source: Any, error_bounds: Iterable[float], *, batch_size: int = 4,
-                   seed: int = 0, **cfg: Any) -> pd.DataFrame:
+                   seed: int = 0, compressor: str | None = None, **cfg: Any) -> pd.DataFrame:
     """Per error bound: ``rel_error`` (‖g_c − g‖ / ‖g‖ over all parameter gradients),
     ``cosine`` (their cosine similarity) and ``ratio`` (saved bytes compressed), one training
     step with every saved activation compressed against the same step without."""
@@ -116,7 +120,7 @@ def gradient_error(source: Any, error_bounds: Iterable[float], *, batch_size: in
                 _loss(model(*inputs)).backward()
                 ratio = 1.0
             else:
-                with compressed_saved_tensors(eb) as hooks:
+                with compressed_saved_tensors(eb, compressor=compressor) as hooks:
                     loss = _loss(model(*inputs))
                 loss.backward()
                 ratio = hooks.ratio

@@ -15,6 +15,7 @@ from .._tables import ReadableFrame
 from .._units import format_bytes
 from ..errors import MemflowError
 from ..hardware import Cluster
+from ..memory.allocator import ALLOCATORS, replay
 from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, step_blocks
 from ..strategy.shard_levels import PRECISIONS
 from ..memory.records import placements
@@ -43,7 +44,7 @@ def _capacity_and_foreach(graph, device: Any) -> tuple[float, bool, str]:
                        f"got {device!r}")
 
 def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: str | None = None,
-             strategy=None) -> pd.DataFrame:
+             strategy=None, allocator: str | None = None) -> pd.DataFrame:
     """Memory of one training step on one device, by category, and the peak.
 
     ``device``: ``"cpu"`` (PyTorch's per-parameter optimizer loops), ``"cuda"`` (foreach
@@ -52,6 +53,10 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     policies to apply (a single-device strategy of this graph); default keep everything.
     ``optimizer`` and ``precision`` (the strategy's own precision first) decide the model
     states (``docs/data-model.md``, "Model states"); an offloaded optimizer is not counted.
+    ``allocator="cuda"``: each tensor is charged the CUDA caching allocator's block (512-B
+    rounding, :mod:`memflow.memory.allocator`) and ``df.attrs["reserved"]`` estimates the peak
+    of ``torch.cuda.memory_reserved`` by replaying the step's allocations and frees through
+    the allocator's segments (model states as one allocation per category, first).
 
     Rows: the categories (``weights``, ``gradients``, ``optimizer``, ``activations``,
     ``transient``, ``communication``) and ``total``; columns ``at_peak`` (bytes when the
@@ -89,6 +94,9 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
         raise MemflowError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZER_STATES)}")
     if precision not in (None, *PRECISIONS):
         raise MemflowError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    if allocator not in ALLOCATORS:
+        raise MemflowError(f"unknown allocator {allocator!r}; valid: None (tensor bytes) or "
+                           "'cuda' (the CUDA caching allocator's blocks)")
     capacity, foreach, label = _capacity_and_foreach(graph, device)
     if strategy is None:
         strategy = Strategy.single_device(graph)
@@ -101,7 +109,7 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
     layout, M = strategy.layout_ids, strategy.microbatches
     placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
-                        degrees[layout, 1], M)
+                        degrees[layout, 1], M, allocator)
     plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
                        compression_ratios(strategy, ga.half | (precision in ACTIVATION_WIDTH)),
                        optimizer=optimizer,
@@ -139,6 +147,10 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
                        units={"at_peak": "bytes", "max": "bytes"}, caption=caption)
     df.loc["total"] = [peak, peak]
     df.index.name = "category"
+    if allocator is not None:
+        states = [(("state", c), b) for c, b in enumerate(L.persistent[0]) if b > 0]
+        df.attrs["reserved"] = float(replay(
+            states + list(zip(L.instance.tolist(), L.delta.tolist()))).peak_reserved)
     df.attrs.update(peak=peak, peak_task=peak_task, phase=phase, capacity=capacity,
                     fits=fits,
                     device=label, optimizer=optimizer)

@@ -178,6 +178,7 @@ class Ledger:
             if len(hit):
                 peak_event[c] = first[c] + hit[0]
         return {"cls": out_cls, "time": times[key], "task": key // 2, "delta": delta,
+                "instance": inst,                       # an allocation and its free share it
                 "category": self._lp.rows["category"][b], "total": total,
                 "peak_event": peak_event}
 
@@ -196,6 +197,10 @@ class Ledger:
     @property
     def delta(self) -> np.ndarray:
         return self._events["delta"]
+
+    @property
+    def instance(self) -> np.ndarray:
+        return self._events["instance"]
 
     @property
     def category(self) -> np.ndarray:

@@ -63,3 +63,19 @@ def test_measurements_on_a_real_model():
     assert e.loc[1e-4, "cosine"] > 0.999
     with pytest.raises(PlanError, match="zoo model name"):
         feature_map_ratios(42, [1e-2])
+
+
+def test_measured_ratios_say_which_compressor_ran(monkeypatch):
+    import sys
+    from memflow.compress import sz3
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+    source = (net, (torch.randn(128, 64),))
+    q = feature_map_ratios(source, [1e-2], compressor="quantizer")
+    assert q.loc[1e-2, "compressor"] == "quantizer" and q.loc[1e-2, "max_error"] <= 1e-2
+    if sz3.available():     # SZ3 (COMET's compressor) by default, and it packs tighter
+        s = feature_map_ratios(source, [1e-2])
+        assert s.loc[1e-2, "compressor"] == "sz3" and s.loc[1e-2, "max_error"] <= 1e-2
+        assert s.loc[1e-2, "ratio"] > q.loc[1e-2, "ratio"]
+    monkeypatch.setitem(sys.modules, "pysz", None)      # without pysz: the quantizer
+    assert feature_map_ratios(source, [1e-2]).loc[1e-2, "compressor"] == "quantizer"
