@@ -30,6 +30,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backend import Backend
+from .eager import writes_input
 from .opcost import OpCounter, tensors_in
 from .selective import EXPENSIVE_OPS, is_expensive
 from .units import LOSS, ROOT
@@ -362,7 +363,7 @@ class Recorder(TorchDispatchMode):
                 span.expensive_bytes += cost.bytes_moved
                 span.expensive_ops += cost.kernels
             self._track_forward(span, args, kwargs, outs, expensive)
-            if _writes_input(func) and torch.is_grad_enabled() and any(
+            if writes_input(func) and torch.is_grad_enabled() and any(
                     t.requires_grad for t in (*tensors_in(args), *tensors_in(kwargs))):
                 # autograd made this op's node before dispatching it: the latest number
                 self._inplace_nodes.add(torch._C._autograd._get_sequence_nr() - 1)
@@ -416,8 +417,3 @@ class Recorder(TorchDispatchMode):
                 storage = t.untyped_storage()
                 self._window.add(StorageWeakRef(storage), storage.nbytes(), replaces)
 
-
-def _writes_input(func) -> bool:
-    """The aten op writes into one of its inputs (``relu_``, ``add_``, ``copy_``…)."""
-    return any(a.alias_info is not None and a.alias_info.is_write
-               for a in func._schema.arguments)
