@@ -184,7 +184,7 @@ def _default_loss(outputs: list[torch.Tensor]) -> torch.Tensor | None:
 def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
                backend: str | Backend = "cpu", autocast: Any = None,
                loss_fn: Callable[[Any], torch.Tensor] | None = None,
-               name: str | None = None,
+               name: str | None = None, keep_output: bool = False,
                expensive_ops: Iterable[str] = EXPENSIVE_OPS) -> OpGraph:
     """Capture ``model`` on ``example_inputs`` as a graph of units for one training step.
 
@@ -193,8 +193,13 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     :mod:`memflow.graph.units`); ``backend`` the device rules (:mod:`memflow.graph.backend`);
     ``autocast`` (``"float16"`` or ``"bfloat16"``) runs under autocast semantics.
     ``loss_fn(output) -> scalar`` adds a ``<loss>`` unit; without it backward starts from the
-    sum of the outputs that require grad. The model runs in its current mode (``train()``
-    for a training step). ``expensive_ops`` names the aten ops whose outputs selective
+    sum of the outputs that require grad. The training step this graph stands for is the one
+    people write, ``loss_fn(model(x)).backward()``: the model's output is dropped once the loss
+    is computed, so it lives until its last forward reader (the loss) unless something saves
+    it for backward. ``keep_output=True`` stands for a step that keeps a reference to the
+    output until backward starts (``out = model(x); loss = loss_fn(out); loss.backward()``
+    with ``out`` still alive), as ``graph.meta["keep_output"]``. The model runs in its current
+    mode (``train()`` for a training step). ``expensive_ops`` names the aten ops whose outputs selective
     recomputation keeps (:mod:`memflow.graph.selective`). Columns are described in
     ``docs/data-model.md``.
     """
@@ -249,7 +254,8 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
                            "input unchanged, or only views of it): there is nothing to capture")
     meta = {"model": name or type(model).__name__, "batch_size": batch, "backend": rules.name,
             "autocast": None if dtype is None else str(dtype).replace("torch.", ""),
-            "units": describe_units(units), "torch": torch.__version__, "inputs": inputs}
+            "units": describe_units(units), "torch": torch.__version__, "inputs": inputs,
+            "keep_output": bool(keep_output)}
     if expensive != EXPENSIVE_OPS:
         meta["expensive_ops"] = sorted(expensive)
     return OpGraph(unit_table(recorder, modules), tensor_table(recorder), meta,

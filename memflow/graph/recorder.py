@@ -254,7 +254,7 @@ class Recorder(TorchDispatchMode):
                                        bool(t.requires_grad), is_buffer, module)
 
     def mark_outputs(self, outputs: Iterable[torch.Tensor]) -> None:
-        """The model returned ``outputs``: their storages are kept until backward starts."""
+        """The model returned ``outputs`` (what the loss reads; ``is_output`` in the graph)."""
         for t in outputs:
             rec = self._lookup(_key(t))
             if rec is not None:
