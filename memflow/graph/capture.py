@@ -197,8 +197,8 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     people write, ``loss_fn(model(x)).backward()``: the model's output is dropped once the loss
     is computed, so it lives until its last forward reader (the loss) unless something saves
     it for backward. ``keep_output=True`` stands for a step that keeps a reference to the
-    output until backward starts (``out = model(x); loss = loss_fn(out); loss.backward()``
-    with ``out`` still alive), as ``graph.meta["keep_output"]``. The model runs in its current
+    output through backward (``out = model(x); loss = loss_fn(out); loss.backward()`` with
+    ``out`` still alive), as ``graph.meta["keep_output"]``. The model runs in its current
     mode (``train()`` for a training step). ``expensive_ops`` names the aten ops whose outputs selective
     recomputation keeps (:mod:`memflow.graph.selective`). Columns are described in
     ``docs/data-model.md``.

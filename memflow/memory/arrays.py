@@ -51,7 +51,7 @@ class GraphArrays:
     readers: tuple[tuple[int, ...], ...]   # distinct forward readers other than the producer
     savers: tuple[tuple[int, ...], ...]    # distinct savers, in execution order
     batch_size: int | None
-    keep_output: bool           # the step keeps the model's outputs until backward starts
+    keep_output: bool           # the step keeps the model's outputs until backward ends
     # the same as CSR arrays (row ``t`` is ``idx[ptr[t]:ptr[t + 1]]``), for vectorised code
     readers_ptr: np.ndarray
     readers_idx: np.ndarray

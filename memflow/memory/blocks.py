@@ -11,7 +11,7 @@ are those of ``docs/data-model.md`` ("Memory model"), which follow PyTorch:
   end of the optimizer step; every other reader's backward makes a contribution of its size;
 * an activation storage lives from its producer's forward to the later of its last forward
   read (a model output's is the loss: the step drops the output once the loss is computed),
-  the start of backward (model outputs, only if the graph's ``keep_output``) and, when held
+  the end of backward (model outputs, only if the graph's ``keep_output``) and, when held
   for backward, the end of the backward of its first saver. Policies decide what *holds* it (keep > segment input >
   compress > offload > selective > recompute); a selective unit holds what its expensive ops
   make until its backward (their outputs used only inside it until its recomputation, as
@@ -192,7 +192,6 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
     temporaries and the bytes each unit offloads and compresses. ``pol`` is per unit the
     *mechanism* of its policy (an index of :data:`MECHANISMS`), not the policy's code."""
     R = len(prod)
-    last = n_units - 1
     far = np.iinfo(np.int64).max
     n_recs = 0
     if first:
@@ -257,7 +256,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         if held:
             _set(free, row, 1, go, cc, END)
         elif kept_output[x]:
-            _set(free, row, 1, A_BWD, last, START)
+            _set(free, row, 1, A_BWD, 0, END)
         if last_xfer[x, 0] >= 0:            # the original stays until every copy has left
             _set(free, row, 2, last_xfer[x, 0], last_xfer[x, 1], last_xfer[x, 2])
         # stored (compressed on the device, or offloaded to the host); restored before backward

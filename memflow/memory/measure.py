@@ -22,7 +22,9 @@ def make_optimizer(name: str, params) -> Any:
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
     if name == "adam":
         return torch.optim.Adam(params, lr=1e-3)
-    raise ValueError(f"unknown optimizer {name!r}; valid: sgd, momentum, adam")
+    if name == "adamw":          # memflow's "adam" states (two moments), decoupled decay
+        return torch.optim.AdamW(params, lr=1e-3)
+    raise ValueError(f"unknown optimizer {name!r}; valid: sgd, momentum, adam, adamw")
 
 
 @contextlib.contextmanager
@@ -43,13 +45,15 @@ def _frozen_as_buffers(model) -> Iterator[None]:
 
 
 def memtracker_peak(model, inputs: Any, *, optimizer: str = "sgd",
-                    loss_fn: Callable | None = None) -> dict[str, int]:
+                    loss_fn: Callable | None = None, keep_output: bool = False
+                    ) -> dict[str, int]:
     """Peak bytes of one steady-state training step on CPU, by MemTracker category.
 
     ``inputs`` as for :func:`memflow.from_torch` (a tensor, a tuple or a dict). The loss is
     the sum of the outputs unless ``loss_fn(output)`` is given (as in capture); the step is
     ``loss_fn(model(inputs)).backward()`` — the output is dropped once the loss is computed —,
-    ``optimizer.step()``, ``zero_grad(set_to_none=True)``.
+    ``optimizer.step()``, ``zero_grad(set_to_none=True)``. ``keep_output=True`` holds the
+    output until backward ends, as capture's ``keep_output`` describes.
     Returns MemTracker's peak snapshot: ``Total`` and one entry per category.
     """
     import torch
@@ -64,8 +68,12 @@ def memtracker_peak(model, inputs: Any, *, optimizer: str = "sgd",
                                           if isinstance(t, torch.Tensor) and t.requires_grad))
 
     def step() -> None:
-        loss = loss_fn(model(*args, **kwargs))
+        out = model(*args, **kwargs)
+        loss = loss_fn(out)
+        if not keep_output:
+            del out
         loss.backward()
+        out = None
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -81,7 +81,7 @@ class Placed:
     nbytes: np.ndarray        # per part
     alloc: np.ndarray         # (R, 3) anchor of the allocation
     fwd_free: np.ndarray      # (R, 3) end of the last forward read on this placement
-    kept_output: np.ndarray   # a model output the step keeps until backward starts
+    kept_output: np.ndarray   # a model output the step keeps until backward ends
     last_xfer: np.ndarray     # (R, 3) end of the storage's last copy out (home), kind -1 if none
     members: tuple[np.ndarray, np.ndarray]   # CSR: users on this placement
     savers: tuple[np.ndarray, np.ndarray]    # CSR: savers on this placement (producer included)
