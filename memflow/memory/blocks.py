@@ -182,6 +182,20 @@ def _set(a, row, slot, kind, key, edge):
     a[row, slot, 0], a[row, slot, 1], a[row, slot, 2] = kind, key, edge
 
 
+def _per_tensor_adam(sizes: np.ndarray) -> float:
+    """Peak temporaries of PyTorch's per-tensor Adam over parameters of ``sizes`` in order:
+    ``sqrt(v)`` and its quotient (two of the parameter's size) while the loop variable
+    ``denom`` still holds the previous parameter's.
+
+    >>> _per_tensor_adam(np.array([4.0, 4.0, 1.0]))
+    12.0
+    """
+    sizes = sizes[sizes > 0]
+    if not len(sizes):
+        return 0.0
+    return float((2 * sizes + np.concatenate([[0.0], sizes[:-1]])).max())
+
+
 @njit
 def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr, touched,
             sv_ptr, sv, m_ptr, m, r_ptr, r, prod, home, nbytes, kept_output, rec_alloc,
@@ -352,7 +366,7 @@ class BlockTable:
         p_train = ga.param_grad_bytes / p[ga.param_owner] * st.state_factor[ga.param_owner]
         p_lay = layout[ga.param_owner]
         o_b = np.array([p_train[p_lay == lay].sum() if foreach
-                        else 2 * p_train[p_lay == lay].max(initial=0.0) for lay in o_lay])
+                        else _per_tensor_adam(p_train[p_lay == lay]) for lay in o_lay])
         self.unit_row = NS * R + G
         unit_slots = np.arange(NU)     # parameter gradients: one per step; the rest per micro-batch
         self.state_row = self.unit_row + NU * n + len(o_lay)
