@@ -4,7 +4,9 @@ The model runs once, forward and backward, on fake tensors (``FakeTensorMode``):
 dtype and autograd decision is real, nothing is allocated, and the user's module is left as it
 was (its parameters are swapped for fake copies with ``torch.func.functional_call`` for the
 duration of the call; hooks are removed afterwards). No tracing is involved, so Python control
-flow, shape arithmetic and Hugging Face models capture as they run.
+flow, shape arithmetic and Hugging Face models capture as they run; integer and boolean inputs
+keep their values, so code that reads a mask takes the branch an eager run takes
+(:mod:`memflow.graph.eager`).
 
 >>> import torch
 >>> from torch import nn
@@ -38,6 +40,7 @@ from torch.utils import _pytree as pytree
 from ..errors import CaptureError
 from .autocast import parse_autocast
 from .backend import Backend, get_backend
+from .eager import KnownValues, eager_predicates
 from .opcost import OpCounter
 from .opgraph import OpGraph
 from .recorder import Recorder
@@ -109,6 +112,26 @@ def _fake_like(t: torch.Tensor) -> torch.Tensor:
         else fake
 
 
+def _fake_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Fake inputs (inside FakeTensorMode) that share storages as the real ones do.
+
+    ``decoder_input_ids = ids[:, :-1]`` is a view of ``ids``: autograd saves that one storage
+    once, so capture must see one storage too.
+    """
+    bases: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        base = bases.setdefault(storage._cdata, torch.empty(storage.nbytes(), dtype=torch.uint8,
+                                                            device="cpu"))
+        view = torch.empty(0, dtype=t.dtype, device="cpu").set_(
+            base.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        return view.requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex() \
+            else view
+
+    return pytree.tree_map_only(torch.Tensor, fake, (args, kwargs))
+
+
 def _forward_error(err: Exception, where: str | None, modules: dict[str, nn.Module],
                    model: nn.Module, inputs: list[dict[str, Any]]) -> CaptureError:
     module = modules.get(where) if where else None
@@ -119,8 +142,10 @@ def _forward_error(err: Exception, where: str | None, modules: dict[str, nn.Modu
                if module is not None and hasattr(module, attr)]
     hint = f"; {where!r} expects {', '.join(expects)}" if expects else ""
     if isinstance(err, (DataDependentOutputException, DynamicOutputShapeException)):
-        hint += ("; capture runs on tensors without values, so code that reads a tensor's "
-                 "value (.item(), `if tensor:`, boolean indexing) cannot be captured")
+        hint += ("; capture runs on tensors without values (only integer and boolean inputs "
+                 "on a real device, such as token ids and masks, keep theirs: "
+                 "memflow.graph.eager), so code that reads the value of an activation or of a "
+                 "float input (.item(), `if tensor:`, boolean indexing) cannot be captured")
     return CaptureError(f"the forward of {place} raised {type(err).__name__}: {err}. "
                         f"Example inputs: {shown}{hint}")
 
@@ -159,7 +184,7 @@ def _default_loss(outputs: list[torch.Tensor]) -> torch.Tensor | None:
 def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
                backend: str | Backend = "cpu", autocast: Any = None,
                loss_fn: Callable[[Any], torch.Tensor] | None = None,
-               name: str | None = None,
+               name: str | None = None, keep_output: bool = False,
                expensive_ops: Iterable[str] = EXPENSIVE_OPS) -> OpGraph:
     """Capture ``model`` on ``example_inputs`` as a graph of units for one training step.
 
@@ -168,8 +193,13 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     :mod:`memflow.graph.units`); ``backend`` the device rules (:mod:`memflow.graph.backend`);
     ``autocast`` (``"float16"`` or ``"bfloat16"``) runs under autocast semantics.
     ``loss_fn(output) -> scalar`` adds a ``<loss>`` unit; without it backward starts from the
-    sum of the outputs that require grad. The model runs in its current mode (``train()``
-    for a training step). ``expensive_ops`` names the aten ops whose outputs selective
+    sum of the outputs that require grad. The training step this graph stands for is the one
+    people write, ``loss_fn(model(x)).backward()``: the model's output is dropped once the loss
+    is computed, so it lives until its last forward reader (the loss) unless something saves
+    it for backward. ``keep_output=True`` stands for a step that keeps a reference to the
+    output through backward (``out = model(x); loss = loss_fn(out); loss.backward()`` with
+    ``out`` still alive), as ``graph.meta["keep_output"]``. The model runs in its current
+    mode (``train()`` for a training step). ``expensive_ops`` names the aten ops whose outputs selective
     recomputation keeps (:mod:`memflow.graph.selective`). Columns are described in
     ``docs/data-model.md``.
     """
@@ -186,22 +216,28 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     expensive = frozenset(expensive_ops)
     recorder = Recorder(rules, OpCounter(), selected, paths, batch, expensive)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    values = KnownValues()
     with fake_mode:
-        fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, _fake_like, (args, kwargs))
+        fake_args, fake_kwargs = _fake_inputs(args, kwargs)
         state = {}
         aliases = _aliases(model)
         for is_buffer, named in ((False, model.named_parameters()), (True, model.named_buffers())):
             for pname, t in named:
                 state[pname] = _fake_like(t)
                 recorder.add_weight(state[pname], aliases[id(t)], is_buffer)
-    for t in pytree.tree_leaves((fake_args, fake_kwargs)):
+                if is_buffer:
+                    _add_value(values, state[pname], t)
+    fakes = pytree.tree_leaves((fake_args, fake_kwargs))
+    for real, t in zip(pytree.tree_leaves((args, kwargs)), fakes):
         if isinstance(t, torch.Tensor):
             recorder.add_input(t)
+            _add_value(values, t, real)
     handles = _install_hooks(model, recorder)
     try:
-        with fake_mode, recorder, _quiet_fake_kernels():
+        with fake_mode, values, recorder, eager_predicates(values), _quiet_fake_kernels():
             loss = _forward(model, state, fake_args, fake_kwargs, recorder, rules, dtype,
                             loss_fn, modules, inputs)
+            values.computing = False        # backward is autograd's code: it reads no value
             if loss is not None:
                 recorder.phase = "backward"
                 try:
@@ -218,11 +254,19 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
                            "input unchanged, or only views of it): there is nothing to capture")
     meta = {"model": name or type(model).__name__, "batch_size": batch, "backend": rules.name,
             "autocast": None if dtype is None else str(dtype).replace("torch.", ""),
-            "units": describe_units(units), "torch": torch.__version__, "inputs": inputs}
+            "units": describe_units(units), "torch": torch.__version__, "inputs": inputs,
+            "keep_output": bool(keep_output)}
     if expensive != EXPENSIVE_OPS:
         meta["expensive_ops"] = sorted(expensive)
     return OpGraph(unit_table(recorder, modules), tensor_table(recorder), meta,
                    parameters=parameter_table(recorder))
+
+
+def _add_value(values: KnownValues, fake: torch.Tensor, real: torch.Tensor) -> None:
+    # Token ids, masks and positions decide branches; float data (images, weights) never
+    # does here, and computing from it would run the model for real.
+    if not (real.is_floating_point() or real.is_complex()):
+        values.add(fake, real.detach().clone())
 
 
 def _aliases(model: nn.Module) -> dict[int, list[str]]:

@@ -72,7 +72,7 @@ TENSOR_COLUMNS: dict[str, Any] = {
     "producer": None,         # unit name, or "<input>"
     "consumers": None,        # list of unit names reading it in forward, in execution order
     "savers": (),             # list of unit names whose ops saved it for backward, in execution order
-    "is_output": False,       # returned by the model (kept until backward starts)
+    "is_output": False,       # returned by the model (kept until backward: meta keep_output)
     "requires_grad": True,    # a gradient flows back into it
     "per_sample": True,       # its size scales with the batch
     "dtype": "float32",

@@ -30,6 +30,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backend import Backend
+from .eager import writes_input
 from .opcost import OpCounter, tensors_in
 from .selective import EXPENSIVE_OPS, is_expensive, unreplayable_write
 from .units import LOSS, ROOT
@@ -260,7 +261,7 @@ class Recorder(TorchDispatchMode):
                                        bool(t.requires_grad), is_buffer, module)
 
     def mark_outputs(self, outputs: Iterable[torch.Tensor]) -> None:
-        """The model returned ``outputs``: their storages are kept until backward starts."""
+        """The model returned ``outputs`` (what the loss reads; ``is_output`` in the graph)."""
         for t in outputs:
             rec = self._lookup(_key(t))
             if rec is not None:
@@ -375,7 +376,7 @@ class Recorder(TorchDispatchMode):
                 if written.producer >= 0:
                     self.spans[written.producer].selective_replays = False
             self._track_forward(span, args, kwargs, outs, expensive)
-            if _writes_input(func) and torch.is_grad_enabled() and any(
+            if writes_input(func) and torch.is_grad_enabled() and any(
                     t.requires_grad for t in (*tensors_in(args), *tensors_in(kwargs))):
                 # autograd made this op's node before dispatching it: the latest number
                 self._inplace_nodes.add(torch._C._autograd._get_sequence_nr() - 1)
@@ -438,9 +439,3 @@ class _Expensive:
 
 
 _EXPENSIVE = _Expensive()
-
-
-def _writes_input(func) -> bool:
-    """The aten op writes into one of its inputs (``relu_``, ``add_``, ``copy_``…)."""
-    return any(a.alias_info is not None and a.alias_info.is_write
-               for a in func._schema.arguments)

@@ -51,6 +51,7 @@ class GraphArrays:
     readers: tuple[tuple[int, ...], ...]   # distinct forward readers other than the producer
     savers: tuple[tuple[int, ...], ...]    # distinct savers, in execution order
     batch_size: int | None
+    keep_output: bool           # the step keeps the model's outputs until backward ends
     # the same as CSR arrays (row ``t`` is ``idx[ptr[t]:ptr[t + 1]]``), for vectorised code
     readers_ptr: np.ndarray
     readers_idx: np.ndarray
@@ -137,7 +138,8 @@ def graph_arrays(graph) -> GraphArrays:
         is_output=t["is_output"].to_numpy(bool), requires_grad=t["requires_grad"].to_numpy(bool),
         per_sample=t["per_sample"].to_numpy(bool), expensive=t["expensive"].to_numpy(bool),
         readers=tuple(readers),
-        savers=tuple(savers), batch_size=graph.meta.get("batch_size"), readers_ptr=r_ptr,
+        savers=tuple(savers), batch_size=graph.meta.get("batch_size"),
+        keep_output=bool(graph.meta.get("keep_output", False)), readers_ptr=r_ptr,
         readers_idx=r_idx, savers_ptr=s_ptr, savers_idx=s_idx, param_owner=p_owner,
         param_grad_bytes=np.where(pt["trainable"].to_numpy(bool),
                                   pt["bytes"].to_numpy(np.float64), 0.0),

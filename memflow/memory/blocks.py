@@ -10,8 +10,9 @@ are those of ``docs/data-model.md`` ("Memory model"), which follow PyTorch:
 * a parameter gradient lives from the backward of its last reader (the first to run) to the
   end of the optimizer step; every other reader's backward makes a contribution of its size;
 * an activation storage lives from its producer's forward to the later of its last forward
-  read, the start of backward (model outputs) and, when held for backward, the end of the
-  backward of its first saver. Policies decide what *holds* it (keep > segment input >
+  read (a model output's is the loss: the step drops the output once the loss is computed),
+  the end of backward (model outputs, only if the graph's ``keep_output``) and, when held
+  for backward, the end of the backward of its first saver. Policies decide what *holds* it (keep > segment input >
   compress > offload > selective > recompute); a selective unit holds what its expensive ops
   make until its backward (their outputs used only inside it until its recomputation, as
   ``create_selective_checkpoint_contexts`` caches them); a recompute segment holds its inputs only if one of its
@@ -187,9 +188,23 @@ def _set(a, row, slot, kind, key, edge):
     a[row, slot, 0], a[row, slot, 1], a[row, slot, 2] = kind, key, edge
 
 
+def _per_tensor_adam(sizes: np.ndarray) -> float:
+    """Peak temporaries of PyTorch's per-tensor Adam over parameters of ``sizes`` in order:
+    ``sqrt(v)`` and its quotient (two of the parameter's size) while the loop variable
+    ``denom`` still holds the previous parameter's.
+
+    >>> _per_tensor_adam(np.array([4.0, 4.0, 1.0]))
+    12.0
+    """
+    sizes = sizes[sizes > 0]
+    if not len(sizes):
+        return 0.0
+    return float((2 * sizes + np.concatenate([[0.0], sizes[:-1]])).max())
+
+
 @njit
 def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr, touched,
-            sv_ptr, sv, m_ptr, m, r_ptr, r, prod, home, nbytes, model_out, rec_alloc,
+            sv_ptr, sv, m_ptr, m, r_ptr, r, prod, home, nbytes, kept_output, rec_alloc,
             fwd_free, last_xfer, expensive, n_units, unit_row, recompute_tmp, cached, bytes_,
             host, alloc, free, carrier, compress, mark, offloaded, compressed):
     """Re-derive the slots of the records whose rules read a unit whose policy, segment start
@@ -197,7 +212,6 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
     temporaries and the bytes each unit offloads and compresses. ``pol`` is per unit the
     *mechanism* of its policy (an index of :data:`MECHANISMS`), not the policy's code."""
     R = len(prod)
-    last = n_units - 1
     far = np.iinfo(np.int64).max
     n_recs = 0
     if first:
@@ -261,8 +275,8 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
                 _set(free, row, j, fwd_free[x, 0], fwd_free[x, 1], fwd_free[x, 2])
         if held:
             _set(free, row, 1, go, cc, END)
-        elif model_out[x]:
-            _set(free, row, 1, A_BWD, last, START)
+        elif kept_output[x]:
+            _set(free, row, 1, A_BWD, 0, END)
         if last_xfer[x, 0] >= 0:            # the original stays until every copy has left
             _set(free, row, 2, last_xfer[x, 0], last_xfer[x, 1], last_xfer[x, 2])
         # stored (compressed on the device, or offloaded to the host); restored before backward
@@ -358,7 +372,7 @@ class BlockTable:
         p_train = ga.param_grad_bytes / p[ga.param_owner] * st.state_factor[ga.param_owner]
         p_lay = layout[ga.param_owner]
         o_b = np.array([p_train[p_lay == lay].sum() if foreach
-                        else 2 * p_train[p_lay == lay].max(initial=0.0) for lay in o_lay])
+                        else _per_tensor_adam(p_train[p_lay == lay]) for lay in o_lay])
         self.unit_row = NS * R + G
         unit_slots = np.arange(NU)     # parameter gradients: one per step; the rest per micro-batch
         self.state_row = self.unit_row + NU * n + len(o_lay)
@@ -447,7 +461,7 @@ class BlockTable:
         old = self._key or (pol, start, ratio)
         offloaded, compressed = np.empty(self.n), np.empty(self.n)
         _replan(pol, start, ratio, *old, self._key is None, *P.touched, *P.savers, *P.members,
-                *P.readers, P.prod, P.home, P.nbytes, P.model_out, P.alloc, P.fwd_free,
+                *P.readers, P.prod, P.home, P.nbytes, P.kept_output, P.alloc, P.fwd_free,
                 P.last_xfer, self.expensive, self.n, self.unit_row, self.recompute_tmp,
                 self.cached, self.bytes, self.host, self.alloc, self.free, self.carrier,
                 self.compress, self._mark, offloaded, compressed)

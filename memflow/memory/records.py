@@ -83,7 +83,7 @@ class Placed:
     nbytes: np.ndarray        # per part
     alloc: np.ndarray         # (R, 3) anchor of the allocation
     fwd_free: np.ndarray      # (R, 3) end of the last forward read on this placement
-    model_out: np.ndarray     # a model output: held until backward starts
+    kept_output: np.ndarray   # a model output the step keeps until backward ends
     last_xfer: np.ndarray     # (R, 3) end of the storage's last copy out (home), kind -1 if none
     members: tuple[np.ndarray, np.ndarray]   # CSR: users on this placement
     savers: tuple[np.ndarray, np.ndarray]    # CSR: savers on this placement (producer included)
@@ -280,7 +280,8 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     t_order = np.lexsort((t_rec, t_unit))
     touched = (_ptr(t_unit, n), t_rec[t_order])
     return Placed(tensor=rec_t, layout=rec_lay, home=rec_home, prod=rec_prod, nbytes=nbytes,
-                  alloc=alloc, fwd_free=anchors(A_FWD, fwd_last, END), model_out=model_out,
+                  alloc=alloc, fwd_free=anchors(A_FWD, fwd_last, END),
+                  kept_output=model_out & ga.keep_output,
                   last_xfer=last_xfer, members=members, savers=savers, readers=readers,
                   touched=touched, grad_layout=grad_layout[keep], grad_bytes=grad_bytes[keep],
                   grad_alloc=grad_alloc[keep], grad_free=grad_free[keep], copies=copies,

@@ -75,20 +75,20 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     ...                           "is_output": [False, False, True], "requires_grad": False}))
     >>> df = estimate(g, "cpu", optimizer="adam")
     >>> df["at_peak"].astype(int).to_dict()
-    {'weights': 800, 'gradients': 800, 'optimizer': 1600, 'activations': 0, 'transient': 800, 'communication': 0, 'total': 4000}
+    {'weights': 800, 'gradients': 800, 'optimizer': 1600, 'activations': 0, 'transient': 1200, 'communication': 0, 'total': 4400}
     >>> df.attrs["peak_task"]
     'optimizer'
     >>> print(df)
-    peak 3.91 KiB during optimizer on cpu
+    peak 4.30 KiB during optimizer on cpu
                     at_peak       max
     category
     weights           800 B     800 B
     gradients         800 B     800 B
     optimizer      1.56 KiB  1.56 KiB
     activations         0 B     600 B
-    transient         800 B     800 B
+    transient      1.17 KiB  1.17 KiB
     communication       0 B       0 B
-    total          3.91 KiB  3.91 KiB
+    total          4.30 KiB  4.30 KiB
     """
     if optimizer not in OPTIMIZER_STATES:
         raise MemflowError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZER_STATES)}")

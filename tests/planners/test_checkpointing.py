@@ -27,9 +27,10 @@ def test_matches_exhaustive_at_every_limit(n, seed, activation):
         assert res.feasible and res.peak <= limit
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 3])
 def test_offload_as_a_third_choice_matches_exhaustive(seed):
-    """On a K80 (slow compute, PCIe transfers) offloading pays at tight limits."""
+    """On a K80 (slow compute, PCIe transfers) offloading pays at tight limits (on chain 2 it
+    no longer does since the model's output is freed after the loss: recomputing suffices)."""
     k80 = memflow.Cluster.preset("1xK80")
     g = chain_graph(5, seed=seed, batch=4096, width=512)
     three = ("keep", "recompute", "offload")

@@ -43,7 +43,7 @@ def test_policies_remove_exactly_what_they_drop(policy, removed, monkeypatch):
     keep = activations_when_backward_starts(sim.result(Strategy.single_device(g)))
     s = Strategy.single_device(g).with_policy({"u1": policy})
     got = activations_when_backward_starts(sim.result(s))
-    assert keep == 710
+    assert keep == 660        # the model's output (50) is freed after the loss, before backward
     assert keep - got == pytest.approx(removed)
 
 

@@ -23,12 +23,12 @@ def test_three_segments_hold_less_at_peak_than_one():
     g, one, each = _runs()
     assert one.segment.tolist() == [0, 0, 0] and each.segment.tolist() == [0, 1, 2]
     r_one, r_each = simulate(g, one, V100), simulate(g, each, V100)
-    # one segment: its input 100 and the output 50 held, then everything re-run at once:
-    # 10 + 200 + 20 + 300 + 30 + 50 — the activations of keeping all, and more
-    assert r_one.memory["activations"].max() == 100 + 50 + 10 + 200 + 20 + 300 + 30 + 50
-    # three segments: every unit's input held (100 + 200 + 300) and the output 50; u2's re-run
-    # adds 30 + 50; u0's and u1's internals (10 + 20) are never resident together with them
-    assert r_each.memory["activations"].max() == 100 + 200 + 300 + 50 + 30 + 50
+    # one segment: its input 100 held (the output 50 is freed after the loss), then everything
+    # re-run at once: 10 + 200 + 20 + 300 + 30 + 50 — the activations of keeping all
+    assert r_one.memory["activations"].max() == 100 + 10 + 200 + 20 + 300 + 30 + 50
+    # three segments: every unit's input held (100 + 200 + 300); u2's re-run adds 30 + 50;
+    # u0's and u1's internals (10 + 20) are never resident together with them
+    assert r_each.memory["activations"].max() == 100 + 200 + 300 + 30 + 50
     # the total peak comes later (gradients, backward transients), where the gap is smaller
     assert r_each.peak_memory["gpu0"] < r_one.peak_memory["gpu0"]
 

@@ -1,0 +1,74 @@
+"""The step is the user's step (issue 18 item 2): the model's output is freed once the loss is
+computed, unless the graph says the step keeps it; peaks of a real CPU step (MemTracker)
+within 1%, for a model whose output dominates, a Hugging Face decoder and an exported plan."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import memflow
+from memflow.export import apply
+from memflow.memory.measure import memtracker_peak
+from memflow.strategy import Strategy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graph"))
+
+VOCAB = 2000
+
+
+def big_output():
+    """Logits (4 x 64 x 2000 floats, 2 MiB) larger than everything else the step holds."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(VOCAB, 32), nn.Linear(32, 64), nn.ReLU(),
+                          nn.Linear(64, VOCAB))
+    ids = torch.randint(0, VOCAB, (4, 64))
+    return model, ids, lambda out: F.cross_entropy(out.flatten(0, 1), ids.flatten())
+
+
+def within(predicted: float, measured: float, rel: float = 0.01) -> bool:
+    return abs(predicted / measured - 1) <= rel
+
+
+@pytest.mark.parametrize("keep_output", [False, True])
+@pytest.mark.parametrize("optimizer,states", [("momentum", "momentum"), ("adamw", "adam")])
+def test_output_life_follows_the_step(keep_output, optimizer, states):
+    model, ids, loss_fn = big_output()
+    graph = memflow.from_torch(model, ids, loss_fn=loss_fn, keep_output=keep_output)
+    assert graph.meta["keep_output"] is keep_output
+    predicted = memflow.estimate(graph, "cpu", optimizer=states).loc["total", "at_peak"]
+    measured = memtracker_peak(model, ids, optimizer=optimizer, loss_fn=loss_fn,
+                               keep_output=keep_output)["Total"]
+    assert within(predicted, measured), (predicted, measured)
+
+
+def test_the_kept_output_costs_its_bytes():
+    model, ids, loss_fn = big_output()
+    peak = {keep: memflow.estimate(memflow.from_torch(model, ids, loss_fn=loss_fn,
+                                                      keep_output=keep), "cpu").attrs["peak"]
+            for keep in (False, True)}
+    assert peak[True] - peak[False] == 4 * 64 * VOCAB * 4
+
+
+def test_hugging_face_decoder_step():
+    pytest.importorskip("transformers")
+    from hf_models import HF_MODELS
+    model, inputs, loss_fn = HF_MODELS["llama"]()
+    graph = memflow.from_torch(model, inputs, loss_fn=loss_fn)
+    predicted = memflow.estimate(graph, "cpu", optimizer="momentum").loc["total", "at_peak"]
+    measured = memtracker_peak(model, inputs, optimizer="momentum", loss_fn=loss_fn)["Total"]
+    assert within(predicted, measured), (predicted, measured)
+
+
+@pytest.mark.parametrize("plan", ["recompute", "compress:0.01"])
+def test_exported_plan_step(plan):
+    model, ids, loss_fn = big_output()
+    graph = memflow.from_torch(model, ids, loss_fn=loss_fn)
+    strategy = Strategy.single_device(graph).with_policy({"1": plan, "2": plan})
+    exported = apply(model, strategy, graph, devices={"gpu0": "cpu"})
+    predicted = memflow.estimate(graph, "cpu", optimizer="momentum",
+                                 strategy=strategy).loc["total", "at_peak"]
+    measured = memtracker_peak(exported, ids, optimizer="momentum", loss_fn=loss_fn)["Total"]
+    assert within(predicted, measured), (predicted, measured)
