@@ -276,11 +276,16 @@ def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal
                    and free.issuperset(root if space.root_sharded[i] else [i]))
     # a uniform pick among the units with a runnable option, checking only the units drawn
     # (whole-space checks were most of a search step on 175 units)
+    tried: dict[tuple, list] = {}     # the root group's units share their options
     while units:
         i = units[int(rng.integers(len(units)))]
-        names = [space.names[j] for j in (root if space.root_sharded[i] else [i])]
-        options = [s.with_shard(dict.fromkeys(names, lv)) for lv in shard_choices(s, i)]
-        options = [o for o in options if not space.runnable or space.runs(o)]
+        together, levels = (root if space.root_sharded[i] else [i]), shard_choices(s, i)
+        key = (tuple(together), tuple(levels))
+        if key not in tried:
+            names = [space.names[j] for j in together]
+            tried[key] = [o for o in (s.with_shard(dict.fromkeys(names, lv)) for lv in levels)
+                          if not space.runnable or space.runs(o)]
+        options = tried[key]
         if options:
             return Proposal("shard", space.names[i], _pick(rng, options))
         units.remove(i)
