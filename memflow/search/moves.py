@@ -271,11 +271,10 @@ def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal
     """
     root = np.flatnonzero(space.root_sharded).tolist()
     free = set(space.free().tolist())
-    # units with another level to take; a pinned unit of the group never changes
-    units = sorted(i for i in free if shard_choices(s, i)
-                   and free.issuperset(root if space.root_sharded[i] else [i]))
-    # a uniform pick among the units with a runnable option, checking only the units drawn
-    # (whole-space checks were most of a search step on 175 units)
+    root_free = free.issuperset(root)      # a pinned unit of the group never changes
+    units = sorted(i for i in free if root_free or not space.root_sharded[i])
+    # a uniform pick among the units with another level that runs, checking only the units
+    # drawn (whole-space checks were most of a search step on 175 units)
     tried: dict[tuple, list] = {}     # the root group's units share their options
     while units:
         i = units[int(rng.integers(len(units)))]
