@@ -271,20 +271,24 @@ def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal
     """
     root = np.flatnonzero(space.root_sharded).tolist()
     free = set(space.free().tolist())
-    candidates: dict[int, list] = {}
-    for i in free:
-        together = root if space.root_sharded[i] else [i]
-        if not free.issuperset(together):       # a pinned unit of the group never changes
-            continue
-        names = [space.names[int(j)] for j in together]
-        options = [s.with_shard(dict.fromkeys(names, lv)) for lv in shard_choices(s, int(i))]
-        options = [o for o in options if not space.runnable or space.runs(o)]
+    root_free = free.issuperset(root)      # a pinned unit of the group never changes
+    units = sorted(i for i in free if root_free or not space.root_sharded[i])
+    # a uniform pick among the units with another level that runs, checking only the units
+    # drawn (whole-space checks were most of a search step on 175 units)
+    tried: dict[tuple, list] = {}     # the root group's units share their options
+    while units:
+        i = units[int(rng.integers(len(units)))]
+        together, levels = (root if space.root_sharded[i] else [i]), shard_choices(s, i)
+        key = (tuple(together), tuple(levels))
+        if key not in tried:
+            names = [space.names[j] for j in together]
+            tried[key] = [o for o in (s.with_shard(dict.fromkeys(names, lv)) for lv in levels)
+                          if not space.runnable or space.runs(o)]
+        options = tried[key]
         if options:
-            candidates[int(i)] = options
-    if not candidates:
-        return None
-    i = _pick(rng, sorted(candidates))
-    return Proposal("shard", space.names[i], _pick(rng, candidates[i]))
+            return Proposal("shard", space.names[i], _pick(rng, options))
+        units.remove(i)
+    return None
 
 
 def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:

@@ -127,6 +127,20 @@ class Run:
         return [tuple(idx[ptr[s]:ptr[s + 1]].tolist()) for s in self.tasks.channel_set]
 
 
+@dataclass(frozen=True)
+class _ByLayouts:
+    """What the units' layouts (degrees and devices) alone fix: copy times and the channel
+    and device classes, kept when a move changes only model states or stages."""
+
+    copy: np.ndarray                        # seconds of each copy
+    back: np.ndarray                        # and of its gradient's way back
+    raw: tuple[np.ndarray, np.ndarray]      # CSR: raw channel ids of each channel set
+    channel_class: np.ndarray
+    sets: tuple[np.ndarray, np.ndarray]
+    device_class: np.ndarray
+    layouts: tuple[np.ndarray, np.ndarray]  # CSR: device classes of each layout
+
+
 @dataclass
 class _Prepared:
     """What a strategy's structure and the cluster fix before any timing."""
@@ -173,6 +187,7 @@ class Simulator:
         self._routes: dict[tuple[int, int], list[int]] = {}
         self._placed: dict[tuple, Placed] = {}
         self._placements: OrderedDict[tuple, Placement] = OrderedDict()
+        self._layouts_cache: dict[tuple, _ByLayouts] = {}
         self._compress: tuple | None = None
         self._rates: dict[tuple, float] = {}
         self._prepared_cache: OrderedDict[tuple, _Prepared] = OrderedDict()
@@ -256,12 +271,32 @@ class Simulator:
             path = self._routes[(a, b)] = self.ca.routing.route(a, b)
         return path
 
-    def _timing(self, strategy: Strategy, S: Structure, placed: Placed,
-                states) -> tuple[Timing, tuple[np.ndarray, np.ndarray]]:
-        """Durations that the placements (and the model states) fix, and the raw channels of
-        every channel set."""
-        ga, M = self.arrays(strategy), strategy.microbatches
+    def _by_layouts(self, strategy: Strategy, placed: Placed, fold: bool) -> _ByLayouts:
+        """Copy times, channel sets and classes of ``strategy``'s layouts (cached by them)."""
+        key = (strategy.layout_ids.tobytes(), tuple(strategy.layouts), strategy.microbatches,
+               self.precision_of(strategy), fold)
+        hit = self._layouts_cache.get(key)
+        if hit is not None:
+            return hit
         n = len(self.ca.devices)
+        keys = strategy.layouts
+        lcs = [self._lc(k) for k in keys]
+        copy, back, links_fwd, links_back = copy_times(
+            keys, placed.copies, self.ga.per_sample[placed.copies.tensor], n, self._cc)
+        # channel sets: compute, comm, to-host, from-host per layout, then copies, copies back
+        raw = stack_rows(rows_of([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
+                                 + [2 * n + lc.d2h[0] for lc in lcs]
+                                 + [2 * n + lc.h2d[0] for lc in lcs]), links_fwd, links_back)
+        ch_cls, sets = classes(*raw, 2 * n + len(self.ca.link_rate), fold)
+        dev_cls, lay = classes(*rows_of([lc.devices for lc in lcs]), n, fold)
+        if len(self._layouts_cache) > 4 * self.cache_size:   # layouts seen long ago
+            self._layouts_cache.clear()
+        self._layouts_cache[key] = _ByLayouts(copy, back, raw, ch_cls, sets, dev_cls, lay)
+        return self._layouts_cache[key]
+
+    def _timing(self, strategy: Strategy, S: Structure, states, routes: _ByLayouts) -> Timing:
+        """Durations that the placements (and the model states) fix."""
+        ga, M = self.arrays(strategy), strategy.microbatches
         keys = strategy.layouts
         lcs = [self._lc(k) for k in keys]
         L = strategy.layout_ids
@@ -290,8 +325,6 @@ class Simulator:
         ru = rates[L, _REPLICA_RING:_REPLICA_RING + 3]
         gather = ring_time(S.gather, ru[:, 0], ru[:, 1], ru[:, 2]) / 2
         scatter = ring_time(S.scatter, ru[:, 0], ru[:, 1], ru[:, 2]) / 2
-        copy, back, links_fwd, links_back = copy_times(
-            keys, placed.copies, ga.per_sample[placed.copies.tensor], n, self._cc)
         optimizer = (np.bincount(L, weights=states.update, minlength=len(keys)) / mem
                      + OPTIMIZER_LAUNCHES * rates[:, _LAUNCH])
         off = strategy.offload_optimizer
@@ -308,17 +341,12 @@ class Simulator:
                                  / CPU_ADAM_RATE
                                  + float(np.sum(states.weights[mine & off])) * lc.h2d[1]
                                  + lc.d2h[2] + lc.h2d[2])
-        timing = Timing(forward=fwd, backward=bwd, allreduce=allreduce, copy=copy,
-                        copy_back=back,
+        return Timing(forward=fwd, backward=bwd, allreduce=allreduce, copy=routes.copy,
+                        copy_back=routes.back,
                         d2h=rates[:, _D2H:_D2H + 2], h2d=rates[:, _H2D:_H2D + 2],
                         host_scale=np.ones(ga.n), optimizer=optimizer,
                         compress=np.ones(ga.n), decompress=np.ones(ga.n), gather=gather,
                         scatter=scatter, cheap_forward=cheap)
-        # channel sets: compute, comm, to-host, from-host per layout, then copies, copies back
-        raw = stack_rows(rows_of([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
-                                 + [2 * n + lc.d2h[0] for lc in lcs]
-                                 + [2 * n + lc.h2d[0] for lc in lcs]), links_fwd, links_back)
-        return timing, raw
 
     def placement(self, strategy: Strategy, fold: bool = True) -> Placement:
         """What the placements of ``strategy`` decide (cached)."""
@@ -334,19 +362,16 @@ class Simulator:
         table = self._table(strategy, placed)
         S = structure(self.arrays(strategy), placed, strategy.layout_ids, degrees, strategy.stage,
                       strategy.microbatches, strategy.schedule, table.states)
-        timing, raw = self._timing(strategy, S, placed, table.states)
-        n_dev = len(self.ca.devices)
-        ch_cls, sets = classes(*raw, 2 * n_dev + len(self.ca.link_rate), fold)
+        R = self._by_layouts(strategy, placed, fold)
+        timing = self._timing(strategy, S, table.states, R)
         lcs = [self._lc(k) for k in strategy.layouts]
-        dev_cls, (lay_ptr, lay_idx) = classes(*rows_of([lc.devices for lc in lcs]), n_dev, fold)
         out = Placement(
-            placed=placed, blocks=table,
-            structure=S, timing=timing,
-            sets=sets, raw_sets=raw, n_channel_classes=int(ch_cls.max()) + 1,
-            channel_class=ch_cls, device_class=dev_cls,
-            layout_classes=np.split(lay_idx, lay_ptr[1:-1]),
+            placed=placed, blocks=table, structure=S, timing=timing, sets=R.sets,
+            raw_sets=R.raw, n_channel_classes=int(R.channel_class.max()) + 1,
+            channel_class=R.channel_class, device_class=R.device_class,
+            layout_classes=np.split(R.layouts[1], R.layouts[0][1:-1]),
             layout_hosts=[self.ca.host[lc.devices] for lc in lcs],
-            n_device_classes=int(dev_cls.max()) + 1,
+            n_device_classes=int(R.device_class.max()) + 1,
             devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])),
             mem_rate=np.array([lc.mem_rate for lc in lcs]),
             launch=np.array([lc.launch for lc in lcs]))
