@@ -13,3 +13,13 @@ def plan(tmp_path_factory):
     assert main(["search", *SMALL, *CLUSTER, "--iterations", "20", "--quiet",
                  "--out", str(out)]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def replicated(tmp_path_factory):
+    """The SMALL chain as two data-parallel replicas (a search may end on one GPU)."""
+    import memflow
+    graph = memflow.zoo.graph("chain", batch_size=8, n=4, width=32, units="blocks")
+    path = tmp_path_factory.mktemp("dp") / "strategy.json"
+    memflow.Strategy.data_parallel(graph, memflow.Cluster.preset(CLUSTER[1])).to_json(path)
+    return path

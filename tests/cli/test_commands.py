@@ -42,8 +42,8 @@ def test_a_memory_limit_may_be_a_share_of_every_gpu():
     assert load_cluster("2xV100-16GB", "50%").devices["memory_bytes"].tolist() == [8 * 2**30] * 2
 
 
-def test_simulate_prints_the_summary(plan, capsys):
-    assert main(["simulate", *SMALL, *CLUSTER, "--strategy", str(plan / "strategy.json")]) == 0
+def test_simulate_prints_the_summary(replicated, capsys):
+    assert main(["simulate", *SMALL, *CLUSTER, "--strategy", str(replicated)]) == 0
     out = capsys.readouterr().out
     assert "ms/step" in out and "headroom" in out and "gpu1" in out and "KiB" in out
 
@@ -173,7 +173,8 @@ def test_every_help_shows_an_example_that_parses(command, capsys):
             memflow.Cluster.preset(args.cluster)
 
 
-def test_export_refuses_another_models_strategy_and_writes_nothing(plan, tmp_path, capsys):
+def test_export_refuses_another_models_strategy_and_writes_nothing(plan, replicated, tmp_path,
+                                                                  capsys):
     out = tmp_path / "job" / "train.py"
     assert main(["export", "--model", "mlp", "--strategy", str(plan / "strategy.json"),
                  "--out", str(out)]) == 2
@@ -182,5 +183,5 @@ def test_export_refuses_another_models_strategy_and_writes_nothing(plan, tmp_pat
     assert "'layers.3' is not a module of MLP" in err and err.count("\n") == 1
     assert not out.parent.exists()
     assert main(["export", *SMALL[:-2], "--batch", "7", "--strategy",
-                 str(plan / "strategy.json"), "--out", str(out)]) == 2
+                 str(replicated), "--out", str(out)]) == 2
     assert "batch 7" in capsys.readouterr().err and not out.parent.exists()

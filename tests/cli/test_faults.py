@@ -69,9 +69,9 @@ def test_report_names_a_bad_summary_field(copy, capsys):
     assert "summary.json: field 'iterations' must be an integer >= 0" in one_line(capsys)
 
 
-def test_a_batch_the_sample_degree_does_not_divide(copy, capsys):
+def test_a_batch_the_sample_degree_does_not_divide(replicated, capsys):
     assert main(["simulate", "--model", "chain", "--option", "n=4", "--option", "width=32",
-                 "--batch", "7", *CLUSTER, "--strategy", str(copy / "strategy.json")]) == 2
+                 "--batch", "7", *CLUSTER, "--strategy", str(replicated)]) == 2
     assert "sample degree 2 does not divide the batch of 7" in one_line(capsys)
 
 
