@@ -8,7 +8,8 @@ run under ``torchrun`` (gloo) and each rank writes what it holds
 held-for-backward and model-state bytes beside the prediction. A strategy export refuses is
 listed with its reason.
 
-Run: ``python benchmarks/bench_ranks.py`` (``--quick``: the chain only).
+Run: ``python benchmarks/bench_ranks.py`` (``--quick``: the chain only; ``--models gpt2 ...``: those
+only, printed, the RESULTS.md section left as it is).
 """
 from __future__ import annotations
 
@@ -102,9 +103,11 @@ def rows(model: str) -> tuple[list[dict], list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the chain only")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS),
+                        help="these models only, printed, not written to RESULTS.md")
     args = parser.parse_args()
     found, refused = [], []
-    for model in (["chain"] if args.quick else list(MODELS)):
+    for model in (["chain"] if args.quick else args.models or list(MODELS)):
         r, x = rows(model)
         found += r
         refused += x
@@ -117,6 +120,8 @@ def main() -> None:
     if refused:
         body += "\nRefused by export:\n\n" + "\n".join(f"- {x}" for x in refused) + "\n"
     print(body)
+    if args.models:
+        return
     write_section("rank_validation", body, title="Per-rank validation of multi-process exports")
 
 
