@@ -37,16 +37,20 @@ forward-to-backward turn, the step's peak, it holds them all too, so the peak an
 optimizer-sharded) replicated unit keeps DDP's persistent gradient bucket. A unit whose
 optimizer is offloaded keeps its optimizer state (and a gradient copy, for the host step) in
 host memory instead.
+
+A pipeline stage holds every weight its units read (:func:`stage_copies`):
+``torch.distributed.pipelining`` gives a weight read in two stages (GPT-2's tied embedding and
+head) to both, each with its gradient and optimizer state, and sums the gradients over them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..strategy.shard_levels import (OPTIMIZERS, S_GRADIENTS, S_OPTIMIZER, S_PARAMETERS)
 
-__all__ = ["UnitStates", "unit_states", "WIDTHS"]
+__all__ = ["UnitStates", "unit_states", "stage_copies", "stage_arrays", "WIDTHS"]
 
 WIDTHS = {"fp32": (None, 0, None), "amp": (None, 0, None), "bf16": (2, 4, 4),
           "pure-bf16": (2, 0, 2)}
@@ -127,3 +131,45 @@ def unit_states(ga, s: np.ndarray, p: np.ndarray, a: np.ndarray, shard: np.ndarr
         update=np.where(offload, 0.0, (3 * wf + 2 * (k * sf + mf)) * train / opt_n),
         regather=np.where((shard >= S_OPTIMIZER) & (shard < S_PARAMETERS) & (N > 1), full_w, 0.0),
         host_elements=np.where(offload, train / w0 / opt_n, 0.0))
+
+
+def stage_copies(ga, stage: np.ndarray) -> list[tuple[int, int, float]]:
+    """``(owner, holder, bytes)`` for each trainable weight a stage reads but a unit of another
+    stage owns: ``holder`` is the stage's first unit that reads it; ``stage`` is per unit (one
+    stage: no copies).
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> from memflow.memory.arrays import graph_arrays
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0] * 3, "bwd_flops": [2.0] * 3},
+    ...                          index=["embed", "block", "head"]),
+    ...             pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["embed"]]}),
+    ...             parameters=pd.DataFrame({"name": ["embed.weight"], "bytes": [400],
+    ...                                      "numel": [100], "trainable": [True],
+    ...                                      "owner": ["embed"], "readers": [["embed", "head"]]}))
+    >>> stage_copies(graph_arrays(g), np.array([0, 0, 1]))
+    [(0, 2, 400.0)]
+    """
+    out = []
+    ptr, idx = ga.param_readers_ptr, ga.param_readers_idx
+    for k in np.flatnonzero((ga.param_grad_bytes > 0) & (np.diff(ptr) > 1)).tolist():
+        owner = int(ga.param_owner[k])
+        held = {int(stage[owner])}
+        for r in idx[ptr[k]:ptr[k + 1]].tolist():
+            if int(stage[r]) not in held:
+                held.add(int(stage[r]))
+                out.append((owner, r, float(ga.param_grad_bytes[k])))
+    return out
+
+
+def stage_arrays(ga, stage: np.ndarray):
+    """``ga`` with each copy of :func:`stage_copies` added to its holder's parameters (``ga``
+    itself where there is none)."""
+    copies = stage_copies(ga, stage) if np.max(stage, initial=0) > 0 else []
+    if not copies:
+        return ga
+    extra = np.zeros(ga.n)
+    for _, holder, nbytes in copies:
+        extra[holder] += nbytes
+    return replace(ga, param_bytes=ga.param_bytes + extra,
+                   trainable_bytes=ga.trainable_bytes + extra)
