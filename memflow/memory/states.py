@@ -38,9 +38,10 @@ optimizer-sharded) replicated unit keeps DDP's persistent gradient bucket. A uni
 optimizer is offloaded keeps its optimizer state (and a gradient copy, for the host step) in
 host memory instead.
 
-A pipeline stage holds every weight its units read (:func:`stage_copies`):
+A pipeline stage holds every weight and buffer its units read (:func:`stage_copies`):
 ``torch.distributed.pipelining`` gives a weight read in two stages (GPT-2's tied embedding and
-head) to both, each with its gradient and optimizer state, and sums the gradients over them.
+head) to both, each with its gradient and optimizer state, and sums the gradients over them;
+a buffer read in two stages (a causal mask the blocks share) is copied to both as well.
 """
 from __future__ import annotations
 
@@ -133,10 +134,10 @@ def unit_states(ga, s: np.ndarray, p: np.ndarray, a: np.ndarray, shard: np.ndarr
         host_elements=np.where(offload, train / w0 / opt_n, 0.0))
 
 
-def stage_copies(ga, stage: np.ndarray) -> list[tuple[int, int, float]]:
-    """``(owner, holder, bytes)`` for each trainable weight a stage reads but a unit of another
-    stage owns: ``holder`` is the stage's first unit that reads it; ``stage`` is per unit (one
-    stage: no copies).
+def stage_copies(ga, stage: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(owner, holder, k)`` for each weight (or buffer) ``k`` of ``ga``'s parameter arrays
+    that a stage reads but a unit of another stage owns: ``holder`` is the stage's first unit
+    that reads it; ``stage`` is per unit (one stage: no copies).
 
     >>> import pandas as pd
     >>> from memflow.graph import OpGraph
@@ -148,28 +149,33 @@ def stage_copies(ga, stage: np.ndarray) -> list[tuple[int, int, float]]:
     ...                                      "numel": [100], "trainable": [True],
     ...                                      "owner": ["embed"], "readers": [["embed", "head"]]}))
     >>> stage_copies(graph_arrays(g), np.array([0, 0, 1]))
-    [(0, 2, 400.0)]
+    [(0, 2, 0)]
     """
     out = []
+    if np.max(stage, initial=0) < 1:
+        return out
     ptr, idx = ga.param_readers_ptr, ga.param_readers_idx
-    for k in np.flatnonzero((ga.param_grad_bytes > 0) & (np.diff(ptr) > 1)).tolist():
+    for k in np.flatnonzero(np.diff(ptr) > 1).tolist():
         owner = int(ga.param_owner[k])
         held = {int(stage[owner])}
         for r in idx[ptr[k]:ptr[k + 1]].tolist():
             if int(stage[r]) not in held:
                 held.add(int(stage[r]))
-                out.append((owner, r, float(ga.param_grad_bytes[k])))
+                out.append((owner, r, k))
     return out
 
 
 def stage_arrays(ga, stage: np.ndarray):
-    """``ga`` with each copy of :func:`stage_copies` added to its holder's parameters (``ga``
-    itself where there is none)."""
-    copies = stage_copies(ga, stage) if np.max(stage, initial=0) > 0 else []
+    """``ga`` with each copy of :func:`stage_copies` added to its holder's parameters or
+    buffers (``ga`` itself where there is none)."""
+    copies = stage_copies(ga, stage)
     if not copies:
         return ga
-    extra = np.zeros(ga.n)
-    for _, holder, nbytes in copies:
-        extra[holder] += nbytes
-    return replace(ga, param_bytes=ga.param_bytes + extra,
-                   trainable_bytes=ga.trainable_bytes + extra)
+    params, trainable, buffers = np.zeros(ga.n), np.zeros(ga.n), np.zeros(ga.n)
+    for _, holder, k in copies:
+        nbytes = ga.param_storage_bytes[k]
+        (buffers if ga.param_is_buffer[k] else params)[holder] += nbytes
+        trainable[holder] += ga.param_grad_bytes[k]
+    return replace(ga, param_bytes=ga.param_bytes + params,
+                   trainable_bytes=ga.trainable_bytes + trainable,
+                   buffer_bytes=ga.buffer_bytes + buffers)

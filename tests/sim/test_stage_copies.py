@@ -1,4 +1,5 @@
-"""A weight read in two pipeline stages is held by both (torch.distributed.pipelining)."""
+"""A weight or buffer read in two pipeline stages is held by both
+(torch.distributed.pipelining)."""
 import pandas as pd
 
 import memflow
@@ -8,17 +9,20 @@ from memflow.strategy import Strategy
 
 def _graph(tied: bool) -> OpGraph:
     units = pd.DataFrame({"fwd_flops": [1e6] * 3, "bwd_flops": [2e6] * 3,
-                          "param_bytes": [1000, 400, 0], "trainable_bytes": [1000, 400, 0]},
+                          "param_bytes": [1000, 400, 0], "trainable_bytes": [1000, 400, 0],
+                          "buffer_bytes": [0, 64, 0]},
                          index=["embed", "block", "head"])
     tensors = pd.DataFrame({"bytes": [64, 64, 64], "producer": ["<input>", "embed", "block"],
                             "consumers": [["embed"], ["block"], ["head"]],
                             "savers": [[], ["block"], ["head"]],
                             "requires_grad": [False, True, True]})
-    w = pd.DataFrame({"name": ["embed.weight", "block.weight"],
-                      "names": [["embed.weight", "head.weight"], ["block.weight"]],
-                      "bytes": [1000, 400], "numel": [250, 100], "owner": ["embed", "block"],
-                      "readers": [["embed", "head"] if tied else ["embed"], ["block"]],
-                      "trainable": [True, True]})
+    w = pd.DataFrame({"name": ["embed.weight", "block.weight", "block.mask"],
+                      "names": [["embed.weight", "head.weight"], ["block.weight"], ["block.mask"]],
+                      "bytes": [1000, 400, 64], "numel": [250, 100, 16],
+                      "owner": ["embed", "block", "block"], "is_buffer": [False, False, True],
+                      "readers": [["embed", "head"] if tied else ["embed"], ["block"],
+                                  ["block", "head"] if tied else ["block"]],
+                      "trainable": [True, True, False]})
     return OpGraph(units, tensors, {"batch_size": 4}, parameters=w)
 
 
@@ -31,11 +35,11 @@ def _simulate(g: OpGraph, stages: int):
 
 def test_a_tied_weight_is_charged_on_every_stage_that_reads_it():
     ms = _simulate(_graph(tied=True), 2).model_states
-    assert ms.loc["gpu0"].tolist() == [1400, 1400, 2800]
-    assert ms.loc["gpu1"].tolist() == [1000, 1000, 2000]       # the head's copy
+    assert ms.loc["gpu0"].tolist() == [1464, 1400, 2800]
+    assert ms.loc["gpu1"].tolist() == [1064, 1000, 2000]       # the head's copies
     assert _simulate(_graph(tied=False), 2).model_states.loc["gpu1"].tolist() == [0, 0, 0]
     one = _simulate(_graph(tied=True), 1).model_states          # one stage: held once
-    assert one.loc["gpu0"].tolist() == [1400, 1400, 2800]
+    assert one.loc["gpu0"].tolist() == [1464, 1400, 2800]
 
 
 def test_the_copies_gradients_are_summed_between_the_stages():
