@@ -39,16 +39,21 @@ MODELS = {
 
 
 NOTES = """
-Why rows differ (the model, not the measurement, is off; the simulator is not changed here):
+Why rows differ, and what was fixed:
 
-- resnet50, held +1.0% (replicas) to +4.6% (dp2 x pp2 stage 1): batch norm saves per-channel
-  statistics (`save_mean`, `save_invstd`) whose size does not depend on the batch, but the memory
-  model divides every saved tensor by the sample degree and the micro-batches. One replica
-  captured at its own batch (`memflow.export.validate`) is exact: 207,968 bytes both sides.
-- gpt2 pipelines, weights +21% / gradients and Adam states +19% on stage 1: the tracer gives
-  the tied embedding and head weight to both stages (their gradients are summed), the simulator
-  charges it once, on stage 0. Stage 0's weights -1.5% are not explained yet (likely
-  a buffer the stage keeps or drops differently from the capture).
+- resnet50 (fixed; was held +1.0% on replicas to +4.6% on dp2 x pp2 stage 1): batch norm saves
+  per-channel statistics (`save_mean`, `save_invstd`) whose size does not depend on the batch;
+  capture marked them per-sample, so the memory model divided them by the sample degree and the
+  micro-batches. Capture's `per_sample` now stops at ops that drop the batch
+  (`memflow.graph.batchdim`).
+- gpt2 pipelines (fixed; was weights +21% / gradients and Adam states +19% on stage 1): the
+  tracer gives the tied embedding and head weight, and the causal mask both blocks read, to both
+  stages (the weight's gradients are summed over them); the simulator charged them once, on
+  stage 0. It now charges a weight or buffer on every stage that reads it
+  (`memflow.memory.states.stage_copies`), and the gradient sum between the stages before the
+  optimizer step. Left: stage 0's weights -1.5% is the mask's 256 bytes, which the tracer leaves
+  on stage 0 as a plain tensor attribute of `h.0.attn` (not a registered buffer), so the rank's
+  `module.buffers()` does not count it; the bytes are there.
 - gpt2 tensor, held +88% to +98%: a split block runs its Linears column-parallel with outputs
   gathered (FlexFlow's per-unit meaning, `memflow.export.tensor_parallel`), so each rank keeps
   the full inputs of every Linear, the norms and the attention core; the simulator charges a
@@ -59,8 +64,9 @@ Why rows differ (the model, not the measurement, is off; the simulator is not ch
   rest, the simulator charges ZeRO's full Ψ) and ZeRO-1 optimizer states per rank (±29%;
   `ZeroRedundancyOptimizer` gives each rank whole tensors; the sum over ranks is exact).
 
-The machine was shared by seven agents during the run (2 cores, load average 13-15): each launch took
-50-85 s here, against ~10 s on an idle CI core pair; the bytes do not depend on the load.
+The machine was shared with other agents during the run (2 cores; the load is in the line above):
+a launch took 20-90 s here, against ~10 s on an idle CI core pair; the bytes do not depend on
+the load.
 """
 
 
