@@ -50,6 +50,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..strategy.shard_levels import (OPTIMIZERS, S_GRADIENTS, S_OPTIMIZER, S_PARAMETERS)
+from .arrays import csr
 
 __all__ = ["UnitStates", "unit_states", "stage_copies", "stage_arrays", "WIDTHS"]
 
@@ -166,16 +167,33 @@ def stage_copies(ga, stage: np.ndarray) -> list[tuple[int, int, int]]:
 
 
 def stage_arrays(ga, stage: np.ndarray):
-    """``ga`` with each copy of :func:`stage_copies` added to its holder's parameters or
-    buffers (``ga`` itself where there is none)."""
+    """``ga`` as the stages hold it (``ga`` itself where no weight is copied): each copy of
+    :func:`stage_copies` added to its holder's parameters or buffers and made a parameter row
+    of its own, read by its stage's units, its gradient made by the last of them; the original
+    keeps the readers of its owner's stage."""
     copies = stage_copies(ga, stage)
     if not copies:
         return ga
-    params, trainable, buffers = np.zeros(ga.n), np.zeros(ga.n), np.zeros(ga.n)
+    ptr, idx = ga.param_readers_ptr, ga.param_readers_idx
+    readers = [idx[ptr[k]:ptr[k + 1]].tolist() for k in range(len(ptr) - 1)]
+    rows = [ga.param_owner, ga.param_grad_bytes, ga.param_grad_unit, ga.param_storage_bytes,
+            ga.param_is_buffer]
+    owner, grad, grad_unit, storage, buffer = (r.tolist() for r in rows)
+    added = {"param_bytes": np.zeros(ga.n), "trainable_bytes": np.zeros(ga.n),
+             "buffer_bytes": np.zeros(ga.n)}
     for _, holder, k in copies:
-        nbytes = ga.param_storage_bytes[k]
-        (buffers if ga.param_is_buffer[k] else params)[holder] += nbytes
-        trainable[holder] += ga.param_grad_bytes[k]
-    return replace(ga, param_bytes=ga.param_bytes + params,
-                   trainable_bytes=ga.trainable_bytes + trainable,
-                   buffer_bytes=ga.buffer_bytes + buffers)
+        mine = [r for r in readers[k] if stage[r] == stage[holder]]
+        for column, row in ((owner, holder), (grad, grad[k]), (grad_unit, mine[-1]),
+                            (storage, storage[k]), (buffer, buffer[k]), (readers, mine)):
+            column.append(row)
+        added["buffer_bytes" if buffer[k] else "param_bytes"][holder] += storage[k]
+        added["trainable_bytes"][holder] += grad[k]
+    for k in {k for _, _, k in copies}:
+        readers[k] = [r for r in readers[k] if stage[r] == stage[owner[k]]]
+        grad_unit[k] = readers[k][-1]
+    r_ptr, r_idx = csr(readers)
+    return replace(ga, **{c: getattr(ga, c) + b for c, b in added.items()},
+                   param_owner=np.array(owner, np.int64), param_grad_bytes=np.array(grad),
+                   param_grad_unit=np.array(grad_unit, np.int64),
+                   param_storage_bytes=np.array(storage), param_is_buffer=np.array(buffer, bool),
+                   param_readers_ptr=r_ptr, param_readers_idx=r_idx)

@@ -298,7 +298,9 @@ class Simulator:
         optimizer = (np.bincount(L, weights=states.update, minlength=len(keys)) / mem
                      + OPTIMIZER_LAUNCHES * rates[:, _LAUNCH])
         if strategy.stage.max() > 0:
-            optimizer += tied_allreduce(ga, stage_copies(ga, strategy.stage), L, keys, self._cc)
+            whole = graph_arrays(self.graph)      # the weights as the graph has them, once
+            optimizer += tied_allreduce(whole, stage_copies(whole, strategy.stage), L, keys,
+                                        self._cc)
         off = strategy.offload_optimizer
         for i in np.unique(L[(states.regather > 0) | off]).tolist():
             lc, mine = lcs[i], L == i

@@ -1,5 +1,6 @@
 """A weight or buffer read in two pipeline stages is held by both
 (torch.distributed.pipelining)."""
+import numpy as np
 import pandas as pd
 
 import memflow
@@ -45,3 +46,14 @@ def test_a_tied_weight_is_charged_on_every_stage_that_reads_it():
 def test_the_copies_gradients_are_summed_between_the_stages():
     assert (_simulate(_graph(tied=True), 2).iteration_time
             > _simulate(_graph(tied=False), 2).iteration_time)
+
+
+def test_each_stage_makes_the_gradient_of_its_copy():
+    from memflow.memory.arrays import graph_arrays
+    from memflow.memory.states import stage_arrays
+    ga = stage_arrays(graph_arrays(_graph(tied=True)), np.array([0, 0, 1]))
+    # embed.weight, block.weight, block.mask, then the head's copies of embed.weight and the mask
+    assert ga.param_owner.tolist() == [0, 1, 1, 2, 2]
+    assert ga.param_grad_unit.tolist() == [0, 1, 1, 2, 2]
+    assert ga.param_readers_idx.tolist() == [0, 1, 1, 2, 2]
+    assert ga.param_grad_bytes.tolist() == [1000, 400, 0, 1000, 0]
