@@ -60,6 +60,8 @@ Why rows differ, and what was fixed:
   split unit's saved bytes at 1/p. Units left unsplit (glue, `lm_head`) run on every rank, but
   the simulator charges them to one device. Weights +3%: the norms inside split blocks stay
   replicated. On the chain, where the split units are the Linears, every byte agrees.
+- gpt2 fsdp zero-3 rank 1, held +0.5% (128 bytes) in some launches and +0.0% in others (the
+  same code): a buffer whose life varies between runs, not explained yet.
 - Also seen, outside this table: ZeRO-2 weights (-20% on the chain; FSDP2 keeps a 1/N shard at
   rest, the simulator charges ZeRO's full Ψ) and ZeRO-1 optimizer states per rank (±29%;
   `ZeroRedundancyOptimizer` gives each rank whole tensors; the sum over ranks is exact).
