@@ -8,7 +8,8 @@ autograd, so the same ops a real backend launches) plus the hooks capture instal
 * a maximal run of consecutive ops with the same owner call is one :class:`Span` — one unit;
 * every storage an op creates gets a :class:`Storage` record: producer, forward readers,
   savers (from ``saved_tensors_hooks``), whether a gradient flows into it and whether it
-  descends from the batch (taint from the per-sample inputs);
+  descends from the batch (taint from the per-sample inputs through the ops that keep the
+  batch, :mod:`~memflow.graph.batchdim`);
 * storages are identified by their ``StorageImpl`` (views share it); parameters and buffers
   are :class:`Weight` records (every name of a tied weight, the spans that read it), never
   activations;
@@ -30,6 +31,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backend import Backend
+from .batchdim import keeps_batch
 from .eager import writes_input
 from .opcost import OpCounter, tensors_in
 from .selective import EXPENSIVE_OPS, is_expensive, unreplayable_write
@@ -375,7 +377,7 @@ class Recorder(TorchDispatchMode):
                 span.selective_replays = False
                 if written.producer >= 0:
                     self.spans[written.producer].selective_replays = False
-            self._track_forward(span, args, kwargs, outs, expensive)
+            self._track_forward(span, func, args, kwargs, outs, expensive)
             if writes_input(func) and torch.is_grad_enabled() and any(
                     t.requires_grad for t in (*tensors_in(args), *tensors_in(kwargs))):
                 # autograd made this op's node before dispatching it: the latest number
@@ -387,9 +389,9 @@ class Recorder(TorchDispatchMode):
             self._track_backward(args, kwargs, outs)
         return out
 
-    def _track_forward(self, span: Span, args: tuple, kwargs: dict,
+    def _track_forward(self, span: Span, func, args: tuple, kwargs: dict,
                        outs: list[torch.Tensor], expensive: bool = False) -> None:
-        tainted = False
+        source = None                  # the first per-sample tensor the op reads
         for t in (*tensors_in(args), *tensors_in(kwargs)):
             key = _key(t)
             weight = self.weights.get(key)
@@ -404,11 +406,14 @@ class Recorder(TorchDispatchMode):
             if not rec.consumers or rec.consumers[-1] != span.index:
                 rec.consumers.append(span.index)
             rec.requires_grad |= t.requires_grad
-            tainted |= rec.tainted
-        for t in outs:
+            if source is None and rec.tainted:
+                source = t
+        for i, t in enumerate(outs):
             key = _key(t)
             if key in self.weights:
                 continue
+            tainted = source is not None and keeps_batch(func, args, kwargs, source, i, t,
+                                                         self.batch_size)
             rec = self._lookup(key)
             if rec is None:
                 rec = self._new_storage(t, span.index, tainted)

@@ -17,8 +17,9 @@ Rules that are heuristics, documented here because the simulator relies on them:
   the number of heads for a module that has one (``num_heads``, ``n_head``,
   ``num_attention_heads``…); recurrent modules cannot split their sequence (attribute 1);
 * a storage is **per-sample** when it descends from an input whose first dimension is the batch
-  (taint through every op) and has at least ``batch`` elements: a causal mask made once, a
-  position embedding or a weight cast under autocast are not.
+  through ops that keep the batch, and one of its dimensions is a multiple of the batch
+  (:mod:`~memflow.graph.batchdim`): a causal mask made once, a position embedding, a weight
+  cast under autocast, batch norm's per-channel statistics or a scalar loss are not.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
+from .batchdim import carries_batch
 from .opgraph import INPUT
 from .recorder import Recorder, Span, Storage
 from .slicing import shard_axis
@@ -132,16 +134,13 @@ def tensor_table(recorder: Recorder) -> pd.DataFrame:
     for rec in recorder.storages:
         if not _kept(rec):
             continue
-        numel = 1
-        for d in rec.shape:
-            numel *= d
         rows.append({
             "bytes": rec.nbytes,
             "producer": INPUT if rec.producer < 0 else names[rec.producer],
             "consumers": [names[c] for c in rec.consumers],
             "savers": [names[c] for c in rec.savers],
             "is_output": rec.is_output, "requires_grad": rec.requires_grad,
-            "per_sample": rec.tainted and numel >= batch,
+            "per_sample": rec.tainted and carries_batch(rec.shape, batch),
             "dtype": rec.dtype, "shape": list(rec.shape), "expensive": rec.expensive,
         })
     columns = ["bytes", "producer", "consumers", "savers", "is_output", "requires_grad",

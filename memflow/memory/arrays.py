@@ -63,6 +63,8 @@ class GraphArrays:
     param_grad_unit: np.ndarray   # unit whose backward makes its gradient: the last reader
     param_readers_ptr: np.ndarray  # CSR: the units whose forward reads it
     param_readers_idx: np.ndarray
+    param_storage_bytes: np.ndarray  # bytes of the storage
+    param_is_buffer: np.ndarray
 
     @property
     def n(self) -> int:
@@ -143,6 +145,8 @@ def graph_arrays(graph) -> GraphArrays:
         readers_idx=r_idx, savers_ptr=s_ptr, savers_idx=s_idx, param_owner=p_owner,
         param_grad_bytes=np.where(pt["trainable"].to_numpy(bool),
                                   pt["bytes"].to_numpy(np.float64), 0.0),
-        param_grad_unit=p_grad_unit, param_readers_ptr=pr_ptr, param_readers_idx=pr_idx)
+        param_grad_unit=p_grad_unit, param_readers_ptr=pr_ptr, param_readers_idx=pr_idx,
+        param_storage_bytes=pt["bytes"].to_numpy(np.float64),
+        param_is_buffer=pt["is_buffer"].to_numpy(bool))
     _CACHE[graph] = out
     return out

@@ -37,16 +37,22 @@ forward-to-backward turn, the step's peak, it holds them all too, so the peak an
 optimizer-sharded) replicated unit keeps DDP's persistent gradient bucket. A unit whose
 optimizer is offloaded keeps its optimizer state (and a gradient copy, for the host step) in
 host memory instead.
+
+A pipeline stage holds every weight and buffer its units read (:func:`stage_copies`):
+``torch.distributed.pipelining`` gives a weight read in two stages (GPT-2's tied embedding and
+head) to both, each with its gradient and optimizer state, and sums the gradients over them;
+a buffer read in two stages (a causal mask the blocks share) is copied to both as well.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..strategy.shard_levels import (OPTIMIZERS, S_GRADIENTS, S_OPTIMIZER, S_PARAMETERS)
+from .arrays import csr
 
-__all__ = ["UnitStates", "unit_states", "WIDTHS"]
+__all__ = ["UnitStates", "unit_states", "stage_copies", "stage_arrays", "WIDTHS"]
 
 WIDTHS = {"fp32": (None, 0, None), "amp": (None, 0, None), "bf16": (2, 4, 4),
           "pure-bf16": (2, 0, 2)}
@@ -127,3 +133,67 @@ def unit_states(ga, s: np.ndarray, p: np.ndarray, a: np.ndarray, shard: np.ndarr
         update=np.where(offload, 0.0, (3 * wf + 2 * (k * sf + mf)) * train / opt_n),
         regather=np.where((shard >= S_OPTIMIZER) & (shard < S_PARAMETERS) & (N > 1), full_w, 0.0),
         host_elements=np.where(offload, train / w0 / opt_n, 0.0))
+
+
+def stage_copies(ga, stage: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(owner, holder, k)`` for each weight (or buffer) ``k`` of ``ga``'s parameter arrays
+    that a stage reads but a unit of another stage owns: ``holder`` is the stage's first unit
+    that reads it; ``stage`` is per unit (one stage: no copies).
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> from memflow.memory.arrays import graph_arrays
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0] * 3, "bwd_flops": [2.0] * 3},
+    ...                          index=["embed", "block", "head"]),
+    ...             pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["embed"]]}),
+    ...             parameters=pd.DataFrame({"name": ["embed.weight"], "bytes": [400],
+    ...                                      "numel": [100], "trainable": [True],
+    ...                                      "owner": ["embed"], "readers": [["embed", "head"]]}))
+    >>> stage_copies(graph_arrays(g), np.array([0, 0, 1]))
+    [(0, 2, 0)]
+    """
+    out = []
+    if np.max(stage, initial=0) < 1:
+        return out
+    ptr, idx = ga.param_readers_ptr, ga.param_readers_idx
+    for k in np.flatnonzero(np.diff(ptr) > 1).tolist():
+        owner = int(ga.param_owner[k])
+        held = {int(stage[owner])}
+        for r in idx[ptr[k]:ptr[k + 1]].tolist():
+            if int(stage[r]) not in held:
+                held.add(int(stage[r]))
+                out.append((owner, r, k))
+    return out
+
+
+def stage_arrays(ga, stage: np.ndarray):
+    """``ga`` as the stages hold it (``ga`` itself where no weight is copied): each copy of
+    :func:`stage_copies` added to its holder's parameters or buffers and made a parameter row
+    of its own, read by its stage's units, its gradient made by the last of them; the original
+    keeps the readers of its owner's stage."""
+    copies = stage_copies(ga, stage)
+    if not copies:
+        return ga
+    ptr, idx = ga.param_readers_ptr, ga.param_readers_idx
+    readers = [idx[ptr[k]:ptr[k + 1]].tolist() for k in range(len(ptr) - 1)]
+    rows = [ga.param_owner, ga.param_grad_bytes, ga.param_grad_unit, ga.param_storage_bytes,
+            ga.param_is_buffer]
+    owner, grad, grad_unit, storage, buffer = (r.tolist() for r in rows)
+    added = {"param_bytes": np.zeros(ga.n), "trainable_bytes": np.zeros(ga.n),
+             "buffer_bytes": np.zeros(ga.n)}
+    for _, holder, k in copies:
+        mine = [r for r in readers[k] if stage[r] == stage[holder]]
+        for column, row in ((owner, holder), (grad, grad[k]), (grad_unit, mine[-1]),
+                            (storage, storage[k]), (buffer, buffer[k]), (readers, mine)):
+            column.append(row)
+        added["buffer_bytes" if buffer[k] else "param_bytes"][holder] += storage[k]
+        added["trainable_bytes"][holder] += grad[k]
+    for k in {k for _, _, k in copies}:
+        readers[k] = [r for r in readers[k] if stage[r] == stage[owner[k]]]
+        grad_unit[k] = readers[k][-1]
+    r_ptr, r_idx = csr(readers)
+    return replace(ga, **{c: getattr(ga, c) + b for c, b in added.items()},
+                   param_owner=np.array(owner, np.int64), param_grad_bytes=np.array(grad),
+                   param_grad_unit=np.array(grad_unit, np.int64),
+                   param_storage_bytes=np.array(storage), param_is_buffer=np.array(buffer, bool),
+                   param_readers_ptr=r_ptr, param_readers_idx=r_idx)

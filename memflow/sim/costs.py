@@ -206,6 +206,22 @@ def copy_times(keys: list[tuple], cp, per_sample: np.ndarray, n_devices: int,
     return fwd, back, fwd_links, back_links
 
 
+def tied_allreduce(ga, copies: list[tuple[int, int, int]], layout: np.ndarray, keys: list[tuple],
+                   cost: Callable[[tuple, tuple, bool], tuple[np.ndarray, float, float]]
+                   ) -> np.ndarray:
+    """Seconds per layout of summing the gradients of the weights pipeline stages hold copies
+    of (:func:`memflow.memory.states.stage_copies`: ``(owner, holder, weight)``): a two-party
+    all-reduce moves the whole gradient each way, as one copy between the stages does; both
+    stages wait for it before their optimizer step. ``cost`` is :func:`copy_cost`."""
+    out = np.zeros(len(keys))
+    for owner, holder, k in copies:
+        if ga.param_grad_bytes[k] > 0:
+            a, b = int(layout[owner]), int(layout[holder])
+            _, per_byte, lat = cost(keys[a], keys[b], False)
+            out[[a, b]] += ga.param_grad_bytes[k] / keys[b][1] * per_byte + lat
+    return out
+
+
 def compress_model() -> tuple[Callable[..., float], Callable[..., float], Callable[..., float]]:
     """``(expected_ratio, throughput, launches)`` of activation compression, from
     :mod:`memflow.compress` (imported on first use: it loads torch)."""

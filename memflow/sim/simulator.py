@@ -29,11 +29,12 @@ from ..errors import SimulationError
 from ..memory.arrays import GraphArrays, graph_arrays
 from ..memory.blocks import BlockTable, StepBlocks
 from ..memory.records import Placed, placements
+from ..memory.states import stage_arrays, stage_copies
 from ..strategy.policies import POLICIES
 from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
 from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, compress_model, compression_ratios,
-                    copy_cost, copy_times, layout_cost, ring_time)
+                    copy_cost, copy_times, layout_cost, ring_time, tied_allreduce)
 from .expand import Tasks, Timing, expand
 from .structure import Structure, structure
 from .folding import classes, rows_of, stack_rows
@@ -228,8 +229,10 @@ class Simulator:
 
     def arrays(self, strategy: Strategy) -> GraphArrays:
         """The graph's arrays with activations at the width ``strategy``'s precision computes
-        them in (:func:`memflow.sim.precision.activation_arrays`)."""
-        return activation_arrays(self.graph, self.precision_of(strategy))
+        them in (:func:`memflow.sim.precision.activation_arrays`); in a pipeline, a weight is
+        charged to every stage that reads it (:func:`memflow.memory.states.stage_copies`)."""
+        return stage_arrays(activation_arrays(self.graph, self.precision_of(strategy)),
+                            strategy.stage)
 
     def _table(self, strategy: Strategy, placed: Placed, foreach: bool = True) -> BlockTable:
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
@@ -327,6 +330,10 @@ class Simulator:
         scatter = ring_time(S.scatter, ru[:, 0], ru[:, 1], ru[:, 2]) / 2
         optimizer = (np.bincount(L, weights=states.update, minlength=len(keys)) / mem
                      + OPTIMIZER_LAUNCHES * rates[:, _LAUNCH])
+        if strategy.stage.max() > 0:
+            whole = graph_arrays(self.graph)      # the weights as the graph has them, once
+            optimizer += tied_allreduce(whole, stage_copies(whole, strategy.stage), L, keys,
+                                        self._cc)
         off = strategy.offload_optimizer
         for i in np.unique(L[(states.regather > 0) | off]).tolist():
             lc, mine = lcs[i], L == i
