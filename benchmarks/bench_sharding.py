@@ -124,8 +124,10 @@ def _llama_row(n, label, r, psi, largest, seconds) -> dict:
     s = r.strategy
     level = s.shard_levels[2]           # the first block's (every strategy here shards alike)
     states = float(r.model_states.sum(axis=1).max())
+    # ZeRO's formulas are for data parallelism alone: no tensor split, one pipeline stage
+    pure = s.parameter.max() == 1 and int(s.stage.max()) <= 0
     paper, deepspeed = _zero_formulas(level, int(s.sample[2]), psi, largest) \
-        if s.parameter.max() == 1 else (float("nan"), float("nan"))
+        if pure else (float("nan"), float("nan"))
     return {"N": n, "strategy": label, "shard": level,
             "model states (GiB)": states / GiB, "ZeRO formula (GiB)": paper / GiB,
             "DeepSpeed est. (GiB)": deepspeed / GiB, "peak (GiB)": float(r.peak_memory.max()) / GiB,
@@ -181,15 +183,16 @@ def main() -> None:
             f"included, {args.search_seconds:.0f} s of wall time each) starts from the fastest "
             "strategy that fits. In the full space (`runnable=False`) it keeps that start, so "
             "it is never worse. In the export space (the default) the start is first projected "
-            "onto what export runs: micro-batches run GPipe-style there (one-stage 1F1B, "
-            "gradient accumulation with each micro-batch's backward right after its forward, "
-            "is not yet in `RUNNABLE.schedules`), so all of a GPU's micro-batches are held at "
-            "once and the search starts from, and may stay at, something slower. Model states per GPU "
+            "onto what export runs: tensor parallelism inside a pipeline is not composed yet, and "
+            "1F1B needs two stages or more (one-stage 1F1B, gradient accumulation with each "
+            "micro-batch's backward right after its forward, is not in `RUNNABLE.schedules`), so "
+            "one stage's micro-batches run GPipe-style, all held at once, and the search starts "
+            "from, and may stay at, something slower. Model states per GPU "
             "(`SimResult.model_states`, the largest GPU) against ZeRO's formulas and "
             "DeepSpeed's estimators (no offload; stage 2: 4Ψ + 16Ψ/N, stage 3: 4·largest layer "
             "+ 18Ψ/N — DeepSpeed keeps fp32 gradients beside the 16-bit ones and charges the "
             "largest layer's gathered 16-bit weights and gradients); formulas only for "
-            f"strategies without tensor parallelism. Worst error against ZeRO: {worst7:.3f}%."
+            f"strategies without tensor parallelism or pipeline stages. Worst error against ZeRO: {worst7:.3f}%."
             "\n\n" + table(seven) + "\n\nStep times are simulated, not measured. "
             "ZeRO-1 is charged as export runs it (DDP's all-reduce, then "
             "`ZeroRedundancyOptimizer` re-gathering the updated parameters): 1.5 times DDP's "
