@@ -66,7 +66,10 @@ class GanttChart:
                                "scheduled")
         tl = per_resource(result.timeline)
         resources = resource_order(tl, [str(d) for d in result.capacity.index])
-        fig = figure(width=width, height=80 + row_height * len(resources),
+        # tall enough for the legend beside it too: one 20 px entry and 3 px gap per kind,
+        # plus the title above it, padding and margins (a sharded step has nine kinds)
+        legend = 70 + 23 * tl["kind"].nunique()
+        fig = figure(width=width, height=max(80 + row_height * len(resources), legend),
                      y_range=FactorRange(*reversed(resources)), x_axis_label="time (ms)",
                      tools="xpan,xwheel_zoom,box_zoom,reset,save",
                      title=f"one step: {format_seconds(result.iteration_time)}")
