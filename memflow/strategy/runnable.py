@@ -172,13 +172,14 @@ def shard_problem(strategy, graph) -> str | None:
     >>> shard_problem(s, None)[:61]
     "unit 'a' shards its model states ('parameters') in a pipeline"
     """
-    units, levels = list(strategy.units), strategy.shard
+    levels = strategy.shard
     if int(strategy.sample[0]) < 2 or not (levels != S_NONE).any():
         return None     # one replica: a level shards nothing, the model runs as it is
-    k = int(np.flatnonzero(levels != S_NONE)[0])
-    sharded = f"unit {units[k]!r} shards its model states ({SHARD_LEVELS[levels[k]]!r})"
+    units = list(strategy.units)     # the messages below only: this runs on every proposal
     if (np.asarray(strategy.stage) > 0).any():
-        return (f"{sharded} in a pipelined strategy; export shards model states with FSDP2 "
+        k = int(np.flatnonzero(levels != S_NONE)[0])
+        return (f"unit {units[k]!r} shards its model states ({SHARD_LEVELS[levels[k]]!r}) "
+                "in a pipelined strategy; export shards model states with FSDP2 "
                 "over data-parallel replicas, not yet composed with pipeline stages. Valid: shard "
                 "level 'none' for every unit, or one stage")
     if graph is not None:
