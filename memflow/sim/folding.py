@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..memory.jit import njit
+
 __all__ = ["classes", "stack_rows", "rows_of"]
 
 # a random 64-bit signature per set, drawn once (an item's class key is the sum over its sets)
@@ -40,24 +42,58 @@ def classes(ptr: np.ndarray, idx: np.ndarray, n_items: int,
     >>> cls.tolist(), p.tolist(), c.tolist()
     ([0, 0, 1, 2, 3], [0, 2, 4], [0, 1, 1, 2])
     """
-    n_sets = len(ptr) - 1
-    rows = np.repeat(np.arange(n_sets, dtype=np.int64), np.diff(ptr))
-    items = np.asarray(idx, np.int64)
-    if fold:
-        pairs = np.unique(rows * n_items + items)          # each item once per set
-        p_set, p_item = np.divmod(pairs, n_items)
-        key = np.zeros(n_items, np.uint64)
-        np.add.at(key, p_item, _signatures(max(n_sets, 1))[p_set].astype(np.uint64))
-        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        cls = np.argsort(np.argsort(first))[inv].astype(np.int64)   # numbered by first item
-    else:
-        cls = np.arange(n_items, dtype=np.int64)
-    n_cls = int(cls.max(initial=-1)) + 1
-    codes = np.unique(rows * max(n_cls, 1) + cls[items])
-    c_set, c_cls = np.divmod(codes, max(n_cls, 1))
-    out = np.zeros(n_sets + 1, np.int64)
-    np.cumsum(np.bincount(c_set, minlength=n_sets), out=out[1:])
+    sig = _signatures(max(len(ptr) - 1, 1)).view(np.uint64)   # same bits: all positive
+    cls, out, c_cls = _classes(np.asarray(ptr, np.int64), np.asarray(idx, np.int64),
+                               int(n_items), bool(fold), sig)
     return cls, (out, c_cls)
+
+
+@njit
+def _classes(ptr, idx, n_items, fold, sig):
+    """:func:`classes` as one compiled pass (it runs twice for every new placement of a
+    search): an item's key is the wrapping sum of the signatures of the distinct sets that
+    hold it; classes are numbered by their first item."""
+    n_sets = len(ptr) - 1
+    cls = np.arange(n_items)
+    if fold:
+        key = np.zeros(n_items, np.uint64)
+        mark = np.full(n_items, -1, np.int64)
+        for k in range(n_sets):
+            for j in range(ptr[k], ptr[k + 1]):
+                it = idx[j]
+                if mark[it] != k:
+                    mark[it] = k
+                    key[it] += sig[k]
+        order = np.argsort(key, kind="mergesort")
+        group = np.empty(n_items, np.int64)
+        g = 0
+        for r in range(n_items):
+            if r > 0 and key[order[r]] != key[order[r - 1]]:
+                g += 1
+            group[order[r]] = g
+        number = np.full(n_items, -1, np.int64)
+        n_cls = 0
+        for it in range(n_items):
+            if number[group[it]] < 0:
+                number[group[it]] = n_cls
+                n_cls += 1
+            cls[it] = number[group[it]]
+    n_cls = cls.max() + 1 if n_items else 0
+    out = np.zeros(n_sets + 1, np.int64)
+    c_cls = np.empty(len(idx), np.int64)
+    seen = np.full(max(n_cls, 1), -1, np.int64)
+    m = 0
+    for k in range(n_sets):
+        start = m
+        for j in range(ptr[k], ptr[k + 1]):
+            c = cls[idx[j]]
+            if seen[c] != k:
+                seen[c] = k
+                c_cls[m] = c
+                m += 1
+        c_cls[start:m] = np.sort(c_cls[start:m])
+        out[k + 1] = m
+    return cls, out, c_cls[:m]
 
 
 def stack_rows(*blocks: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
