@@ -60,7 +60,7 @@ from .policies import POLICIES
 from .shard_levels import SHARD_LEVELS, S_NONE
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
-           "root_sharded", "shard_problem", "pipeline_problem"]
+           "root_sharded", "shard_problem", "shard_levels_for", "pipeline_problem"]
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,28 @@ def root_sharded(graph) -> np.ndarray:
     return out
 
 
+def _pipelined_replicas(strategy) -> bool:
+    """Data-parallel replicas of a pipelined strategy: export shards none of their model
+    states (FSDP2 is not yet composed with pipeline stages)."""
+    return int(strategy.sample[0]) >= 2 and bool((np.asarray(strategy.stage) > 0).any())
+
+
+def shard_levels_for(strategy, rules: Runnable = RUNNABLE) -> tuple[str, ...]:
+    """The shard levels export may run for units of ``strategy``, a cheap filter before
+    :func:`unrunnable` (a search move asks it for every unit it draws): those ``rules``
+    write, and only ``'none'`` where :func:`shard_problem` refuses pipelined replicas.
+
+    >>> from memflow.strategy import Strategy
+    >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu2"), ("gpu1", "gpu3")], sample=[2, 2],
+    ...              stage=[0, 1])
+    >>> shard_levels_for(s), len(shard_levels_for(s.with_config("b", stage=0)))
+    (('none',), 4)
+    """
+    if _pipelined_replicas(strategy):
+        return tuple(lv for lv in rules.shard_levels if lv == SHARD_LEVELS[S_NONE])
+    return rules.shard_levels
+
+
 def shard_problem(strategy, graph) -> str | None:
     """Why export cannot shard ``strategy``'s model states as it asks (None: it can); the
     root-group rule is checked only with ``graph``.
@@ -176,7 +198,7 @@ def shard_problem(strategy, graph) -> str | None:
     if int(strategy.sample[0]) < 2 or not (levels != S_NONE).any():
         return None     # one replica: a level shards nothing, the model runs as it is
     units = list(strategy.units)     # the messages below only: this runs on every proposal
-    if (np.asarray(strategy.stage) > 0).any():
+    if _pipelined_replicas(strategy):
         k = int(np.flatnonzero(levels != S_NONE)[0])
         return (f"unit {units[k]!r} shards its model states ({SHARD_LEVELS[levels[k]]!r}) "
                 "in a pipelined strategy; export shards model states with FSDP2 "
