@@ -140,6 +140,11 @@ class _ByLayouts:
     sets: tuple[np.ndarray, np.ndarray]
     device_class: np.ndarray
     layouts: tuple[np.ndarray, np.ndarray]  # CSR: device classes of each layout
+    layout_classes: list[np.ndarray]        # the same, split per layout
+    layout_hosts: list[np.ndarray]          # hosts of each layout's devices
+    devices_used: np.ndarray
+    mem_rate: np.ndarray                    # per layout
+    launch: np.ndarray
 
 
 @dataclass
@@ -187,6 +192,7 @@ class Simulator:
         self._copy_cost: dict[tuple, Any] = {}
         self._routes: dict[tuple[int, int], list[int]] = {}
         self._placed: dict[tuple, Placed] = {}
+        self._arrays: dict[tuple, GraphArrays] = {}
         self._placements: OrderedDict[tuple, Placement] = OrderedDict()
         self._layouts_cache: dict[tuple, _ByLayouts] = {}
         self._compress: tuple | None = None
@@ -231,8 +237,14 @@ class Simulator:
         """The graph's arrays with activations at the width ``strategy``'s precision computes
         them in (:func:`memflow.sim.precision.activation_arrays`); in a pipeline, a weight is
         charged to every stage that reads it (:func:`memflow.memory.states.stage_copies`)."""
-        return stage_arrays(activation_arrays(self.graph, self.precision_of(strategy)),
-                            strategy.stage)
+        key = (self.precision_of(strategy), strategy.stage.tobytes())
+        ga = self._arrays.get(key)
+        if ga is None:    # a pipeline's copies make new arrays: once per stage assignment, so
+            if len(self._arrays) > self.cache_size:     # that the records' pairs are reused
+                self._arrays.clear()
+            ga = self._arrays[key] = stage_arrays(activation_arrays(self.graph, key[0]),
+                                                  strategy.stage)
+        return ga
 
     def _table(self, strategy: Strategy, placed: Placed, foreach: bool = True) -> BlockTable:
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
@@ -294,7 +306,13 @@ class Simulator:
         dev_cls, lay = classes(*rows_of([lc.devices for lc in lcs]), n, fold)
         if len(self._layouts_cache) > 4 * self.cache_size:   # layouts seen long ago
             self._layouts_cache.clear()
-        self._layouts_cache[key] = _ByLayouts(copy, back, raw, ch_cls, sets, dev_cls, lay)
+        self._layouts_cache[key] = _ByLayouts(
+            copy, back, raw, ch_cls, sets, dev_cls, lay,
+            layout_classes=np.split(lay[1], lay[0][1:-1]),
+            layout_hosts=[self.ca.host[lc.devices] for lc in lcs],
+            devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])),
+            mem_rate=np.array([lc.mem_rate for lc in lcs]),
+            launch=np.array([lc.launch for lc in lcs]))
         return self._layouts_cache[key]
 
     def _timing(self, strategy: Strategy, S: Structure, states, routes: _ByLayouts) -> Timing:
@@ -371,17 +389,13 @@ class Simulator:
                       strategy.microbatches, strategy.schedule, table.states)
         R = self._by_layouts(strategy, placed, fold)
         timing = self._timing(strategy, S, table.states, R)
-        lcs = [self._lc(k) for k in strategy.layouts]
         out = Placement(
             placed=placed, blocks=table, structure=S, timing=timing, sets=R.sets,
             raw_sets=R.raw, n_channel_classes=int(R.channel_class.max()) + 1,
             channel_class=R.channel_class, device_class=R.device_class,
-            layout_classes=np.split(R.layouts[1], R.layouts[0][1:-1]),
-            layout_hosts=[self.ca.host[lc.devices] for lc in lcs],
-            n_device_classes=int(R.device_class.max()) + 1,
-            devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])),
-            mem_rate=np.array([lc.mem_rate for lc in lcs]),
-            launch=np.array([lc.launch for lc in lcs]))
+            layout_classes=R.layout_classes, layout_hosts=R.layout_hosts,
+            n_device_classes=int(R.device_class.max()) + 1, devices_used=R.devices_used,
+            mem_rate=R.mem_rate, launch=R.launch)
         self._placements[key] = out
         if len(self._placements) > self.cache_size:
             self._placements.popitem(last=False)
