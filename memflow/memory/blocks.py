@@ -329,6 +329,40 @@ def _gradient_unit(ga: GraphArrays) -> np.ndarray:
     return out
 
 
+_ANCHORS: dict[bytes, tuple[np.ndarray, ...]] = {}
+
+
+def _unit_anchors(ga: GraphArrays) -> tuple[np.ndarray, ...]:
+    """Anchors of the unit rows and the model-state rows that no placement changes (all but
+    those ending at the optimizer step of the unit's layout): ``(unit alloc, unit free, state
+    alloc, state free)``, made once per graph; a search had rebuilt them for every placement.
+    They depend on the number of units and each one's gradient unit only."""
+    grad_unit = _gradient_unit(ga)
+    hit = _ANCHORS.get(grad_unit.tobytes())
+    if hit is not None:
+        return hit
+    n, units = ga.n, np.arange(ga.n)
+    ua, uf = np.zeros((NU * n, 3), np.int64), np.zeros((NU * n, 3, 3), np.int64)
+    for slot, kind in ((FWD_TMP, A_FWD), (BWD_TMP, A_BWD), (REC_TMP, A_RECOMP)):
+        ua[slot::NU] = _anchor(kind, units, START, n)
+        uf[slot::NU] = _anchor(kind, units, END, n)[:, None, :]
+    ua[CACHED::NU] = _anchor(A_FWD, units, END, n)
+    uf[CACHED::NU] = _anchor(A_RECOMP, units, END, n)[:, None, :]
+    ua[PARAM_GRAD::NU] = _anchor(A_BWD, grad_unit, START, n)
+    sa, sf = np.zeros((NM * n, 3), np.int64), np.zeros((NM * n, 3, 3), np.int64)
+    for j, kind in ((GATHER_FWD, A_FWD), (GATHER_BWD, A_BWD), (GATHER_REC, A_RECOMP),
+                    (UNSHARDED, A_BWD)):
+        sa[j::NM] = _anchor(kind, units, START, n)
+        sf[j::NM] = _anchor(kind, units, END, n)[:, None, :]
+    sa[HOST_STATE::NM] = _anchor(A_FWD, units, START, n)
+    for x in (ua, uf, sa, sf):
+        x.flags.writeable = False
+    if len(_ANCHORS) > 16:        # graphs long gone
+        _ANCHORS.clear()
+    hit = _ANCHORS[grad_unit.tobytes()] = (ua, uf, sa, sf)
+    return hit
+
+
 def _accumulated(ga: GraphArrays, p: np.ndarray) -> np.ndarray:
     """Per unit, the gradient contributions its backward makes to parameters whose gradient
     already exists (a tied weight, a module called twice): each reader but the last makes one
@@ -365,7 +399,6 @@ class BlockTable:
         s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
         st = self.states = unit_states(ga, s, p, a, shard, offload, precision, optimizer)
         train = st.gradients
-        units = np.arange(n)
         per = 1.0 / (s * p * a) / M
         # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
         o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
@@ -409,20 +442,15 @@ class BlockTable:
         by_slot = {FWD_TMP: ga.fwd_tmp * per, BWD_TMP: bwd_tmp, REC_TMP: np.zeros(n),
                    PARAM_GRAD: train, CACHED: np.zeros(n)}
         self.bytes[u:u + NU * n] = np.stack([by_slot[j] for j in range(NU)], 1).ravel()
-        for slot, kind in ((FWD_TMP, A_FWD), (BWD_TMP, A_BWD), (REC_TMP, A_RECOMP)):
-            self.alloc[u + slot:u + NU * n:NU] = _anchor(kind, units, START, n)
-            self.free[u + slot:u + NU * n:NU] = _anchor(kind, units, END, n)[:, None, :]
-        cached = slice(u + CACHED, u + NU * n, NU)
-        self.alloc[cached] = _anchor(A_FWD, units, END, n)
-        self.free[cached] = _anchor(A_RECOMP, units, END, n)[:, None, :]
+        anchors = _unit_anchors(ga)
+        self.alloc[u:u + NU * n], self.free[u:u + NU * n] = anchors[0], anchors[1]
         grads = slice(u + PARAM_GRAD, u + NU * n, NU)
-        self.alloc[grads] = _anchor(A_BWD, _gradient_unit(ga), START, n)
         self.free[grads] = _anchor(A_OPT, layout, END, n)[:, None, :]
         o = slice(u + NU * n, self.state_row)
         self.bytes[o] = o_b.reshape(-1)
         self.alloc[o] = _anchor(A_OPT, o_lay, START, len(o_lay))
         self.free[o] = _anchor(A_OPT, o_lay, END, len(o_lay))[:, None, :]
-        self._state_blocks(ga, layout, st)
+        self._state_blocks(layout, st, anchors)
         self.carrier = np.full(R, -1)      # per record: the unit whose task offloads/compresses it
         self.compress = np.zeros(R, bool)
         self._mark = np.zeros(R, bool)
@@ -432,21 +460,18 @@ class BlockTable:
         np.add.at(self.persistent[:, COMMUNICATION], layout, st.bucket)
         self._key: tuple[np.ndarray, ...] | None = None
 
-    def _state_blocks(self, ga: GraphArrays, layout: np.ndarray, st) -> None:
+    def _state_blocks(self, layout: np.ndarray, st, anchors: tuple[np.ndarray, ...]) -> None:
         """The model-state rows: gathered parameters around each forward, backward and
         recomputation of the unit (:meth:`derive` keeps the last where it recomputes); its full gradient during its backward (until the
         reduce-scatter that ends it); its optimizer state on the host over the step (from the
         unit's first forward to the end of the optimizer step)."""
         n, r = self.n, self.state_row
-        units = np.arange(n)
-        for j, b, kind in ((GATHER_FWD, st.gathered, A_FWD), (GATHER_BWD, st.gathered, A_BWD),
-                           (GATHER_REC, st.gathered, A_RECOMP), (UNSHARDED, st.unsharded, A_BWD)):
+        for j, b in ((GATHER_FWD, st.gathered), (GATHER_BWD, st.gathered),
+                     (GATHER_REC, st.gathered), (UNSHARDED, st.unsharded)):
             self.bytes[r + j:r + NM * n:NM] = b
-            self.alloc[r + j:r + NM * n:NM] = _anchor(kind, units, START, n)
-            self.free[r + j:r + NM * n:NM] = _anchor(kind, units, END, n)[:, None, :]
+        self.alloc[r:r + NM * n], self.free[r:r + NM * n] = anchors[2], anchors[3]
         h = slice(r + HOST_STATE, r + NM * n, NM)
         self.bytes[h], self.host[h] = st.host, True
-        self.alloc[h] = _anchor(A_FWD, units, START, n)
         self.free[h] = _anchor(A_OPT, layout, END, n)[:, None, :]
 
     def derive(self, policy: np.ndarray, segment: np.ndarray, ratio: np.ndarray) -> StepBlocks:
