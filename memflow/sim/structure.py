@@ -9,6 +9,8 @@ reduce-scatters (gradients).
 """
 from __future__ import annotations
 
+import functools
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,27 +107,33 @@ def _bucketize(stage_ptr, stage_units, layout, replicated, part_bytes, first_cap
     return b_stage[:nb], b_lay[:nb], b_bytes[:nb], b_ptr[:nb + 1], units[:nu]
 
 
-def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage: np.ndarray,
-              microbatches: int, schedule: str, states=None) -> Structure:
-    """The placement-only part of the expansion of one strategy; ``states`` (its units'
-    :class:`~memflow.memory.states.UnitStates`, default: unsharded, the graph's widths)
-    decides what the DDP buckets reduce and what sharded units gather and scatter."""
-    n, M = ga.n, int(microbatches)
-    stage = np.maximum(stage, 0)
-    stages = int(stage.max()) + 1
-    order = program_order(stages, M, schedule)
+@functools.lru_cache(maxsize=64)
+def _program(stages: int, microbatches: int, schedule: str) -> tuple[np.ndarray, ...]:
+    """The program order as arrays (stage, backward?, micro-batch) and each stage's last
+    backward micro-batch; a search re-places with the same few (stages, micro-batches)."""
+    order = program_order(stages, microbatches, schedule)
     op_stage = np.array([s for s, _, _ in order], np.int64)
     op_back = np.array([op == "B" for _, op, _ in order], bool)
     op_mb = np.array([m for _, _, m in order], np.int64)
     last_op = np.full(stages, -1)
     np.maximum.at(last_op, op_stage[op_back], np.flatnonzero(op_back))
-    final_mb = op_mb[last_op]          # micro-batch of each stage's last backward
-    st_ptr = _ptr(stage, stages)
-    st_units = np.argsort(stage, kind="stable")
-    # bytes of each unit's outputs and of the gradients of its inputs (tensor parallelism)
-    p = degrees[layout, 1]
-    sa = degrees[layout, 0] * degrees[layout, 2]
-    size = ga.bytes / np.where(ga.per_sample, M, 1)
+    out = (op_stage, op_back, op_mb, op_mb[last_op])
+    for x in out:
+        x.flags.writeable = False
+    return out
+
+
+_UNIT_BYTES: dict[tuple[int, int], tuple] = {}
+
+
+def _unit_bytes(ga, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit, the bytes of its outputs and of the gradients of its inputs in one
+    micro-batch (kept per graph arrays and micro-batches: no placement changes them)."""
+    hit = _UNIT_BYTES.get((id(ga), microbatches))
+    if hit is not None and hit[0]() is ga:
+        return hit[1]
+    n = ga.n
+    size = ga.bytes / np.where(ga.per_sample, microbatches, 1)
     has_readers = np.diff(ga.readers_ptr) > 0
     out = np.flatnonzero((ga.producer >= 0) & (has_readers | ga.is_output))
     out_bytes = np.zeros(n)
@@ -134,6 +142,28 @@ def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage
     grad = ga.requires_grad[r_t]
     in_grad = np.zeros(n)
     np.add.at(in_grad, ga.readers_idx[grad], size[r_t[grad]])
+    out_bytes.flags.writeable = in_grad.flags.writeable = False
+    if len(_UNIT_BYTES) > 64:        # graphs long gone
+        _UNIT_BYTES.clear()
+    _UNIT_BYTES[(id(ga), microbatches)] = (weakref.ref(ga), (out_bytes, in_grad))
+    return out_bytes, in_grad
+
+
+def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage: np.ndarray,
+              microbatches: int, schedule: str, states=None) -> Structure:
+    """The placement-only part of the expansion of one strategy; ``states`` (its units'
+    :class:`~memflow.memory.states.UnitStates`, default: unsharded, the graph's widths)
+    decides what the DDP buckets reduce and what sharded units gather and scatter."""
+    n, M = ga.n, int(microbatches)
+    stage = np.maximum(stage, 0)
+    stages = int(stage.max()) + 1
+    op_stage, op_back, op_mb, final_mb = _program(stages, M, schedule)
+    st_ptr = _ptr(stage, stages)
+    st_units = np.argsort(stage, kind="stable")
+    # bytes of each unit's outputs and of the gradients of its inputs (tensor parallelism)
+    p = degrees[layout, 1]
+    sa = degrees[layout, 0] * degrees[layout, 2]
+    out_bytes, in_grad = _unit_bytes(ga, M)
     cp = placed.copies
     src_unit = np.where(ga.producer[cp.tensor] >= 0, ga.producer[cp.tensor], cp.first_reader)
     c_ids = np.arange(len(cp))
