@@ -3,6 +3,7 @@ before it, gives exactly what a fresh simulator gives (issue 15: incremental pla
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,3 +45,37 @@ def test_random_moves_give_what_a_fresh_simulator_gives(data, seed, optimizer):
             continue
         s = prop.strategy
         _same(kept.run(s), Simulator(g, CLUSTER, optimizer=optimizer).run(s))
+
+
+def _same_result(a, b) -> None:
+    """Two SimResults alike to the bit: the step, the peaks, the timeline and memory tables."""
+    assert a.iteration_time == b.iteration_time
+    for k in ("peak_memory", "host_peak"):
+        pd.testing.assert_series_equal(getattr(a, k), getattr(b, k), check_exact=True)
+    for k in ("timeline", "memory", "model_states"):
+        pd.testing.assert_frame_equal(getattr(a, k), getattr(b, k), check_exact=True)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.data(), st.integers(0, 2 ** 16), st.sampled_from(["sgd", "adam"]))
+def test_a_chain_of_moves_and_returns_gives_fresh_results(data, seed, optimizer):
+    """As a search walks: every move's proposal, and now and then a return to a strategy seen
+    before (a rejected proposal, a restart at the best), on one simulator whose caches and
+    delta-planned block tables carry over, gives the SimResult of a fresh simulator."""
+    g = data.draw(graphs(max_units=6))
+    s = data.draw(strategies_for(g, DEVICES)).validate(g, CLUSTER)
+    space = SearchSpace(g, CLUSTER, policies=("keep", "recompute", "offload"), runnable=False)
+    rng = np.random.default_rng(seed)
+    kept = Simulator(g, CLUSTER, optimizer=optimizer)
+    seen = [s]
+    names = list(MOVES)
+    for _ in range(8):
+        if len(seen) > 1 and rng.random() < 0.25:
+            s = seen[int(rng.integers(len(seen)))]
+        else:
+            prop = MOVES[names[int(rng.integers(len(names)))]](rng, s, space)
+            if prop is None:
+                continue
+            s = prop.strategy
+            seen.append(s)
+        _same_result(kept.result(s), Simulator(g, CLUSTER, optimizer=optimizer).result(s))
