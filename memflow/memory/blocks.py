@@ -397,15 +397,8 @@ class BlockTable:
         n, M, P = ga.n, int(microbatches), placed
         R, G, L = len(P.tensor), len(P.grad_bytes), len(degrees)
         s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
-        st = self.states = unit_states(ga, s, p, a, shard, offload, precision, optimizer)
-        train = st.gradients
         per = 1.0 / (s * p * a) / M
-        # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
         o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
-        p_train = ga.param_grad_bytes / p[ga.param_owner] * st.state_factor[ga.param_owner]
-        p_lay = layout[ga.param_owner]
-        o_b = np.array([p_train[p_lay == lay].sum() if foreach
-                        else _per_tensor_adam(p_train[p_lay == lay]) for lay in o_lay])
         self.unit_row = NS * R + G
         unit_slots = np.arange(NU)     # parameter gradients: one per step; the rest per micro-batch
         self.state_row = self.unit_row + NU * n + len(o_lay)
@@ -440,25 +433,55 @@ class BlockTable:
         self.expensive = ga.expensive[P.tensor]
         bwd_tmp = ga.bwd_tmp * per + _accumulated(ga, p)
         by_slot = {FWD_TMP: ga.fwd_tmp * per, BWD_TMP: bwd_tmp, REC_TMP: np.zeros(n),
-                   PARAM_GRAD: train, CACHED: np.zeros(n)}
+                   PARAM_GRAD: np.zeros(n), CACHED: np.zeros(n)}    # _set_states: gradients
         self.bytes[u:u + NU * n] = np.stack([by_slot[j] for j in range(NU)], 1).ravel()
-        anchors = _unit_anchors(ga)
-        self.alloc[u:u + NU * n], self.free[u:u + NU * n] = anchors[0], anchors[1]
+        self.alloc[u:u + NU * n], self.free[u:u + NU * n] = _unit_anchors(ga)[:2]
         grads = slice(u + PARAM_GRAD, u + NU * n, NU)
         self.free[grads] = _anchor(A_OPT, layout, END, n)[:, None, :]
         o = slice(u + NU * n, self.state_row)
-        self.bytes[o] = o_b.reshape(-1)
         self.alloc[o] = _anchor(A_OPT, o_lay, START, len(o_lay))
         self.free[o] = _anchor(A_OPT, o_lay, END, len(o_lay))[:, None, :]
-        self._state_blocks(layout, st, anchors)
         self.carrier = np.full(R, -1)      # per record: the unit whose task offloads/compresses it
         self.compress = np.zeros(R, bool)
         self._mark = np.zeros(R, bool)
+        self._key: tuple[np.ndarray, ...] | None = None
+        self._set_states(ga, layout, degrees, optimizer, foreach, precision, shard, offload)
+
+    def _set_states(self, ga: GraphArrays, layout: np.ndarray, degrees: np.ndarray,
+                    optimizer: str, foreach: bool, precision: str | None,
+                    shard: np.ndarray | None, offload: np.ndarray | None) -> None:
+        """The rows and persistent bytes the units' model states decide (parameter gradients,
+        the optimizer's temporaries, the model-state rows); no record's rows read them."""
+        n, u, L = self.n, self.unit_row, len(degrees)
+        s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
+        st = self.states = unit_states(ga, s, p, a, shard, offload, precision, optimizer)
+        self.bytes[u + PARAM_GRAD:u + NU * n:NU] = st.gradients
+        # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
+        o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
+        p_train = ga.param_grad_bytes / p[ga.param_owner] * st.state_factor[ga.param_owner]
+        p_lay = layout[ga.param_owner]
+        o_b = np.array([p_train[p_lay == lay].sum() if foreach
+                        else _per_tensor_adam(p_train[p_lay == lay]) for lay in o_lay])
+        self.bytes[u + NU * n:self.state_row] = o_b.reshape(-1)
+        self._state_blocks(layout, st, _unit_anchors(ga))
         self.persistent = np.zeros((L, len(CATEGORIES)))
         np.add.at(self.persistent[:, WEIGHTS], layout, st.weights)
         np.add.at(self.persistent[:, OPTIMIZER], layout, st.optimizer)
         np.add.at(self.persistent[:, COMMUNICATION], layout, st.bucket)
-        self._key: tuple[np.ndarray, ...] | None = None
+
+    def with_states(self, ga: GraphArrays, layout: np.ndarray, degrees: np.ndarray, *,
+                    optimizer: str = "sgd", foreach: bool = True, precision: str | None = None,
+                    shard: np.ndarray | None = None,
+                    offload: np.ndarray | None = None) -> "BlockTable":
+        """This table (same graph arrays, records, layouts and precision) with other shard
+        levels or optimizer places: the model-state rows re-made, the records' rows and the
+        last plan kept, so the next :meth:`derive` is by delta (a search's shard move)."""
+        new = object.__new__(BlockTable)
+        new.__dict__.update(self.__dict__)
+        for name in ("bytes", "host", "alloc", "free", "carrier", "compress", "_mark"):
+            setattr(new, name, getattr(self, name).copy())
+        new._set_states(ga, layout, degrees, optimizer, foreach, precision, shard, offload)
+        return new
 
     def _state_blocks(self, layout: np.ndarray, st, anchors: tuple[np.ndarray, ...]) -> None:
         """The model-state rows: gathered parameters around each forward, backward and

@@ -193,6 +193,7 @@ class Simulator:
         self._routes: dict[tuple[int, int], list[int]] = {}
         self._placed: dict[tuple, Placed] = {}
         self._arrays: dict[tuple, GraphArrays] = {}
+        self._states_of: dict[tuple, Placement] = {}   # per placement key but model states
         self._placements: OrderedDict[tuple, Placement] = OrderedDict()
         self._layouts_cache: dict[tuple, _ByLayouts] = {}
         self._compress: tuple | None = None
@@ -384,7 +385,17 @@ class Simulator:
             return hit
         placed = self._placed_of(strategy)
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-        table = self._table(strategy, placed)
+        # the same layouts with other model states (a shard move): their block table re-made
+        # only where the states decide it, and derived from its last plan by delta
+        kin = key[:6] + key[8:]
+        sibling = self._states_of.get(kin)
+        if sibling is not None and sibling.placed is placed:
+            table = sibling.blocks.with_states(
+                self.arrays(strategy), strategy.layout_ids, degrees, optimizer=self.optimizer,
+                precision=self.precision_of(strategy), shard=strategy.shard,
+                offload=strategy.offload_optimizer)
+        else:
+            table = self._table(strategy, placed)
         S = structure(self.arrays(strategy), placed, strategy.layout_ids, degrees, strategy.stage,
                       strategy.microbatches, strategy.schedule, table.states)
         R = self._by_layouts(strategy, placed, fold)
@@ -399,6 +410,9 @@ class Simulator:
         self._placements[key] = out
         if len(self._placements) > self.cache_size:
             self._placements.popitem(last=False)
+        if len(self._states_of) > self.cache_size:
+            self._states_of.clear()
+        self._states_of[kin] = out
         return out
 
     def _policy_timing(self, strategy: Strategy, P: Placement, plan: StepBlocks) -> Timing:

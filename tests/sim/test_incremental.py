@@ -79,3 +79,24 @@ def test_a_chain_of_moves_and_returns_gives_fresh_results(data, seed, optimizer)
             s = prop.strategy
             seen.append(s)
         _same_result(kept.result(s), Simulator(g, CLUSTER, optimizer=optimizer).result(s))
+
+
+def test_model_state_moves_reuse_the_block_table_and_match_a_fresh_simulator():
+    """Shard levels and optimizer places changed under one placement (the block table re-made
+    from the last one's, derived by delta) give a fresh simulator's SimResult."""
+    from memflow.strategy import Strategy
+
+    from .graphs import chain
+    g = chain(saved=(100, 200, 300, 400), internal=(10, 20, 30, 40), params=4096)
+    s = Strategy.data_parallel(g, DEVICES[:4])
+    kept = Simulator(g, CLUSTER, optimizer="adam")
+    steps = [lambda s: s.with_shard({"u1": "gradients"}),
+             lambda s: s.with_policy({"u2": "recompute"}),
+             lambda s: s.with_shard(dict.fromkeys(g.names, "parameters")),
+             lambda s: s.with_model_states(offload_optimizer=["u0", "u3"]),
+             lambda s: s.with_policy({"u0": "offload"}).with_shard({"u0": "none"}),
+             lambda s: s.with_model_states(offload_optimizer=False)]
+    for step in steps:
+        s = step(s)
+        _same_result(kept.result(s), Simulator(g, CLUSTER, optimizer="adam").result(s))
+    assert len(kept._states_of) == 1      # one placement, its tables re-made by states
