@@ -39,6 +39,7 @@ from memflow.errors import SearchError  # noqa: E402
 from memflow.planners import optimal_checkpointing  # noqa: E402
 from memflow.search import MCMCSearch, exhaustive, run_chains  # noqa: E402
 from memflow.search.moves import MEMORY_MOVES  # noqa: E402
+from memflow.strategy import POLICIES  # noqa: E402
 from memflow.search.synthetic import chain_graph, mlp_chain  # noqa: E402
 from memflow.sim import Simulator  # noqa: E402
 from _results import table, write_section  # noqa: E402
@@ -145,7 +146,7 @@ def speed_section(quick: bool) -> None:
                       "micro-batches: its config, copy and swap moves change tensor degrees, "
                       "stages and devices). `search/s`: proposals per CPU second of the search; "
                       "`simulator new/s`: the simulator alone on the same graph, cluster and "
-                      "start, a random unit's memory policy changed before every simulation "
+                      "start, a random unit's memory policy changed to another before every simulation "
                       "(`bench_sim.py`'s `new/s`): the two are measured in alternating slices "
                       f"of {SLICE:g} s in one process, so the machine's load (other jobs share "
                       "its 2 cores) weighs on both alike; `ratio` = search/s ÷ simulator new/s "
@@ -189,8 +190,13 @@ def _speed(search: MCMCSearch, seconds: float, row: dict) -> dict:
     policies = list(search.space.policies)
 
     def new() -> None:
-        u = names[rng.integers(len(names))]
-        state["s"] = state["s"].with_policy({u: policies[rng.integers(len(policies))]})
+        # another policy than the unit's: the same one gave the same strategy again (a
+        # cache hit, a quarter of the draws with four policies), which is no new strategy
+        i = int(rng.integers(len(names)))
+        s = state["s"]
+        now = POLICIES[int(s.policy[i])]
+        others = [p for p in policies if p != now]
+        state["s"] = s.with_policy({names[i]: others[rng.integers(len(others))]})
         sim.evaluate(state["s"])
 
     for _ in range(WARM_UP):          # its placement, and compiled kernels, not counted
