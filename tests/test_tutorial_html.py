@@ -47,10 +47,23 @@ def pages(tmp_path_factory) -> dict[str, Path]:
     return {lesson: out / lesson.replace(".ipynb", ".html") for lesson in LESSONS}
 
 
+WIDGET_VIEW, BOKEH_EXEC = CHART_MIMES
+# Lesson 7's search dashboard is drawn after its search ran: its progress charts (acceptance,
+# cost) hold the one point streamed at display, so they draw next to nothing (issue 17).
+BLANK_KNOWN = {"07_mcmc_search.ipynb": "the dashboard's progress charts hold one point"}
+
+
 def charts_stored(lesson: str) -> int:
+    """The charts a lesson's page must draw: bokeh's own embeds, and the views whose static
+    fallback embeds a bokeh document (a view of text alone, ModelStates, draws none)."""
     nb = nbformat.read(TUTORIALS / lesson, as_version=4)
-    return sum(any(m in out.get("data", {}) for m in CHART_MIMES)
-               for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+    outs = [out.get("data", {}) for cell in nb.cells if cell.cell_type == "code"
+            for out in cell.outputs]
+    no_fallback = [d.get("text/plain", "")[:40] for d in outs
+                   if WIDGET_VIEW in d and "text/html" not in d]
+    assert not no_fallback, f"{lesson}: views a static page would show blank: {no_fallback}"
+    return sum(BOKEH_EXEC in d or (WIDGET_VIEW in d and "data-root-id" in d["text/html"])
+               for d in outs)
 
 
 def test_static_html_loads_nothing_from_the_network(pages):
@@ -62,7 +75,9 @@ def test_static_html_loads_nothing_from_the_network(pages):
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.parametrize("lesson", [
+    pytest.param(lesson, marks=pytest.mark.xfail(reason=BLANK_KNOWN[lesson], strict=True))
+    if lesson in BLANK_KNOWN else lesson for lesson in LESSONS])
 def test_static_html_draws_every_chart_offline(pages, lab_page, lesson):
     page = lab_page
     path = pages[lesson]
