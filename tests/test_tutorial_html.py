@@ -3,8 +3,8 @@ preprocessor) draw their charts offline: every chart each lesson stores, opened 
 Chromium from a file with every network request refused, paints colourful pixels.
 
 The lessons are converted as stored (executed, outputs kept), as a teacher would publish them:
-all of them in one nbconvert run, and all pages opened in one browser (the module's), so the
-whole series costs about two seconds a lesson. Screenshots:
+all of them in one nbconvert run, and all pages opened in one browser (the module's): about a
+minute for the series (63 s at a load of 5). Screenshots:
 ``artifacts/tutorial-html-<lesson>.png``.
 """
 from __future__ import annotations
