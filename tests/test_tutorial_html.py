@@ -1,9 +1,11 @@
 """Lessons as static HTML (``jupyter nbconvert --to html`` with memflow_widgets' OfflineCharts
-preprocessor) draw their charts offline: every chart the lesson stores, opened in headless
+preprocessor) draw their charts offline: every chart each lesson stores, opened in headless
 Chromium from a file with every network request refused, paints colourful pixels.
 
-The lessons are converted as stored (executed, outputs kept), as a teacher would publish them.
-Screenshots: ``artifacts/tutorial-html-<lesson>.png``.
+The lessons are converted as stored (executed, outputs kept), as a teacher would publish them:
+all of them in one nbconvert run, and all pages opened in one browser (the module's): about a
+minute for the series (63 s at a load of 5). Screenshots:
+``artifacts/tutorial-html-<lesson>.png``.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from browser import canvas_ink, chromium, lab_page, screenshot  # noqa: F401 (fi
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = ROOT / "tutorials"
-LESSONS = ["01_where_memory_goes", "08_plan_to_script"]
+sys.path.insert(0, str(TUTORIALS))
+from _lesson import LESSONS  # noqa: E402
+
 PREPROCESSOR = "memflow_widgets.offline.OfflineCharts"
 # What one chart's output carries: a view's widget (its static fallback is what the page shows)
 # or bokeh's own notebook embed (bokeh.io.show).
@@ -29,35 +33,54 @@ _ROOTS_JS = """() => Array.from(document.querySelectorAll('[data-root-id]'))
                         .map(e => e.getAttribute('data-root-id'))"""
 
 
-def to_html(lesson: str, out: Path) -> Path:
-    """``jupyter nbconvert --to html`` of a stored lesson, with the offline preprocessor."""
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> dict[str, Path]:
+    """Every stored lesson as a static page: ``jupyter nbconvert --to html`` with the offline
+    preprocessor, one run for all lessons. Lesson file name -> its page."""
+    out = tmp_path_factory.mktemp("html")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), str(ROOT / "widgets"), os.environ.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--output-dir", str(out),
                     f"--HTMLExporter.preprocessors={PREPROCESSOR}",
-                    str(TUTORIALS / f"{lesson}.ipynb")],
-                   check=True, env=env, capture_output=True, timeout=120)
-    return out / f"{lesson}.html"
+                    *(str(TUTORIALS / lesson) for lesson in LESSONS)],
+                   check=True, env=env, capture_output=True, timeout=600)
+    return {lesson: out / lesson.replace(".ipynb", ".html") for lesson in LESSONS}
+
+
+WIDGET_VIEW, BOKEH_EXEC = CHART_MIMES
+# Lesson 7's search dashboard is drawn after its search ran: its progress charts (acceptance,
+# cost) hold the one point streamed at display, so they draw next to nothing (issue 17).
+BLANK_KNOWN = {"07_mcmc_search.ipynb": "the dashboard's progress charts hold one point"}
 
 
 def charts_stored(lesson: str) -> int:
-    nb = nbformat.read(TUTORIALS / f"{lesson}.ipynb", as_version=4)
-    return sum(any(m in out.get("data", {}) for m in CHART_MIMES)
-               for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+    """The charts a lesson's page must draw: bokeh's own embeds, and the views whose static
+    fallback embeds a bokeh document (a view of text alone, ModelStates, draws none)."""
+    nb = nbformat.read(TUTORIALS / lesson, as_version=4)
+    outs = [out.get("data", {}) for cell in nb.cells if cell.cell_type == "code"
+            for out in cell.outputs]
+    no_fallback = [d.get("text/plain", "")[:40] for d in outs
+                   if WIDGET_VIEW in d and "text/html" not in d]
+    assert not no_fallback, f"{lesson}: views a static page would show blank: {no_fallback}"
+    return sum(BOKEH_EXEC in d or (WIDGET_VIEW in d and "data-root-id" in d["text/html"])
+               for d in outs)
 
 
-def test_static_html_loads_nothing_from_the_network(tmp_path):
-    html = to_html(LESSONS[-1], tmp_path).read_text()
-    for cdn in ("cdn.bokeh.org", "unpkg.com", "jupyter-widgets/html-manager"):
-        assert cdn not in html, f"the page still loads {cdn}"
-    assert "Bokeh" in html and html.count("data-root-id") >= charts_stored(LESSONS[-1])
+def test_static_html_loads_nothing_from_the_network(pages):
+    for lesson, page in pages.items():
+        html = page.read_text()
+        for cdn in ("cdn.bokeh.org", "unpkg.com", "jupyter-widgets/html-manager"):
+            assert cdn not in html, f"{lesson}: the page still loads {cdn}"
+        assert "Bokeh" in html and html.count("data-root-id") >= charts_stored(lesson), lesson
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("lesson", LESSONS)
-def test_static_html_draws_every_chart_offline(tmp_path, lab_page, lesson):
+@pytest.mark.parametrize("lesson", [
+    pytest.param(lesson, marks=pytest.mark.xfail(reason=BLANK_KNOWN[lesson], strict=True))
+    if lesson in BLANK_KNOWN else lesson for lesson in LESSONS])
+def test_static_html_draws_every_chart_offline(pages, lab_page, lesson):
     page = lab_page
-    path = to_html(lesson, tmp_path)
+    path = pages[lesson]
     refused: list[str] = []
 
     def offline(route):
@@ -91,6 +114,6 @@ def test_static_html_draws_every_chart_offline(tmp_path, lab_page, lesson):
         assert not blank, f"{lesson}: charts that drew nothing offline: {blank}"
         assert not errors, f"{lesson}: page errors: {errors}"
     except Exception as exc:
-        shot = screenshot(page, f"tutorial-html-{lesson}-failed")
+        shot = screenshot(page, f"tutorial-html-{lesson[:-6]}-failed")
         raise AssertionError(f"{exc}\n--- screenshot: {shot}\n--- refused: {refused}") from exc
-    screenshot(page, f"tutorial-html-{lesson}")
+    screenshot(page, f"tutorial-html-{lesson[:-6]}")

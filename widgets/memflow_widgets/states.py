@@ -11,6 +11,8 @@ the view keeps no state of its own: :meth:`update` redraws it from another resul
 >>> view = ModelStates(memflow.simulate(g, s, two, optimizer="adam"))
 >>> "optimizer (ZeRO-1)" in view.value
 True
+>>> view._repr_mimebundle_()["text/html"] == view.value
+True
 """
 from __future__ import annotations
 
@@ -32,3 +34,10 @@ class ModelStates(ipywidgets.HTML):
     def update(self, result: Any) -> None:
         """Show ``result``'s model states instead."""
         self.value = model_states_html(result)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        # the same HTML as text/html too: what nbconvert and notebook viewers show, where no
+        # widget state is saved (a static page would otherwise show nothing)
+        data = super()._repr_mimebundle_(**kwargs)
+        data["text/html"] = self.value
+        return data
