@@ -48,9 +48,6 @@ def pages(tmp_path_factory) -> dict[str, Path]:
 
 
 WIDGET_VIEW, BOKEH_EXEC = CHART_MIMES
-# Lesson 7's search dashboard is drawn after its search ran: its progress charts (acceptance,
-# cost) hold the one point streamed at display, so they draw next to nothing (issue 17).
-BLANK_KNOWN = {"07_mcmc_search.ipynb": "the dashboard's progress charts hold one point"}
 
 
 def charts_stored(lesson: str) -> int:
@@ -75,9 +72,7 @@ def test_static_html_loads_nothing_from_the_network(pages):
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("lesson", [
-    pytest.param(lesson, marks=pytest.mark.xfail(reason=BLANK_KNOWN[lesson], strict=True))
-    if lesson in BLANK_KNOWN else lesson for lesson in LESSONS])
+@pytest.mark.parametrize("lesson", LESSONS)
 def test_static_html_draws_every_chart_offline(pages, lab_page, lesson):
     page = lab_page
     path = pages[lesson]

@@ -95,6 +95,19 @@ def test_charts_and_counters_receive_the_progress(search):
     assert dash.states in dash.children and "gpu1" in dash.states.value   # model states follow
 
 
+def test_a_dashboard_opened_after_a_search_draws_what_it_did(search):
+    search.run(120)
+    dash = SearchDashboard(search)
+    data = dash.progress_source.data
+    its = np.asarray(data["iteration"])
+    assert len(its) >= 100 and its[0] == 0 and (np.diff(its) > 0).all()
+    assert its[-1] == search.iteration          # the replay, then the present's one point
+    assert data["best_cost"][-1] == pytest.approx(search.best_cost)
+    assert data["cost"][-1] == pytest.approx(search.current_cost)
+    rate = np.asarray(data["rate"])
+    assert ((0 <= rate) & (rate <= 1)).all()
+
+
 def test_step_button_runs_the_asked_steps(search):
     dash = SearchDashboard(search)
     dash.steps.value = 7

@@ -24,7 +24,7 @@ from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
 
 from .export_panel import ExportPanel
-from .feed import COLUMNS, ProgressFeed
+from .feed import COLUMNS, ProgressFeed, replay
 from .memory import MemoryTimeline
 from .pins import PinTable
 from .render import Chart, StaticFallback, static_html
@@ -71,7 +71,8 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
     search:
         a :class:`memflow.MCMCSearch` (anything with its ``step``, ``iteration``,
         ``current_cost``, ``best``, ``best_cost``, ``best_result``, ``acceptance_rate``,
-        ``pin``, ``unpin``, ``pins``, ``graph`` and ``settings``).
+        ``pin``, ``unpin``, ``pins``, ``graph``, ``settings`` and ``history``; what a search
+        did before its dashboard opens is drawn from ``history``, thinned).
     max_iterations:
         the runner stops (``done``) after this many proposals; None runs until paused.
     window:
@@ -115,6 +116,8 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         self.iteration = ipywidgets.HTML(layout=ipywidgets.Layout(min_width="130px"))
 
         self.progress_root, self.progress_source = _progress_charts(window)
+        if search.iteration:     # it ran before this view: draw what it did, thinned
+            self.progress_source.data = replay(search.history, window=window)
         self.progress = Chart(self.progress_root)
         self.memory = MemoryTimeline(search.best_result)
         self.states = ModelStates(search.best_result)

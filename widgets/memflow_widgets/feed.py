@@ -24,7 +24,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["ProgressFeed", "COLUMNS"]
+import numpy as np
+import pandas as pd
+
+__all__ = ["ProgressFeed", "COLUMNS", "replay"]
 
 COLUMNS = ("iteration", "cost", "best_cost", "rate")
 
@@ -54,3 +57,33 @@ class ProgressFeed:
         return {"iteration": [it], "cost": [_finite(search.current_cost)],
                 "best_cost": [_finite(search.best_cost)],
                 "rate": [_finite(search.acceptance_rate(self.window))]}
+
+
+def replay(history: pd.DataFrame, *, window: int = 200, points: int = 400) -> dict[str, Any]:
+    """Chart rows (columns :data:`COLUMNS`) for proposals a search made before its dashboard
+    was shown, from its ``history`` frame: at most ``points`` rows, evenly spaced, the last
+    proposal always among them. Read once, when a dashboard opens on a search that already
+    ran, so that its charts do not start at the present with one point.
+
+    The chain's cost is the last accepted proposal's (NaN before the first acceptance); the
+    rate is the share accepted over the ``window`` proposals up to each row, as the live feed's.
+
+    >>> h = pd.DataFrame({"iteration": [0, 1, 2, 3], "cost": [4.0, 3.0, 5.0, 2.0],
+    ...                   "accepted": [True, True, False, True],
+    ...                   "best_cost": [4.0, 3.0, 3.0, 2.0]})
+    >>> rows = replay(h, window=2, points=3)
+    >>> rows["iteration"].tolist(), rows["cost"].tolist(), rows["rate"].tolist()
+    ([0, 2, 3], [4.0, 3.0, 2.0], [1.0, 0.5, 0.5])
+    """
+    if points < 1:
+        raise ValueError(f"replay: points must be >= 1, got {points}")
+    accepted = history["accepted"].astype(float)
+    chain = history["cost"].where(history["accepted"]).ffill()
+    rate = accepted.rolling(window, min_periods=1).mean()
+    n = len(history)
+    pick = np.unique(np.linspace(0, n - 1, min(n, points)).round().astype(np.int64))
+    finite = lambda col: np.where(np.isfinite(col), col, np.nan)   # noqa: E731 - inf: a gap
+    return {"iteration": history["iteration"].to_numpy(np.int64)[pick],
+            "cost": finite(chain.to_numpy(float)[pick]),
+            "best_cost": finite(history["best_cost"].to_numpy(float)[pick]),
+            "rate": rate.to_numpy(float)[pick]}
