@@ -1,0 +1,39 @@
+"""Tensor and sequence parallelism of the zoo's GPT layer (Korthikanti et al. 2022, 4.2).
+
+With ``t``-way tensor parallelism a 16-bit GPT layer holds ``sbh(10 + 24/t + 5as/(ht))``
+bytes per GPU: its input, LayerNorms and dropout masks (the residual stream between the
+tensor-parallel regions) stay replicated. Sequence parallelism splits them over the sequence
+too: ``sbh(34 + 5as/h)/t``. A layer's held bytes are the difference between a three- and a
+two-layer model (each block saves the previous one's output, its input). The LayerNorms'
+fp32 statistics (16sb, not in the paper's count) are within the tolerance.
+"""
+import pytest
+
+from memflow.export.validation import predicted_held
+from memflow.graph.capture import from_torch
+from memflow.strategy import Strategy
+
+zoo = pytest.importorskip("memflow.zoo")
+
+SHAPES = [(128, 2, 256, 4, 2), (256, 1, 512, 8, 4), (64, 4, 384, 6, 2)]
+
+
+def _graph(s, b, h, a, layers, units="blocks"):
+    model, ids = zoo.get("gpt2", batch_size=b, n_layer=layers, hidden=h, n_head=a, seq_len=s,
+                         vocab=1000)
+    return from_torch(model.half(), ids, backend="cuda", units=units)
+
+
+def _layer_held(s, b, h, a, t, **tp):
+    held = [predicted_held(g, Strategy.tensor_parallel(g, t, tp=t, **tp))["gpu1"]
+            for g in (_graph(s, b, h, a, 3), _graph(s, b, h, a, 2))]
+    return held[0] - held[1]
+
+
+@pytest.mark.parametrize("s, b, h, a, t", SHAPES)
+def test_tensor_parallel_layer_holds_korthikanti_bytes(s, b, h, a, t):
+    sbh = s * b * h
+    assert _layer_held(s, b, h, a, t) == pytest.approx(
+        sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=0.02)
+    assert _layer_held(s, b, h, a, t, sequence_parallel=True) == pytest.approx(
+        sbh * (34 + 5 * a * s / h) / t, rel=0.02)
