@@ -25,6 +25,17 @@ unit sees the whole tensor — unless two adjacent linears allow Megatron's pair
 * a normalization (``LayerNorm``, ``RMSNorm``, ``GroupNorm``): replicated, as an unsplit unit
   (its weights are one vector; sharding its features would need its statistics all-reduced).
 
+**Sequence parallelism** (a split unit's ``sequence_parallel``; Korthikanti et al. 2022, as
+torchtitan writes it) runs on normalizations and containers: the residual stream they pass
+between each other is sharded over the sequence (dimension 1, ``(batch, sequence, hidden)``).
+A normalization runs ``SequenceParallel`` (its weights replicated DTensors, their gradients
+all-reduced); inside a container, each normalization does, and each child holding a
+``Linear`` all-gathers the sequence on entry and keeps its rank's part on exit (the linears
+split as above). The stream is scattered (each rank keeps its part, no communication) where a
+sequence-parallel unit follows another unit, and all-gathered where another unit follows it.
+Megatron reduce-scatters at the row-parallel linear instead of all-reducing and keeping a
+part: the same result, twice the bytes on the links in forward here.
+
 What the simulator charges (``memflow.sim.structure``: ``tp_out``/``tp_in``): every split unit
 all-reduces its whole output in forward and its input gradient in backward. For a Megatron
 pair that is twice what runs (one all-reduce each way for the pair); for a gathered
@@ -66,9 +77,11 @@ from .spans import check_modules, unit_spans
 
 __all__ = ["tensor_groups", "tensor_ranks", "tensor_plan", "parallelize", "STYLES"]
 
-STYLES = ("colwise", "colwise-sharded", "rowwise")
+STYLES = ("colwise", "colwise-sharded", "rowwise", "sequence", "sequence-gathered")
 """Plan entries: column-parallel gathered, column-parallel left sharded (first of a pair),
-row-parallel (second of a pair)."""
+row-parallel (second of a pair), a normalization on its rank's part of the sequence, a
+container's child run on the whole sequence (sequence parallelism)."""
+SEQUENCE_DIM = 1
 
 # A split normalization runs replicated: its weights are a vector, and sharding its hidden
 # dimension would need the statistics all-reduced (no parallelize_module style does that).
@@ -169,6 +182,8 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
                                   "tensor parallelism (parallelize_module) cannot shard; use "
                                   "parameter=1 for it")
             plan[path] = "colwise"
+        if strategy.sequence_parallel[s.index]:
+            plan.update(_sequence_plan(s, module, bool(inside)))
         if s.index in pairs:
             plan[s.module] = "colwise-sharded"
         elif s.index in pairs.values():
@@ -188,11 +203,70 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
     return plan
 
 
+def _sequence_plan(span, module: nn.Module, container: bool) -> dict[str, str]:
+    """The sequence-parallel entries of a split unit (module docstring)."""
+    if isinstance(module, _NORMS):
+        return {span.module: "sequence"}
+    if not container or isinstance(module, (nn.Linear, nn.Embedding)):
+        raise ExportError(f"unit {span.name!r} ({type(module).__name__}) is sequence parallel, "
+                          "which export runs on normalizations and containers (blocks) only. "
+                          "Valid: sequence_parallel=False for it")
+    plan = {}
+    for name, child in module.named_children():
+        if isinstance(child, _NORMS):
+            plan[f"{span.module}.{name}"] = "sequence"
+        elif any(isinstance(m, nn.Linear) for m in child.modules()):
+            plan[f"{span.module}.{name}"] = "sequence-gathered"
+    return plan
+
+
+def _relayout(mesh, source, target):
+    """A function moving a local tensor laid out ``source`` on ``mesh`` to ``target``,
+    differentiably (DTensor redistributes the gradient back)."""
+    from torch.distributed.tensor import DTensor
+
+    def move(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        return DTensor.from_local(x, mesh, [source], run_check=False).redistribute(
+            mesh, [target]).to_local()
+    return move
+
+
 def _styles():
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel)
     return {"colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
-            "colwise-sharded": ColwiseParallel, "rowwise": RowwiseParallel}
+            "colwise-sharded": ColwiseParallel, "rowwise": RowwiseParallel,
+            "sequence": lambda: SequenceParallel(sequence_dim=SEQUENCE_DIM,
+                                                 use_local_output=True)}
+
+
+def _sequence_hooks(model, strategy, graph, mesh, plan, after: bool) -> None:
+    """The stream's relayouts (module docstring): before ``parallelize_module`` (``after``
+    False) the entries, so they run before its own input hooks; after it the exits."""
+    from torch.distributed.tensor import Replicate, Shard
+    whole, part = Replicate(), Shard(SEQUENCE_DIM)
+    gather, scatter = _relayout(mesh, part, whole), _relayout(mesh, whole, part)
+    spans = unit_spans(strategy.units, graph)
+    modules = check_modules(model, spans)
+    for path, style in plan.items():
+        if style == "sequence-gathered":
+            m = model.get_submodule(path)
+            if not after:
+                m.register_forward_pre_hook(lambda mod, args: tuple(map(gather, args)))
+            else:
+                m.register_forward_hook(lambda mod, args, out: scatter(out))
+    seq = [bool(strategy.sequence_parallel[s.index]) and s.module in modules for s in spans]
+    for k, s in enumerate(spans):
+        if not seq[k]:
+            continue
+        m = modules[s.module]
+        if not after and (k == 0 or not seq[k - 1]):
+            m.register_forward_pre_hook(lambda mod, args: tuple(map(scatter, args)))
+        if after and (k + 1 == len(spans) or not seq[k + 1]):
+            m.register_forward_hook(lambda mod, args, out: gather(out))
 
 
 def _read_full(module: nn.Module, name: str) -> None:
@@ -227,7 +301,10 @@ def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
             if p is not None:
                 holders.setdefault(id(p), []).append((m, name))
     styles = _styles()
-    parallelize_module(model, mesh, {path: styles[style]() for path, style in plan.items()})
+    _sequence_hooks(model, strategy, graph, mesh, plan, after=False)
+    parallelize_module(model, mesh, {path: styles[style]() for path, style in plan.items()
+                                     if style in styles})
+    _sequence_hooks(model, strategy, graph, mesh, plan, after=True)
     for uses in holders.values():
         sharded = [(m, n) for m, n in uses if isinstance(m._parameters[n], DTensor)]
         if len(uses) < 2 or not sharded:
