@@ -85,16 +85,17 @@ def csr(rows) -> tuple[np.ndarray, np.ndarray]:
 
 
 def stream_tensors(shapes, producer: np.ndarray, leaves: np.ndarray) -> np.ndarray:
-    """Per tensor: it has the shape of its producer's first output (the tensor ``leaves``
-    marks), or that shape with a last dimension of 1 — in a transformer block, the residual
-    stream between Megatron's tensor-parallel regions (LayerNorm inputs and outputs, dropout
-    masks, LayerNorm statistics), which tensor parallelism replicates and sequence
-    parallelism splits. A tensor of unknown shape is not one.
+    """Per tensor: it is token-wise, ``(batch, sequence, features)``, with the shape of its
+    producer's first output (the tensor ``leaves`` marks) or that shape with one feature — in
+    a transformer block, the residual stream between Megatron's tensor-parallel regions
+    (LayerNorm inputs, outputs and statistics, dropout masks), which tensor parallelism
+    replicates and sequence parallelism splits. A tensor of unknown shape is not one, nor one
+    of another rank (a convolution's maps: a split block's channels are split).
 
-    >>> stream_tensors([[2, 8, 4], [2, 8, 4], [2, 8, 1], [2, 8, 16], []],
-    ...                np.array([0, 0, 0, 0, 0]), np.array([False, True, False, False, False])
+    >>> stream_tensors([[2, 8, 4], [2, 8, 4], [2, 8, 1], [2, 8, 16], [], [2, 8, 4, 4]],
+    ...                np.zeros(6, np.int64), np.array([False, True, False, False, False, False])
     ...                ).tolist()
-    [True, True, True, False, False]
+    [True, True, True, False, False, False]
     """
     out_shape: dict[int, tuple] = {}
     for p, shape, leaf in zip(producer.tolist(), shapes, leaves.tolist()):
@@ -103,8 +104,8 @@ def stream_tensors(shapes, producer: np.ndarray, leaves: np.ndarray) -> np.ndarr
     out = np.zeros(len(producer), bool)
     for i, (p, shape) in enumerate(zip(producer.tolist(), shapes)):
         ref = out_shape.get(p)
-        out[i] = (ref is not None and len(shape) == len(ref) and tuple(shape[:-1]) == ref[:-1]
-                  and shape[-1] in (ref[-1], 1))
+        out[i] = (ref is not None and len(shape) == len(ref) == 3
+                  and tuple(shape[:-1]) == ref[:-1] and shape[-1] in (ref[-1], 1))
     return out
 
 

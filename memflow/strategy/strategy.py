@@ -357,7 +357,8 @@ class Strategy:
     @property
     def table(self) -> pd.DataFrame:
         """One row per unit: policy, error_bound, segment_break, degrees, devices, stage,
-        segment, shard level, offload_optimizer, sequence_parallel (the global precision is :attr:`precision`)."""
+        segment, shard level, offload_optimizer, sequence_parallel (the global precision is
+        :attr:`precision`)."""
         return pd.DataFrame({
             "unit": list(self.units), "policy": self.policies,
             "error_bound": np.array(self.error_bound),
@@ -375,7 +376,8 @@ class Strategy:
                 self.segment_break.tobytes(), self.sample.tobytes(),
                 self.parameter.tobytes(), self.attribute.tobytes(), self.devices,
                 self.stage.tobytes(), self.shard.tobytes(), self.offload_optimizer.tobytes(),
-                self.sequence_parallel.tobytes(), self.precision, self.microbatches, self.schedule, self.name)
+                self.sequence_parallel.tobytes(), self.precision, self.microbatches,
+                self.schedule, self.name)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Strategy) and self._key() == other._key()
@@ -408,8 +410,9 @@ class Strategy:
         ``segment_break`` is written only when some unit has one, so strategies without breaks
         write the same document as before breaks existed (and old documents read as no breaks);
         so are ``shard`` (when a unit is sharded), ``offload_optimizer`` (when a unit offloads),
-        ``sequence_parallel`` (when a unit has it) and ``precision`` (when set): old documents read as unsharded, on the device, with the
-        simulator's precision.
+        ``sequence_parallel`` (when a unit has it) and ``precision`` (when set): old documents
+        read as unsharded, on the device, without sequence parallelism, with the simulator's
+        precision.
         """
         doc = {"format": FORMAT, "name": self.name, "microbatches": self.microbatches,
                 "schedule": self.schedule, "units": list(self.units),
