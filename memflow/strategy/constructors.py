@@ -145,8 +145,9 @@ def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 
     of their stage. The simulator charges each split unit an all-reduce of its output in
     forward and of its input gradient in backward (under sequence parallelism a
     reduce-scatter and an all-gather: the same bytes on a ring). ``sequence_parallel`` marks
-    the split units between tensor-parallel regions (blocks, normalizations); a split
-    ``Linear`` or ``Embedding`` is a region itself.
+    the split units between tensor-parallel regions that pass token-wise tensors ``(batch,
+    sequence, features)`` (transformer blocks, their normalizations); a split ``Linear`` or
+    ``Embedding`` is a region itself.
 
     >>> import memflow
     >>> g = memflow.zoo.graph("gpt2", batch_size=2, n_layer=2, hidden=64, n_head=4,
@@ -156,8 +157,12 @@ def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 
     ('tp=2 pp=1 dp=1 sp', 'h.0')
     """
     devs = device_list(devices)
-    regions = graph.units.get("kind", pd.Series("", graph.units.index)).isin(
-        ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")).to_numpy()
+    # sequence parallelism: units between the regions that pass token-wise tensors
+    t = graph.tensors
+    token_wise = set(t["producer"][[len(x) == 3 for x in t["shape"]]]) if "shape" in t else set()
+    between = ~graph.units.get("kind", pd.Series("", graph.units.index)).isin(
+        ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")).to_numpy() \
+        & np.isin(graph.names, list(token_wise))
     if tp * pp * dp != len(devs):
         raise StrategyError(f"tensor_parallel: tp × pp × dp = {tp * pp * dp} but {len(devs)} "
                             "devices were given; choose degrees whose product is the count")
@@ -173,7 +178,7 @@ def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 
         param.append(tp if split[i] else 1)
     return Strategy(graph.names, devices=placed, sample=[dp] * len(graph), parameter=param,
                     stage=stage if pp > 1 else None, microbatches=microbatches,
-                    sequence_parallel=(np.array(param) > 1) & ~regions
+                    sequence_parallel=(np.array(param) > 1) & between
                     if sequence_parallel else None,
                     schedule=schedule,
                     name=name or f"tp={tp} pp={pp} dp={dp}" + (" sp" if sequence_parallel else ""))
