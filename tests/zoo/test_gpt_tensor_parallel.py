@@ -18,22 +18,23 @@ zoo = pytest.importorskip("memflow.zoo")
 SHAPES = [(128, 2, 256, 4, 2), (256, 1, 512, 8, 4), (64, 4, 384, 6, 2)]
 
 
-def _graph(s, b, h, a, layers, units="blocks"):
+def _graph(s, b, h, a, layers):
     model, ids = zoo.get("gpt2", batch_size=b, n_layer=layers, hidden=h, n_head=a, seq_len=s,
                          vocab=1000)
-    return from_torch(model.half(), ids, backend="cuda", units=units)
+    return from_torch(model.half(), ids, backend="cuda", units="blocks")
 
 
-def _layer_held(s, b, h, a, t, **tp):
+def _layer_held(graphs, t, **tp):
     held = [predicted_held(g, Strategy.tensor_parallel(g, t, tp=t, **tp))["gpu1"]
-            for g in (_graph(s, b, h, a, 3), _graph(s, b, h, a, 2))]
+            for g in graphs]
     return held[0] - held[1]
 
 
 @pytest.mark.parametrize("s, b, h, a, t", SHAPES)
 def test_tensor_parallel_layer_holds_korthikanti_bytes(s, b, h, a, t):
+    graphs = [_graph(s, b, h, a, 3), _graph(s, b, h, a, 2)]
     sbh = s * b * h
-    assert _layer_held(s, b, h, a, t) == pytest.approx(
+    assert _layer_held(graphs, t) == pytest.approx(
         sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=0.02)
-    assert _layer_held(s, b, h, a, t, sequence_parallel=True) == pytest.approx(
+    assert _layer_held(graphs, t, sequence_parallel=True) == pytest.approx(
         sbh * (34 + 5 * a * s / h) / t, rel=0.02)
