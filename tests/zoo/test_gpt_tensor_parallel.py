@@ -38,3 +38,17 @@ def test_tensor_parallel_layer_holds_korthikanti_bytes(s, b, h, a, t):
         sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=0.02)
     assert _layer_held(graphs, t, sequence_parallel=True) == pytest.approx(
         sbh * (34 + 5 * a * s / h) / t, rel=0.02)
+
+
+def test_sequence_parallelism_moves_the_same_bytes_in_the_same_time():
+    """Each all-reduce becomes a reduce-scatter and an all-gather: the same bytes on a ring,
+    so the step time does not move; the activations per GPU shrink."""
+    import memflow
+    g = _graph(64, 2, 256, 4, 2)
+    node = memflow.Cluster.preset("4xV100-16GB")
+    tp, sp = (memflow.simulate(g, Strategy.tensor_parallel(g, 4, tp=4, sequence_parallel=x),
+                               node) for x in (False, True))
+    assert sp.iteration_time == pytest.approx(tp.iteration_time, rel=1e-12)
+    assert sp.timeline["bytes"].sum() == pytest.approx(tp.timeline["bytes"].sum(), rel=1e-12)
+    acts = [r.breakdown().loc["gpu1", "activations"] for r in (tp, sp)]
+    assert acts[1] < 0.8 * acts[0]
