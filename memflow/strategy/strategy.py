@@ -396,6 +396,8 @@ class Strategy:
              if k != "none"]
             + ([f", optimizer on host {int(self.offload_optimizer.sum())}"]
                if self.offload_optimizer.any() else [])
+            + ([f", sequence parallel {int(self.sequence_parallel.sum())}"]
+               if self.sequence_parallel.any() else [])
             + ([f", {self.precision}"] if self.precision else []))
         return (f"<Strategy {self.name!r}: {len(self)} units on {len(self.device_names)} "
                 f"devices, {pol}{states}, microbatches={self.microbatches} ({self.schedule})>")
