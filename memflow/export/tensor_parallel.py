@@ -21,7 +21,9 @@ unit sees the whole tensor — unless two adjacent linears allow Megatron's pair
   (``RowwiseParallel``, its output all-reduced): one all-reduce in forward and one in backward
   for the pair. This needs the graph (its tensors say where each output flows);
 * a unit that is a container (a block, an MLP, an attention): each ``Linear`` and
-  ``Embedding`` inside it as above, gathered;
+  ``Embedding`` inside it as above, gathered, but a Megatron pair inside it (a module of
+  leaves: ``Linear``, element-wise modules, ``Linear``, element-wise modules — an MLP) runs
+  column- then row-parallel (its hidden activations split);
 * a normalization (``LayerNorm``, ``RMSNorm``, ``GroupNorm``): replicated, as an unsplit unit
   (its weights are one vector; sharding its features would need its statistics all-reduced).
 
@@ -182,6 +184,7 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
                                   "tensor parallelism (parallelize_module) cannot shard; use "
                                   "parameter=1 for it")
             plan[path] = "colwise"
+        plan.update(_inner_pairs(s.module, module) if inside else {})
         if strategy.sequence_parallel[s.index]:
             plan.update(_sequence_plan(s, module, bool(inside)))
         if s.index in pairs:
@@ -201,6 +204,45 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
                               "inside it, which recompute cannot replay. Valid: keep, or "
                               "recompute at a finer granularity (its Linear units)")
     return plan
+
+
+def _chain(module: nn.Module) -> list[str] | None:
+    """The children ``module``'s forward calls one after the other, each on the previous
+    one's output alone (``torch.fx``); None when its forward is anything else."""
+    from torch import fx
+    try:
+        nodes = list(fx.symbolic_trace(module).graph.nodes)
+    except Exception:       # noqa: BLE001 - code fx cannot trace is no plain chain
+        return None
+    calls, prev = [], nodes[0] if nodes and nodes[0].op == "placeholder" else None
+    for node in nodes[1:]:
+        if node.op == "output":
+            return calls if prev is not None and node.args == (prev,) else None
+        if node.op != "call_module" or node.args != (prev,) or node.kwargs:
+            return None
+        calls.append(node.target)
+        prev = node
+    return None
+
+
+def _inner_pairs(prefix: str, module: nn.Module) -> dict[str, str]:
+    """Megatron pairs inside a split container: a module whose forward chains two ``Linear``
+    with only element-wise modules between and after them (an MLP: ``fc``, ``act``, ``proj``,
+    ``dropout``; checked with :func:`_chain`)."""
+    out = {}
+    for path, m in module.named_modules():
+        kids = dict(m.named_children())
+        kinds = [type(k).__name__ for k in kids.values()]
+        if kinds.count("Linear") != 2 or not all(k in _ELEMENTWISE or k == "Linear"
+                                                 for k in kinds):
+            continue
+        calls = _chain(m)
+        linear = [c for c in calls or () if type(kids.get(c)).__name__ == "Linear"]
+        if calls and calls[0] == linear[0] and len(linear) == 2 and len(set(calls)) == len(calls):
+            base = f"{prefix}.{path}" if path else prefix
+            out[f"{base}.{linear[0]}"] = "colwise-sharded"
+            out[f"{base}.{linear[1]}"] = "rowwise"
+    return out
 
 
 def _sequence_plan(span, module: nn.Module, container: bool) -> dict[str, str]:

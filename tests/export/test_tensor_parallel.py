@@ -155,7 +155,9 @@ def test_the_plan_pairs_megatron_linears_and_gathers_the_rest():
     assert set(tensor_plan(model, s).values()) == {"colwise"}
     blocks = _graph("gpt2", GPT2, "blocks")
     plan = tensor_plan(model, Strategy.tensor_parallel(blocks, 2, tp=2), blocks)
-    assert plan["h.1.mlp.proj"] == "colwise" and "ln_f" not in plan
+    # inside a split block the MLP is a Megatron pair; the attention's linears are gathered
+    assert plan["h.1.mlp.fc"] == "colwise-sharded" and plan["h.1.mlp.proj"] == "rowwise"
+    assert plan["h.1.attn.qkv"] == "colwise" and "ln_f" not in plan
     sp = tensor_plan(model, Strategy.tensor_parallel(blocks, 2, tp=2, sequence_parallel=True),
                      blocks)
     assert {k: v for k, v in sp.items() if k.startswith(("h.1.", "ln_f")) and "." not in k[4:]} \
