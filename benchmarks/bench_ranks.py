@@ -54,12 +54,27 @@ Why rows differ, and what was fixed:
   optimizer step. Left: stage 0's weights -1.5% is the mask's 256 bytes, which the tracer leaves
   on stage 0 as a plain tensor attribute of `h.0.attn` (not a registered buffer), so the rank's
   `module.buffers()` does not count it; the bytes are there.
-- gpt2 tensor, held +88% to +98%: a split block runs its Linears column-parallel with outputs
-  gathered (FlexFlow's per-unit meaning, `memflow.export.tensor_parallel`), so each rank keeps
-  the full inputs of every Linear, the norms and the attention core; the simulator charges a
-  split unit's saved bytes at 1/p. Units left unsplit (glue, `lm_head`) run on every rank, but
-  the simulator charges them to one device. Weights +3%: the norms inside split blocks stay
-  replicated. On the chain, where the split units are the Linears, every byte agrees.
+- gpt2 tensor (was held +88% to +98%; now +10% to +15%), and tensor + sequence (+22% to +29%):
+  which side was wrong? Both, measured against PyTorch. The export: each rank held more than
+  the whole model does on one process (58 KB against 56 KB), because a split block ran every
+  Linear column-parallel with its output gathered (FlexFlow's per-unit meaning), keeping the
+  MLP's hidden activations whole; a split block's MLP now runs as a Megatron pair (column- then
+  row-parallel, `memflow.export.tensor_parallel`), 58 KB -> 40 KB. The simulator: it charged a
+  split block's residual stream (LayerNorm inputs and outputs, dropout masks) at 1/t, where
+  Megatron replicates it (`sbh(10 + 24/t + 5as/(ht))`, `tests/zoo/test_gpt_tensor_parallel.py`);
+  it now holds them whole, and at 1/t under sequence parallelism (`Strategy.sequence_parallel`).
+  Left: the attention's linears still run gathered (its fused qkv needs its rows regrouped per
+  head and its head count made local, as torchtitan's model code does), so each rank keeps
+  q, k, v and the scores whole; under sequence parallelism PyTorch's matmul saves the
+  all-gathered input of a block's linears (Megatron's own linear saves its part and gathers it
+  again in backward); units left unsplit (glue, `lm_head`) run on every rank, but the strategy
+  places them, and the simulator charges them, on one device. Weights +3%: the norms inside
+  split blocks stay replicated. On the chain, where the split units are the Linears, every byte
+  agrees.
+- Launch-to-launch variation (the same code, 2 loaded cores): single launches have measured a
+  rank some KB above its usual bytes (chain tensor rank 0 +1 KB, chain fsdp zero-3 rank 0
+  +4 KB, resnet50 fsdp zero-3 rank 0 +1.3%), each exact again when rerun: something the rank
+  allocates at a varying moment (gloo or the allocator), not explained yet.
 - gpt2 fsdp zero-3 rank 1, held +0.5% (128 bytes) in some launches and +0.0% in others (the
   same code): a buffer whose life varies between runs, not explained yet.
 - Also seen, outside this table: ZeRO-2 weights (-20% on the chain; FSDP2 keeps a 1/N shard at
@@ -80,6 +95,8 @@ def kinds(g) -> dict[str, Strategy]:
         "pipeline gpipe": Strategy.pipeline(g, 2, stages=2, microbatches=2, schedule="gpipe"),
         "pipeline 1f1b": Strategy.pipeline(g, 2, stages=2, microbatches=2, schedule="1f1b"),
         "tensor": Strategy.tensor_parallel(g, 2, tp=2),
+        **({"tensor + sequence": sp} if (sp := Strategy.tensor_parallel(
+            g, 2, tp=2, sequence_parallel=True)).sequence_parallel.any() else {}),
         "dp2 x pp2 1f1b": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2,
                                             schedule="1f1b"),
     }

@@ -21,9 +21,22 @@ unit sees the whole tensor — unless two adjacent linears allow Megatron's pair
   (``RowwiseParallel``, its output all-reduced): one all-reduce in forward and one in backward
   for the pair. This needs the graph (its tensors say where each output flows);
 * a unit that is a container (a block, an MLP, an attention): each ``Linear`` and
-  ``Embedding`` inside it as above, gathered;
+  ``Embedding`` inside it as above, gathered, but a Megatron pair inside it (a module of
+  leaves: ``Linear``, element-wise modules, ``Linear``, element-wise modules — an MLP) runs
+  column- then row-parallel (its hidden activations split);
 * a normalization (``LayerNorm``, ``RMSNorm``, ``GroupNorm``): replicated, as an unsplit unit
   (its weights are one vector; sharding its features would need its statistics all-reduced).
+
+**Sequence parallelism** (a split unit's ``sequence_parallel``; Korthikanti et al. 2022, as
+torchtitan writes it) runs on normalizations and containers: the residual stream they pass
+between each other is sharded over the sequence (dimension 1, ``(batch, sequence, hidden)``).
+A normalization runs ``SequenceParallel`` (its weights replicated DTensors, their gradients
+all-reduced); inside a container, each normalization does, and each child holding a
+``Linear`` all-gathers the sequence on entry and keeps its rank's part on exit (the linears
+split as above). The stream is scattered (each rank keeps its part, no communication) where a
+sequence-parallel unit follows another unit, and all-gathered where another unit follows it.
+Megatron reduce-scatters at the row-parallel linear instead of all-reducing and keeping a
+part: the same result, twice the bytes on the links in forward here.
 
 What the simulator charges (``memflow.sim.structure``: ``tp_out``/``tp_in``): every split unit
 all-reduces its whole output in forward and its input gradient in backward. For a Megatron
@@ -66,9 +79,11 @@ from .spans import check_modules, unit_spans
 
 __all__ = ["tensor_groups", "tensor_ranks", "tensor_plan", "parallelize", "STYLES"]
 
-STYLES = ("colwise", "colwise-sharded", "rowwise")
+STYLES = ("colwise", "colwise-sharded", "rowwise", "sequence", "sequence-gathered")
 """Plan entries: column-parallel gathered, column-parallel left sharded (first of a pair),
-row-parallel (second of a pair)."""
+row-parallel (second of a pair), a normalization on its rank's part of the sequence, a
+container's child run on the whole sequence (sequence parallelism)."""
+SEQUENCE_DIM = 1
 
 # A split normalization runs replicated: its weights are a vector, and sharding its hidden
 # dimension would need the statistics all-reduced (no parallelize_module style does that).
@@ -169,6 +184,9 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
                                   "tensor parallelism (parallelize_module) cannot shard; use "
                                   "parameter=1 for it")
             plan[path] = "colwise"
+        plan.update(_inner_pairs(s.module, module) if inside else {})
+        if strategy.sequence_parallel[s.index]:
+            plan.update(_sequence_plan(s, module, bool(inside)))
         if s.index in pairs:
             plan[s.module] = "colwise-sharded"
         elif s.index in pairs.values():
@@ -188,11 +206,109 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
     return plan
 
 
+def _chain(module: nn.Module) -> list[str] | None:
+    """The children ``module``'s forward calls one after the other, each on the previous
+    one's output alone (``torch.fx``); None when its forward is anything else."""
+    from torch import fx
+    try:
+        nodes = list(fx.symbolic_trace(module).graph.nodes)
+    except Exception:       # noqa: BLE001 - code fx cannot trace is no plain chain
+        return None
+    calls, prev = [], nodes[0] if nodes and nodes[0].op == "placeholder" else None
+    for node in nodes[1:]:
+        if node.op == "output":
+            return calls if prev is not None and node.args == (prev,) else None
+        if node.op != "call_module" or node.args != (prev,) or node.kwargs:
+            return None
+        calls.append(node.target)
+        prev = node
+    return None
+
+
+def _inner_pairs(prefix: str, module: nn.Module) -> dict[str, str]:
+    """Megatron pairs inside a split container: a module whose forward chains two ``Linear``
+    with only element-wise modules between and after them (an MLP: ``fc``, ``act``, ``proj``,
+    ``dropout``; checked with :func:`_chain`)."""
+    out = {}
+    for path, m in module.named_modules():
+        kids = dict(m.named_children())
+        kinds = [type(k).__name__ for k in kids.values()]
+        if kinds.count("Linear") != 2 or not all(k in _ELEMENTWISE or k == "Linear"
+                                                 for k in kinds):
+            continue
+        calls = _chain(m)
+        linear = [c for c in calls or () if type(kids.get(c)).__name__ == "Linear"]
+        if calls and calls[0] == linear[0] and len(linear) == 2 and len(set(calls)) == len(calls):
+            base = f"{prefix}.{path}" if path else prefix
+            out[f"{base}.{linear[0]}"] = "colwise-sharded"
+            out[f"{base}.{linear[1]}"] = "rowwise"
+    return out
+
+
+def _sequence_plan(span, module: nn.Module, container: bool) -> dict[str, str]:
+    """The sequence-parallel entries of a split unit (module docstring)."""
+    if isinstance(module, _NORMS):
+        return {span.module: "sequence"}
+    if not container or isinstance(module, (nn.Linear, nn.Embedding)):
+        raise ExportError(f"unit {span.name!r} ({type(module).__name__}) is sequence parallel, "
+                          "which export runs on normalizations and containers (blocks) only. "
+                          "Valid: sequence_parallel=False for it")
+    plan = {}
+    for name, child in module.named_children():
+        if isinstance(child, _NORMS):
+            plan[f"{span.module}.{name}"] = "sequence"
+        elif any(isinstance(m, nn.Linear) for m in child.modules()):
+            plan[f"{span.module}.{name}"] = "sequence-gathered"
+    return plan
+
+
+def _relayout(mesh, source, target):
+    """A function moving a local tensor laid out ``source`` on ``mesh`` to ``target``,
+    differentiably (DTensor redistributes the gradient back)."""
+    from torch.distributed.tensor import DTensor
+
+    def move(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        return DTensor.from_local(x, mesh, [source], run_check=False).redistribute(
+            mesh, [target]).to_local()
+    return move
+
+
 def _styles():
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel)
     return {"colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
-            "colwise-sharded": ColwiseParallel, "rowwise": RowwiseParallel}
+            "colwise-sharded": ColwiseParallel, "rowwise": RowwiseParallel,
+            "sequence": lambda: SequenceParallel(sequence_dim=SEQUENCE_DIM,
+                                                 use_local_output=True)}
+
+
+def _sequence_hooks(model, strategy, graph, mesh, plan, after: bool) -> None:
+    """The stream's relayouts (module docstring): before ``parallelize_module`` (``after``
+    False) the entries, so they run before its own input hooks; after it the exits."""
+    from torch.distributed.tensor import Replicate, Shard
+    whole, part = Replicate(), Shard(SEQUENCE_DIM)
+    gather, scatter = _relayout(mesh, part, whole), _relayout(mesh, whole, part)
+    spans = unit_spans(strategy.units, graph)
+    modules = check_modules(model, spans)
+    for path, style in plan.items():
+        if style == "sequence-gathered":
+            m = model.get_submodule(path)
+            if not after:
+                m.register_forward_pre_hook(lambda mod, args: tuple(map(gather, args)))
+            else:
+                m.register_forward_hook(lambda mod, args, out: scatter(out))
+    seq = [bool(strategy.sequence_parallel[s.index]) and s.module in modules for s in spans]
+    for k, s in enumerate(spans):
+        if not seq[k]:
+            continue
+        m = modules[s.module]
+        if not after and (k == 0 or not seq[k - 1]):
+            m.register_forward_pre_hook(lambda mod, args: tuple(map(scatter, args)))
+        if after and (k + 1 == len(spans) or not seq[k + 1]):
+            m.register_forward_hook(lambda mod, args, out: gather(out))
 
 
 def _read_full(module: nn.Module, name: str) -> None:
@@ -227,7 +343,10 @@ def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
             if p is not None:
                 holders.setdefault(id(p), []).append((m, name))
     styles = _styles()
-    parallelize_module(model, mesh, {path: styles[style]() for path, style in plan.items()})
+    _sequence_hooks(model, strategy, graph, mesh, plan, after=False)
+    parallelize_module(model, mesh, {path: styles[style]() for path, style in plan.items()
+                                     if style in styles})
+    _sequence_hooks(model, strategy, graph, mesh, plan, after=True)
     for uses in holders.values():
         sharded = [(m, n) for m, n in uses if isinstance(m._parameters[n], DTensor)]
         if len(uses) < 2 or not sharded:

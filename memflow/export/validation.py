@@ -80,7 +80,8 @@ def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
     ga = graph_arrays(graph)
     plan = step_blocks(ga, strategy.policy, strategy.segment, strategy.layout_ids, degrees,
-                       strategy.microbatches, compression_ratios(strategy, ga.half))
+                       strategy.microbatches, compression_ratios(strategy, ga.half),
+                       sequence=strategy.sequence_parallel)
     device, host = plan.held_for_backward()
     out: dict[str, float] = {}
     for layout, on_device, on_host in zip(strategy.layouts, device, host):

@@ -48,6 +48,7 @@ class GraphArrays:
     requires_grad: np.ndarray
     per_sample: np.ndarray
     expensive: np.ndarray       # made by an expensive op
+    stream: np.ndarray          # between tensor-parallel regions (:func:`stream_tensors`)
     readers: tuple[tuple[int, ...], ...]   # distinct forward readers other than the producer
     savers: tuple[tuple[int, ...], ...]    # distinct savers, in execution order
     batch_size: int | None
@@ -81,6 +82,31 @@ def csr(rows) -> tuple[np.ndarray, np.ndarray]:
     ptr = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(lens, out=ptr[1:])
     return ptr, np.fromiter((x for r in rows for x in r), np.int64, int(ptr[-1]))
+
+
+def stream_tensors(shapes, producer: np.ndarray, leaves: np.ndarray) -> np.ndarray:
+    """Per tensor: it is token-wise, ``(batch, sequence, features)``, with the shape of its
+    producer's first output (the tensor ``leaves`` marks) or that shape with one feature — in
+    a transformer block, the residual stream between Megatron's tensor-parallel regions
+    (LayerNorm inputs, outputs and statistics, dropout masks), which tensor parallelism
+    replicates and sequence parallelism splits. A tensor of unknown shape is not one, nor one
+    of another rank (a convolution's maps: a split block's channels are split).
+
+    >>> stream_tensors([[2, 8, 4], [2, 8, 4], [2, 8, 1], [2, 8, 16], [], [2, 8, 4, 4]],
+    ...                np.zeros(6, np.int64), np.array([False, True, False, False, False, False])
+    ...                ).tolist()
+    [True, True, True, False, False, False]
+    """
+    out_shape: dict[int, tuple] = {}
+    for p, shape, leaf in zip(producer.tolist(), shapes, leaves.tolist()):
+        if leaf and p not in out_shape and len(shape):
+            out_shape[p] = tuple(shape)
+    out = np.zeros(len(producer), bool)
+    for i, (p, shape) in enumerate(zip(producer.tolist(), shapes)):
+        ref = out_shape.get(p)
+        out[i] = (ref is not None and len(shape) == len(ref) == 3
+                  and tuple(shape[:-1]) == ref[:-1] and shape[-1] in (ref[-1], 1))
+    return out
 
 
 _CACHE: "weakref.WeakKeyDictionary[object, GraphArrays]" = weakref.WeakKeyDictionary()
@@ -139,6 +165,8 @@ def graph_arrays(graph) -> GraphArrays:
         bytes=t["bytes"].to_numpy(np.float64), producer=producer,
         is_output=t["is_output"].to_numpy(bool), requires_grad=t["requires_grad"].to_numpy(bool),
         per_sample=t["per_sample"].to_numpy(bool), expensive=t["expensive"].to_numpy(bool),
+        stream=stream_tensors(t["shape"], producer, (r_ptr[1:] > r_ptr[:-1])
+                              | t["is_output"].to_numpy(bool)),
         readers=tuple(readers),
         savers=tuple(savers), batch_size=graph.meta.get("batch_size"),
         keep_output=bool(graph.meta.get("keep_output", False)), readers_ptr=r_ptr,

@@ -527,7 +527,8 @@ def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
                 degrees: np.ndarray, microbatches: int, ratio: np.ndarray, *,
                 optimizer: str = "sgd", foreach: bool = True, cache: dict | None = None,
                 precision: str | None = None, shard: np.ndarray | None = None,
-                offload: np.ndarray | None = None) -> StepBlocks:
+                offload: np.ndarray | None = None,
+                sequence: np.ndarray | None = None) -> StepBlocks:
     """The blocks of one training step.
 
     ``degrees`` is ``(layouts, 3)``: sample, parameter, attribute of each layout; ``layout``,
@@ -537,13 +538,15 @@ def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
     ``cache`` (a dict the caller keeps) holds what the placements alone decide, so strategies
     that differ in memory policies only share it. ``precision``, ``shard`` and ``offload``
     (per unit: shard level code, optimizer on the host) decide the model states
-    (:func:`memflow.memory.states.unit_states`).
+    (:func:`memflow.memory.states.unit_states`). ``sequence`` (per unit) is the strategy's
+    sequence parallelism (:func:`memflow.memory.records.placements`).
     """
-    key = (layout.tobytes(), degrees.tobytes(), int(microbatches))
+    key = (layout.tobytes(), degrees.tobytes(), int(microbatches),
+           None if sequence is None else sequence.tobytes())
     placed = cache.get(key) if cache is not None else None
     if placed is None:
         placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
-                            degrees[layout, 1], microbatches)
+                            degrees[layout, 1], microbatches, sequence=sequence)
         if cache is not None:
             cache[key] = placed
     table = BlockTable(ga, placed, layout, degrees, microbatches, optimizer=optimizer,

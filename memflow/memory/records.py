@@ -153,11 +153,19 @@ def _pairs(ga: GraphArrays) -> tuple[np.ndarray, ...]:
 
 
 def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarray,
-               microbatches: int, allocator: str | None = None) -> Placed:
+               microbatches: int, allocator: str | None = None,
+               sequence: np.ndarray | None = None) -> Placed:
     """The records, copies and gradient blocks of ``layout`` (placement per unit), where
     ``sa`` is each unit's sample × attribute degree and ``p`` its parameter degree.
     ``allocator="cuda"`` charges each record the CUDA caching allocator's block
-    (:func:`memflow.memory.allocator.allocated_bytes`) instead of its bytes."""
+    (:func:`memflow.memory.allocator.allocated_bytes`) instead of its bytes.
+
+    A tensor internal to a split unit is held at ``1/p`` per part, but for its residual-stream
+    tensors (``ga.stream``: Megatron's replicated LayerNorm and dropout tensors), unless the
+    unit is ``sequence`` parallel (per unit, bool); under sequence parallelism a stream tensor
+    passed between sequence-parallel units only is held at ``1/p`` too (Korthikanti et al.
+    2022: ``sbh(10 + 24/t + 5as/(ht))`` per block, ``sbh(34 + 5as/h)/t`` with sequence
+    parallelism)."""
     n, last, M = ga.n, ga.n - 1, int(microbatches)
     n_t = len(ga.bytes)
     prod_t = ga.producer
@@ -210,8 +218,14 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     lead_unit = np.where(rec_home & (rec_prod >= 0), rec_prod, rec_min)
     share = np.where(per_sample, 1.0 / sa[np.maximum(lead_unit, 0)], 1.0)
     no_readers = (ga.readers_ptr[rec_t + 1] == ga.readers_ptr[rec_t]) & ~ga.is_output[rec_t]
-    split = rec_home & (rec_prod >= 0) & no_readers & (p[np.maximum(rec_prod, 0)] > 1)
-    share = np.where(split, share / p[np.maximum(rec_prod, 0)], share)  # internal to a split unit
+    prod = np.maximum(rec_prod, 0)
+    seq = np.zeros(n, bool) if sequence is None else sequence & (p > 1)
+    stream = ga.stream[rec_t]
+    split = rec_home & (rec_prod >= 0) & (p[prod] > 1) & (
+        no_readers & (~stream | seq[prod])         # internal to a split unit
+        | (seq[prod] & stream & ~ga.is_output[rec_t]
+           & (np.bincount(pair_rec, ~seq[pv], minlength=R) == 0)))  # sequence-split stream
+    share = np.where(split, share / p[prod], share)
     nbytes = allocated_bytes(size * share, allocator)
 
     # copies: every record off the producer's placement

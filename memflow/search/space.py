@@ -221,6 +221,10 @@ class SearchSpace:
             out = out.with_model_states(offload_optimizer=False)
         if out.precision not in RUNNABLE.precisions:
             out = out._replace(precision=RUNNABLE.precisions[0])
+        if out.sequence_parallel.any() and not RUNNABLE.sequence_parallel:
+            none = np.zeros(len(out), bool)
+            none.flags.writeable = False
+            out = out._replace(sequence_parallel=none)
         return out
 
     def groups(self, k: int) -> list[tuple[str, ...]]:

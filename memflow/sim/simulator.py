@@ -220,14 +220,15 @@ class Simulator:
     def _placed_of(self, strategy: Strategy) -> Placed:
         layout, M = strategy.layout_ids, strategy.microbatches
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-        key = (layout.tobytes(), degrees.tobytes(), M, self.precision_of(strategy))
+        key = (layout.tobytes(), degrees.tobytes(), M, self.precision_of(strategy),
+               strategy.sequence_parallel.tobytes())
         placed = self._placed.get(key)
         if placed is None:
             if len(self._placed) > 4 * self.cache_size:   # placements seen long ago
                 self._placed.clear()
             placed = self._placed[key] = placements(
                 self.arrays(strategy), layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
-                degrees[layout, 1], M)
+                degrees[layout, 1], M, sequence=strategy.sequence_parallel)
         return placed
 
     def precision_of(self, strategy: Strategy) -> str:
@@ -378,7 +379,8 @@ class Simulator:
         """What the placements of ``strategy`` decide (cached)."""
         key = (strategy.layout_ids.tobytes(), tuple(strategy.layouts), strategy.stage.tobytes(),
                strategy.microbatches, strategy.schedule, fold, strategy.shard.tobytes(),
-               strategy.offload_optimizer.tobytes(), self.precision_of(strategy))
+               strategy.offload_optimizer.tobytes(), self.precision_of(strategy),
+               strategy.sequence_parallel.tobytes())
         hit = self._placements.get(key)
         if hit is not None:
             self._placements.move_to_end(key)

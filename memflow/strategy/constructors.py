@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..errors import StrategyError
 from .strategy import Strategy
@@ -134,16 +135,34 @@ def pipeline(graph, devices: Devices, *, stages: int, microbatches: int, dp: int
 
 def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 1,
                     microbatches: int = 1, schedule: str = "1f1b",
-                    name: str | None = None) -> Strategy:
-    """Megatron-style tensor × pipeline × data parallelism.
+                    sequence_parallel: bool = False, name: str | None = None) -> Strategy:
+    """Megatron-style tensor × pipeline × data parallelism, with ``sequence_parallel`` its
+    sequence parallelism on every split unit.
 
     Device ``(r * pp + s) * tp + t`` is tensor rank ``t`` of stage ``s`` of replica ``r``.
     Units that hold parameters and can be split ``tp`` ways over their parameter dimension
     (blocks, embeddings, large linears) get ``parameter=tp``; the rest run on tensor rank 0
     of their stage. The simulator charges each split unit an all-reduce of its output in
-    forward and of its input gradient in backward.
+    forward and of its input gradient in backward (under sequence parallelism a
+    reduce-scatter and an all-gather: the same bytes on a ring). ``sequence_parallel`` marks
+    the split units between tensor-parallel regions that pass token-wise tensors ``(batch,
+    sequence, features)`` (transformer blocks, their normalizations); a split ``Linear`` or
+    ``Embedding`` is a region itself.
+
+    >>> import memflow
+    >>> g = memflow.zoo.graph("gpt2", batch_size=2, n_layer=2, hidden=64, n_head=4,
+    ...                       seq_len=32, vocab=100, units="blocks")
+    >>> s = tensor_parallel(g, 2, tp=2, sequence_parallel=True)
+    >>> s.name, s.units[s.sequence_parallel.argmax()]
+    ('tp=2 pp=1 dp=1 sp', 'h.0')
     """
     devs = device_list(devices)
+    # sequence parallelism: units between the regions that pass token-wise tensors
+    t = graph.tensors
+    token_wise = set(t["producer"][[len(x) == 3 for x in t["shape"]]]) if "shape" in t else set()
+    between = ~graph.units.get("kind", pd.Series("", graph.units.index)).isin(
+        ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")).to_numpy() \
+        & np.isin(graph.names, list(token_wise))
     if tp * pp * dp != len(devs):
         raise StrategyError(f"tensor_parallel: tp × pp × dp = {tp * pp * dp} but {len(devs)} "
                             "devices were given; choose degrees whose product is the count")
@@ -159,7 +178,10 @@ def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 
         param.append(tp if split[i] else 1)
     return Strategy(graph.names, devices=placed, sample=[dp] * len(graph), parameter=param,
                     stage=stage if pp > 1 else None, microbatches=microbatches,
-                    schedule=schedule, name=name or f"tp={tp} pp={pp} dp={dp}")
+                    sequence_parallel=(np.array(param) > 1) & between
+                    if sequence_parallel else None,
+                    schedule=schedule,
+                    name=name or f"tp={tp} pp={pp} dp={dp}" + (" sp" if sequence_parallel else ""))
 
 
 def _attach() -> None:

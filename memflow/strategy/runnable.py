@@ -79,6 +79,10 @@ class Runnable:
     """Strategy precisions export writes (None: the model's own dtype)."""
     offload_optimizer: bool = False
     """Whether export runs optimizer states and steps on the host."""
+    sequence_parallel: bool = False
+    """Whether the search may set sequence parallelism: export runs it on split blocks and
+    normalisations only (:mod:`memflow.export.tensor_parallel`), which the search never
+    splits."""
 
 
 RUNNABLE = Runnable()
@@ -257,6 +261,12 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
     if offload.any() and not rules.offload_optimizer:
         return (f"unit {units[int(offload.argmax())]!r} has its optimizer on the host; export "
                 "does not run optimizer offload yet. Valid: the optimizer on the device")
+    seq = np.asarray(strategy.sequence_parallel)
+    if seq.any() and not rules.sequence_parallel:
+        return (f"unit {units[int(seq.argmax())]!r} is sequence parallel, which export runs on "
+                "split blocks and normalisations of a tensor-parallel group only "
+                "(Strategy.tensor_parallel(..., sequence_parallel=True)), not among the "
+                "splits the search makes. Valid: sequence_parallel=False")
     if strategy.precision not in rules.precisions:
         return (f"precision {strategy.precision!r}: export does not write mixed-precision "
                 "training yet. Valid: precision None (the model's own dtype)")

@@ -47,6 +47,17 @@ def _check_breaks(units: Sequence[str], policy: np.ndarray, brk: np.ndarray) -> 
     return brk
 
 
+def _check_sequence(units: Sequence[str], parameter: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """``seq`` if sequence parallelism sits on tensor-parallel units only; else a
+    StrategyError naming one."""
+    stray = np.flatnonzero(seq & (parameter <= 1))
+    if len(stray):
+        raise StrategyError(f"unit {units[int(stray[0])]!r}: sequence_parallel on a unit with "
+                            "parameter degree 1; it splits the sequence over a tensor-parallel "
+                            "group, so it is valid only where parameter > 1")
+    return seq
+
+
 class Strategy:
     """Per-unit parallel configuration and memory policy for one training step.
 
@@ -73,11 +84,16 @@ class Strategy:
     0    a          False        0
     1    b           True        1
     2    c          False       -1
+
+    ``sequence_parallel`` (per unit, only where ``parameter > 1``) is Megatron's sequence
+    parallelism (Korthikanti et al. 2022, section 4.2.2): what the unit keeps between its
+    tensor-parallel regions (LayerNorm, dropout and residual tensors) is split over the
+    sequence across its parameter group instead of replicated.
     """
 
     __slots__ = ("units", "policy", "error_bound", "segment_break", "sample", "parameter",
                  "attribute", "devices", "stage", "shard", "offload_optimizer", "precision",
-                 "microbatches", "schedule", "name", "_cache")
+                 "sequence_parallel", "microbatches", "schedule", "name", "_cache")
 
     def __init__(self, units: Sequence[str], *, devices: Sequence[Sequence[str]],
                  policy: Sequence[int] | np.ndarray | None = None,
@@ -88,7 +104,9 @@ class Strategy:
                  attribute: Sequence[int] | np.ndarray | None = None,
                  stage: Sequence[int] | np.ndarray | None = None,
                  shard: Any = None, offload_optimizer: Sequence[bool] | np.ndarray | None = None,
-                 precision: str | None = None, microbatches: int = 1, schedule: str = "1f1b", name: str = "strategy"):
+                 precision: str | None = None,
+                 sequence_parallel: Sequence[bool] | np.ndarray | None = None,
+                 microbatches: int = 1, schedule: str = "1f1b", name: str = "strategy"):
         n = len(units)
         self.units: tuple[str, ...] = tuple(str(u) for u in units)
 
@@ -122,6 +140,9 @@ class Strategy:
         self.shard = _frozen(shard_codes(self.units, 0 if shard is None else shard))
         self.offload_optimizer = arr("offload_optimizer", offload_optimizer, False, np.bool_)
         self.precision = check_precision(precision)
+        self.sequence_parallel = _check_sequence(
+            self.units, self.parameter,
+            arr("sequence_parallel", sequence_parallel, False, np.bool_))
         if len(devices) != n:
             raise StrategyError(f"expected one device tuple per unit ({n}), got {len(devices)}")
         self.devices: tuple[tuple[str, ...], ...] = tuple(tuple(map(str, d)) for d in devices)
@@ -217,11 +238,13 @@ class Strategy:
     def with_config(self, units: str | Iterable[str] | Mapping[str, Mapping[str, Any]], *,
                     sample: int | None = None, parameter: int | None = None,
                     attribute: int | None = None, devices: Sequence[str] | None = None,
-                    stage: int | None = None) -> "Strategy":
+                    stage: int | None = None,
+                    sequence_parallel: bool | None = None) -> "Strategy":
         """A copy with the parallel configuration of ``units`` changed.
 
         ``units`` is a unit, a list of units (all get the same keywords) or a mapping unit ->
         keywords. Degrees left out keep their value; ``devices`` must list one device per part.
+        A unit whose parameter degree becomes 1 drops ``sequence_parallel``.
 
         >>> s = Strategy(["a", "b"], devices=[("gpu0",)] * 2)
         >>> s.with_config("b", sample=2, devices=["gpu0", "gpu1"]).devices
@@ -231,13 +254,16 @@ class Strategy:
             items = list(units.items())
         else:
             kw = dict(sample=sample, parameter=parameter, attribute=attribute,
-                      devices=devices, stage=stage)
+                      devices=devices, stage=stage, sequence_parallel=sequence_parallel)
             items = [(u, kw) for u in ([units] if isinstance(units, str) else units)]
         pos = self._positions(u for u, _ in items)
         arrays = {k: getattr(self, k).copy() for k in ("sample", "parameter", "attribute",
                                                        "stage")}
         devs = list(self.devices)
+        seq = self.sequence_parallel.copy()
         for i, (_, kw) in zip(pos, items):
+            if kw.get("parameter") == 1 or kw.get("sequence_parallel") is not None:
+                seq[i] = bool(kw.get("sequence_parallel"))
             for k in arrays:
                 if kw.get(k) is not None:
                     if int(kw[k]) != kw[k]:
@@ -246,7 +272,8 @@ class Strategy:
                     arrays[k][i] = int(kw[k])
             if kw.get("devices") is not None:
                 devs[i] = tuple(map(str, kw["devices"]))
-        return self._replace(devices=tuple(devs), **{k: _frozen(v) for k, v in arrays.items()})
+        return self._replace(devices=tuple(devs), sequence_parallel=_frozen(_check_sequence(
+            self.units, arrays["parameter"], seq)), **{k: _frozen(v) for k, v in arrays.items()})
 
     def with_schedule(self, *, microbatches: int | None = None, schedule: str | None = None,
                       name: str | None = None) -> "Strategy":
@@ -330,7 +357,8 @@ class Strategy:
     @property
     def table(self) -> pd.DataFrame:
         """One row per unit: policy, error_bound, segment_break, degrees, devices, stage,
-        segment, shard level, offload_optimizer (the global precision is :attr:`precision`)."""
+        segment, shard level, offload_optimizer, sequence_parallel (the global precision is
+        :attr:`precision`)."""
         return pd.DataFrame({
             "unit": list(self.units), "policy": self.policies,
             "error_bound": np.array(self.error_bound),
@@ -338,7 +366,8 @@ class Strategy:
             "parameter": np.array(self.parameter), "attribute": np.array(self.attribute),
             "devices": list(self.devices), "stage": np.array(self.stage),
             "segment": np.array(self.segment), "shard": self.shard_levels,
-            "offload_optimizer": np.array(self.offload_optimizer)})
+            "offload_optimizer": np.array(self.offload_optimizer),
+            "sequence_parallel": np.array(self.sequence_parallel)})
 
     # ------------------------------------------------------------------ equality, display
     def _key(self) -> tuple:
@@ -347,7 +376,8 @@ class Strategy:
                 self.segment_break.tobytes(), self.sample.tobytes(),
                 self.parameter.tobytes(), self.attribute.tobytes(), self.devices,
                 self.stage.tobytes(), self.shard.tobytes(), self.offload_optimizer.tobytes(),
-                self.precision, self.microbatches, self.schedule, self.name)
+                self.sequence_parallel.tobytes(), self.precision, self.microbatches,
+                self.schedule, self.name)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Strategy) and self._key() == other._key()
@@ -366,6 +396,8 @@ class Strategy:
              if k != "none"]
             + ([f", optimizer on host {int(self.offload_optimizer.sum())}"]
                if self.offload_optimizer.any() else [])
+            + ([f", sequence parallel {int(self.sequence_parallel.sum())}"]
+               if self.sequence_parallel.any() else [])
             + ([f", {self.precision}"] if self.precision else []))
         return (f"<Strategy {self.name!r}: {len(self)} units on {len(self.device_names)} "
                 f"devices, {pol}{states}, microbatches={self.microbatches} ({self.schedule})>")
@@ -379,9 +411,10 @@ class Strategy:
 
         ``segment_break`` is written only when some unit has one, so strategies without breaks
         write the same document as before breaks existed (and old documents read as no breaks);
-        so are ``shard`` (when a unit is sharded), ``offload_optimizer`` (when a unit offloads)
-        and ``precision`` (when set): old documents read as unsharded, on the device, with the
-        simulator's precision.
+        so are ``shard`` (when a unit is sharded), ``offload_optimizer`` (when a unit offloads),
+        ``sequence_parallel`` (when a unit has it) and ``precision`` (when set): old documents
+        read as unsharded, on the device, without sequence parallelism, with the simulator's
+        precision.
         """
         doc = {"format": FORMAT, "name": self.name, "microbatches": self.microbatches,
                 "schedule": self.schedule, "units": list(self.units),
@@ -396,6 +429,8 @@ class Strategy:
             doc["shard"] = self.shard_levels
         if self.offload_optimizer.any():
             doc["offload_optimizer"] = self.offload_optimizer.tolist()
+        if self.sequence_parallel.any():
+            doc["sequence_parallel"] = self.sequence_parallel.tolist()
         if self.precision is not None:
             doc["precision"] = self.precision
         return doc
@@ -444,6 +479,7 @@ class Strategy:
             return cls(units, devices=devices, policy=codes, shard=shard,
                        offload_optimizer=f.bools("offload_optimizer", length=n, default=None),
                        precision=f.str("precision", choices=PRECISIONS, default=None),
+                       sequence_parallel=f.bools("sequence_parallel", length=n, default=None),
                        error_bound=[np.nan if x is None else x for x in bounds],
                        segment_break=f.bools("segment_break", length=n, default=None),
                        sample=f.ints("sample", length=n, least=1),

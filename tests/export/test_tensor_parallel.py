@@ -1,7 +1,8 @@
 """Tensor parallelism across processes (DTensor, gloo on CPU): one step of a strategy with
 parameter splits gives the single-process loss and gradients (gathered to full tensors): a
 CNN's classifier (a Megatron pair and a gathered column split) and GPT-2 (embeddings, a
-Megatron MLP pair, gathered attention projections, a tied head, whole blocks split)."""
+Megatron MLP pair, gathered attention projections, a tied head, whole blocks split, with and
+without sequence parallelism)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -46,10 +47,14 @@ def _worker(rank, name, options, strategies, target):
     for units, doc in strategies:
         model, args = _model(name, options)
         exported = parallelize(model, Strategy.from_dict(doc), mesh, _graph(name, options, units))
+        widths = []         # the sequence length a block sees (sequence parallelism: a part)
+        if name == "gpt2":
+            model.h[1].register_forward_pre_hook(lambda m, a: widths.append(a[0].shape[1]))
         loss = mse(exported(*args), target)
         loss.backward()
         out.append((loss.detach(), {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
-                                        else p.grad) for n, p in exported.named_parameters()}))
+                                        else p.grad) for n, p in exported.named_parameters()},
+                    widths))
     return out
 
 
@@ -63,14 +68,16 @@ CASES = {
                      {"recompute": ["h.0.ln_1", "h.0.attn.qkv"], "offload": ["h.1.mlp.act"]}),
                     # Strategy.tensor_parallel: whole blocks, embeddings and ln_f split
                     ("blocks", "constructor", {"recompute": ["lm_head"],
-                                                "offload": ["<root>#2"]})]),
+                                                "offload": ["<root>#2"]}),
+                    # and with sequence parallelism (blocks and ln_f on sequence parts)
+                    ("blocks", "sequence", {"recompute": ["lm_head"]})]),
 }
 
 
 def _strategy(name, options, units, split, policies):
     graph = _graph(name, options, units)
-    s = (Strategy.tensor_parallel(graph, 2, tp=2) if split == "constructor"
-         else _split(graph, split))
+    s = (Strategy.tensor_parallel(graph, 2, tp=2, sequence_parallel=split == "sequence")
+         if split in ("constructor", "sequence") else _split(graph, split))
     return s.with_policy(**policies)
 
 
@@ -89,7 +96,9 @@ def test_parameter_splits_match_one_process(name, tmp_path):
     ranks = run_ranks(_worker, 2, tmp_path, name, options, strategies, target)
     for k, (units, doc) in enumerate(strategies):
         for rank in ranks:
-            rank_loss, rank_grads = rank[k]
+            rank_loss, rank_grads, widths = rank[k]
+            if "sequence_parallel" in doc:
+                assert widths == [GPT2["seq_len"] // 2]
             torch.testing.assert_close(rank_loss, loss.detach(), rtol=1e-5, atol=1e-6)
             grads = gathered([rank_grads], model)
             assert grads.keys() == {n for n, _ in model.named_parameters()}
@@ -146,7 +155,16 @@ def test_the_plan_pairs_megatron_linears_and_gathers_the_rest():
     assert set(tensor_plan(model, s).values()) == {"colwise"}
     blocks = _graph("gpt2", GPT2, "blocks")
     plan = tensor_plan(model, Strategy.tensor_parallel(blocks, 2, tp=2), blocks)
-    assert plan["h.1.mlp.proj"] == "colwise" and "ln_f" not in plan
+    # inside a split block the MLP is a Megatron pair; the attention's linears are gathered
+    assert plan["h.1.mlp.fc"] == "colwise-sharded" and plan["h.1.mlp.proj"] == "rowwise"
+    assert plan["h.1.attn.qkv"] == "colwise" and "ln_f" not in plan
+    sp = tensor_plan(model, Strategy.tensor_parallel(blocks, 2, tp=2, sequence_parallel=True),
+                     blocks)
+    assert {k: v for k, v in sp.items() if k.startswith(("h.1.", "ln_f")) and "." not in k[4:]} \
+        == {"h.1.ln_1": "sequence", "h.1.attn": "sequence-gathered", "h.1.ln_2": "sequence",
+            "h.1.mlp": "sequence-gathered", "ln_f": "sequence"}
+    with pytest.raises(ExportError, match="unit 'h.0.mlp.fc' .* is sequence parallel"):
+        tensor_plan(model, s.with_config("h.0.mlp.fc", sequence_parallel=True), graph)
     assert tensor_ranks(s) == {"gpu0": 0, "gpu1": 1}
 
 

@@ -117,3 +117,26 @@ def test_segment_break_on_a_unit_not_recomputed_is_rejected():
     doc["policy"] = ["recompute", "offload", "keep"]
     with pytest.raises(StrategyError, match="unit 'u1'.*'offload'"):
         Strategy.from_dict(doc)
+
+
+def test_sequence_parallel_round_trips_and_sits_on_split_units_only():
+    g = chain()
+    s = Strategy.single_device(g).with_config("u1", parameter=2, devices=["gpu0", "gpu1"],
+                                              sequence_parallel=True)
+    assert s.sequence_parallel.tolist() == [False, True, False]
+    again = Strategy.from_json(s.to_json())
+    assert again == s and again.table["sequence_parallel"].tolist() == [False, True, False]
+    assert "sequence_parallel" not in Strategy.single_device(g).to_dict()  # old documents
+    # unsplit, the unit drops it; set on an unsplit unit, it is an error naming the unit
+    assert not s.with_config("u1", parameter=1, devices=["gpu0"]).sequence_parallel.any()
+    with pytest.raises(StrategyError, match="unit 'u0': sequence_parallel on a unit with "
+                                            "parameter degree 1"):
+        s.with_config("u0", sequence_parallel=True)
+    doc = {**s.to_dict(), "sequence_parallel": [True, True, False]}
+    with pytest.raises(StrategyError, match="s.json: unit 'u0': sequence_parallel"):
+        Strategy.from_dict(doc, source="s.json")
+    with pytest.raises(FileFormatError, match="sequence_parallel"):
+        Strategy.from_dict({**doc, "sequence_parallel": [1, "yes", 0]}, source="s.json")
+    # the search never sets it (export runs it on blocks and norms, which it never splits)
+    from memflow.strategy.runnable import unrunnable
+    assert "unit 'u1' is sequence parallel" in unrunnable(s)
