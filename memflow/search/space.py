@@ -23,8 +23,9 @@ import numpy as np
 from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..strategy import POLICIES, parse_policy
-from ..strategy.runnable import (RUNNABLE, parameter_limits, pipeline_problem, root_sharded,
-                                 unrunnable)
+from ..strategy.runnable import (RUNNABLE, model_state_problem, parameter_limits,
+                                 pipeline_problem, root_sharded, unrunnable)
+from ..strategy.shard_levels import S_GRADIENTS
 
 __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label", "OPTIMIZER_PLACES",
            "shard_choices", "precision_choices"]
@@ -182,9 +183,11 @@ class SearchSpace:
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
         root = np.asarray(strategy.shard)[self.root_sharded]
+        # the root fully_shard group's one offload policy (model_state_problem with the graph)
+        place = np.asarray(strategy.offload_optimizer)[self.root_sharded][root >= S_GRADIENTS]
         return (unrunnable(strategy) is None and pipeline_problem(strategy, self.graph) is None
                 and bool((np.asarray(strategy.parameter) <= self.max_p).all())
-                and bool((root == root[:1]).all()))
+                and bool((root == root[:1]).all()) and bool((place == place[:1]).all()))
 
     def project(self, strategy):
         """``strategy`` moved into the space: unchanged when the space is the full one or it
@@ -221,6 +224,9 @@ class SearchSpace:
             out = out.with_model_states(offload_optimizer=False)
         if out.precision not in RUNNABLE.precisions:
             out = out._replace(precision=RUNNABLE.precisions[0])
+        if model_state_problem(out, self.graph) is not None:
+            out = out.with_model_states(offload_optimizer=False)._replace(
+                precision=RUNNABLE.precisions[0])
         return out
 
     def groups(self, k: int) -> list[tuple[str, ...]]:
