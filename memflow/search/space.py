@@ -183,11 +183,19 @@ class SearchSpace:
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
         root = np.asarray(strategy.shard)[self.root_sharded]
-        # the root fully_shard group's one offload policy (model_state_problem with the graph)
-        place = np.asarray(strategy.offload_optimizer)[self.root_sharded][root >= S_GRADIENTS]
         return (unrunnable(strategy) is None and pipeline_problem(strategy, self.graph) is None
                 and bool((np.asarray(strategy.parameter) <= self.max_p).all())
-                and bool((root == root[:1]).all()) and bool((place == place[:1]).all()))
+                and bool((root == root[:1]).all()) and self.holds_states(strategy))
+
+    def holds_states(self, strategy) -> bool:
+        """Whether export holds ``strategy``'s model states at its precision and optimizer
+        place (:func:`~memflow.strategy.runnable.model_state_problem`, the root group's rule
+        from this space's cached :func:`~memflow.strategy.runnable.root_sharded`)."""
+        if model_state_problem(strategy) is not None:
+            return False
+        root = np.asarray(strategy.shard)[self.root_sharded]
+        place = np.asarray(strategy.offload_optimizer)[self.root_sharded][root >= S_GRADIENTS]
+        return bool((place == place[:1]).all())
 
     def project(self, strategy):
         """``strategy`` moved into the space: unchanged when the space is the full one or it
