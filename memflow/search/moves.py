@@ -302,7 +302,7 @@ def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Prop
     """
     choices = [p for p in precision_choices(s)
                if not space.runnable or p in RUNNABLE.precisions]
-    if not choices:
+    if not choices or space.precision_pinned:
         return None
     return Proposal("precision", "", s.with_model_states(precision=_pick(rng, choices)))
 

@@ -121,6 +121,7 @@ class SearchSpace:
         self.keep = next((c for c in codes if c in POLICIES.codes("keep")), None)
         self.may_recompute = self.recomputable & (self.recompute is not None)
         self.pinned = np.zeros(self.n, bool)
+        self.precision_pinned = False      # the global precision is fixed (MCMCSearch.pin)
 
     # ------------------------------------------------------------------ units
     def index(self, units: str | Iterable[str]) -> list[int]:
