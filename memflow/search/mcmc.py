@@ -27,7 +27,7 @@ from .._jsonio import write_json
 from ..errors import SearchError
 from ..sim import Simulator
 from ..strategy import Strategy, parse_policy
-from ..strategy.runnable import unrunnable
+from ..strategy.runnable import model_state_problem
 from .chain import ChainState
 from .cost import JUMP, WEIGHT, CostModel, Score
 from .history import History
@@ -290,9 +290,10 @@ class MCMCSearch:
         return s
 
     def _check_pins(self, s: Strategy) -> Strategy:
-        """``s`` with the pins, validated; in the runnable space export must run it."""
+        """``s`` with the pins, validated; in the runnable space export must hold its model
+        states (a pinned parallel configuration is the person's to choose, as before)."""
         s = self._apply_pins(s).validate(self.graph, self.cluster)
-        reason = unrunnable(s, self.graph) if self.space.runnable else None
+        reason = model_state_problem(s, self.graph) if self.space.runnable else None
         if reason is not None:
             raise SearchError(f"the pins make a strategy export cannot run: {reason}")
         return s
