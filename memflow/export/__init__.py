@@ -19,7 +19,8 @@ stretches of the forward), :mod:`~.tracker` (following them at run time), :mod:`
 :mod:`~.pipelining` (pipeline stages, ``torch.distributed.pipelining``),
 :mod:`~.tensor_parallel` (parameter splits as DTensor shards) and :mod:`~.multiprocess` (the
 training script's path for both); :mod:`~.fsdp` (shard levels: FSDP2 ``fully_shard`` and
-ZeRO-1, on the replicas of either path).
+ZeRO-1, on the replicas of either path) and :mod:`~.model_states` (precision and optimizer
+offload on whole-model replicas).
 
 >>> import memflow
 >>> sorted(memflow.export.__all__)

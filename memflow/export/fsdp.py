@@ -19,7 +19,10 @@ A unit whose parameters cannot be a group of its own — glue, a module called m
 tied weights (:func:`~memflow.strategy.runnable.root_sharded`) — is sharded at the root
 ``fully_shard`` of the model, at the one level those units share. The strategy's memory
 policies keep running inside: recompute segments are non-reentrant checkpoints, whose
-replayed forward all-gathers again under FSDP2.
+replayed forward all-gathers again under FSDP2. The strategy's precision and optimizer place
+(:mod:`~memflow.export.model_states`) ride on the same groups: FSDP2's ``MixedPrecisionPolicy``
+and ``CPUOffloadPolicy`` for a ``fully_shard`` group, bf16 casts, fp32 master copies and host
+copies for the parameters it leaves whole.
 
 >>> from memflow.strategy import Strategy
 >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu1")] * 2, sample=[2, 2])
@@ -39,7 +42,8 @@ from torch import nn
 from ..errors import ExportError
 from ..graph.units import ROOT
 from ..strategy.shard_levels import S_GRADIENTS, S_NONE, S_OPTIMIZER, S_PARAMETERS, SHARD_LEVELS
-from .pipelining import average_gradients
+from .model_states import (Steps, average_gradients, cast_inputs, cast_parameters, compute_dtype,
+                           fp32_allreduce_hook, mp_policy, offload_policy)
 
 __all__ = ["sharded", "shard_model", "Sharding"]
 
@@ -51,8 +55,8 @@ def sharded(strategy) -> bool:
 
 @dataclass
 class Sharding:
-    """A replica with sharded model states: ``module`` to train, and what the training loop
-    adds — :meth:`after_backward` and :meth:`optimizer`."""
+    """A replica with its model states as the strategy says: ``module`` to train, and what
+    the training loop adds — :meth:`inputs`, :meth:`after_backward` and :meth:`optimizer`."""
 
     module: nn.Module
     replicated: list[nn.Parameter] = field(default_factory=list)
@@ -61,61 +65,31 @@ class Sharding:
     """Parameters whose optimizer states ZeroRedundancyOptimizer partitions (ZeRO-1)."""
     average: bool = True
     """Whether :meth:`after_backward` averages ``replicated`` (False under
-    DistributedDataParallel, which does it itself)."""
+    DistributedDataParallel, which does it itself, or in one process)."""
     group: Any = None
     """The data-parallel process group (None: all processes)."""
+    precision: str | None = None
+    """The strategy's precision (:mod:`~memflow.export.model_states`)."""
+    host: set[int] = field(default_factory=set)
+    """Ids of the parameters FSDP2 does not manage whose optimizer is on the host."""
+
+    def inputs(self, tree: Any) -> Any:
+        """The model's inputs in the precision's compute dtype."""
+        return cast_inputs(tree, self.precision)
 
     def after_backward(self) -> None:
         """Average the replicated parameters' gradients over the data-parallel group."""
         if self.average and self.replicated:
-            average_gradients(_Params(self.replicated), self.group)
+            average_gradients(self.replicated, self.group)
 
-    def optimizer(self, cls: type, **options: Any):
-        """``cls(params, **options)`` for the module's parameters, with the ZeRO-1 ones under
-        ``ZeroRedundancyOptimizer`` (their states partitioned over the replicas)."""
-        zero = {id(p) for p in self.zero}
-        rest = [p for p in self.module.parameters() if id(p) not in zero]
-        if not self.zero:
-            return cls(rest, **options)
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-        # it broadcasts plain tensors: a tensor-parallel (DTensor) parameter's local shard
-        # stands in for it, sharing its storage
-        links = [(p, nn.Parameter(p._local_tensor) if hasattr(p, "_local_tensor") else p)
-                 for p in self.zero]
-        parts = [ZeroRedundancyOptimizer([q for _, q in links], optimizer_class=cls,
-                                         process_group=self.group, **options)]
-        return _Optimizers(parts + ([cls(rest, **options)] if rest else []), links)
-
-
-class _Params(nn.Module):
-    """A list of parameters seen as a module (for :func:`average_gradients`)."""
-
-    def __init__(self, params: list[nn.Parameter]):
-        super().__init__()
-        self._list = params
-
-    def parameters(self, recurse: bool = True):
-        return iter(self._list)
-
-
-class _Optimizers:
-    """Several optimizers stepped as one (ZeRO-1 parameters beside the others); ``links``
-    pairs each ZeRO-1 parameter with the tensor its optimizer steps."""
-
-    def __init__(self, parts: list[torch.optim.Optimizer], links: list[tuple]):
-        self.parts, self.links = parts, [(p, q) for p, q in links if p is not q]
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for o in self.parts:
-            o.zero_grad(set_to_none=set_to_none)
-        for p, _ in self.links:
-            p.grad = None
-
-    def step(self, closure=None):
-        for p, q in self.links:
-            q.grad = None if p.grad is None else p.grad._local_tensor
-        for o in self.parts:
-            o.step()
+    def optimizer(self, cls: type, **options: Any) -> Steps:
+        """``cls(params, **options)`` for the module's parameters: the ZeRO-1 ones under
+        ``ZeroRedundancyOptimizer`` (their states partitioned over the replicas), fp32 master
+        copies of bf16 parameters and host copies of offloaded ones stepped in their place
+        (:class:`~memflow.export.model_states.Steps`)."""
+        return Steps.build(list(self.module.parameters()), cls, options,
+                           precision=self.precision, host=self.host, zero=self.zero,
+                           group=self.group)
 
 
 def _groups(exported) -> tuple[list[tuple[Any, nn.Module]], list[Any], list[nn.Parameter]]:
@@ -152,8 +126,10 @@ def _groups(exported) -> tuple[list[tuple[Any, nn.Module]], list[Any], list[nn.P
 def shard_model(exported, device: torch.device | None = None, *, levels=None,
                 mesh=None) -> Sharding:
     """Shard the model states of ``exported`` (one replica from
-    :func:`memflow.export.apply`, in a running process group of its replicas) as its
-    strategy's shard levels say; returns the :class:`Sharding` to train.
+    :func:`memflow.export.apply`) as its strategy's shard levels, precision and optimizer
+    place say; returns the :class:`Sharding` to train. In a running process group of its
+    replicas it shards (FSDP2, ZeRO-1) or replicates (DistributedDataParallel); without one
+    (a single replica) the levels shard nothing.
 
     On the tensor-parallel path, ``exported`` is one rank's shard of a replica
     (:func:`~memflow.export.tensor_parallel.parallelize`), ``levels`` the strategy's shard
@@ -166,7 +142,10 @@ def shard_model(exported, device: torch.device | None = None, *, levels=None,
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    levels = exported.strategy.shard if levels is None else levels
+    strategy = exported.strategy
+    levels = strategy.shard if levels is None else levels
+    if mesh is None and not sharded(strategy):
+        levels = [S_NONE] * len(levels)     # one replica, or no level: nothing to shard
     alone, root, unread = _groups(exported)
     root_levels = {int(levels[s.index]) for s in root}
     if len(root_levels) > 1:
@@ -184,16 +163,27 @@ def shard_model(exported, device: torch.device | None = None, *, levels=None,
         zero += [p for s in root for p in _unit_params(exported, s)]
     # a parameter listed twice (two root units reading it) is one parameter
     whole, zero = _unique(whole), _unique(zero)
+    precision, offload = strategy.precision, strategy.offload_optimizer
+    # bf16: FSDP2 casts its own groups' parameters (mp_policy), the rest are cast here
+    cast_parameters(whole if precision == "bf16" else exported.parameters(), precision)
+    # FSDP2 groups take their offload policy; the rest step host copies (ids of live objects)
+    host = {id(p) for s in exported.spans if offload[s.index]
+            for p in _unit_params(exported, s)} & {id(p) for p in whole}
     fsdp = root_level in (S_GRADIENTS, S_PARAMETERS) or any(
         levels[s.index] in (S_GRADIENTS, S_PARAMETERS) for s, _ in alone)
     group = mesh.get_group() if mesh is not None else None
+    states = dict(precision=precision, host=host)
     if not fsdp and mesh is not None:
-        return Sharding(exported, whole, zero, group=group)
+        return Sharding(exported, whole, zero, group=group, **states)
+    if not fsdp and not dist.is_initialized():
+        return Sharding(exported, average=False, **states)
     if not fsdp:
         single = device is not None and device.type == "cuda" and len(
             {d for parts in exported.devices for d in parts}) == 1
         ddp = DistributedDataParallel(exported, device_ids=[device] if single else None)
-        return Sharding(ddp, whole, zero, average=False)
+        if compute_dtype(precision) is not None:        # bf16 gradients averaged in fp32
+            ddp.register_comm_hook(None, fp32_allreduce_hook)
+        return Sharding(ddp, whole, zero, average=False, **states)
     if mesh is None:
         from torch.distributed.device_mesh import init_device_mesh
         # every replica starts from rank 0's weights, as DistributedDataParallel makes them
@@ -201,18 +191,22 @@ def shard_model(exported, device: torch.device | None = None, *, levels=None,
             dist.broadcast(t.data, 0)
         kind = device.type if device is not None else "cpu"
         mesh = init_device_mesh(kind, (dist.get_world_size(),))
+    policy = mp_policy(precision)
     for s, m in alone:
         if levels[s.index] in (S_GRADIENTS, S_PARAMETERS):
             with _on(_devices(m.parameters(), [s])):    # a group stays on its unit's device
-                fully_shard(m, mesh=mesh,
+                fully_shard(m, mesh=mesh, mp_policy=policy,
+                            offload_policy=offload_policy(bool(offload[s.index])),
                             reshard_after_forward=bool(levels[s.index] == S_PARAMETERS))
     ignored = set(whole)
     rest = [p for p in exported.module.parameters() if p not in ignored and not
             hasattr(p, "device_mesh")]
     with _on(_devices(rest, root)):
         fully_shard(exported.module, mesh=mesh, reshard_after_forward=root_level == S_PARAMETERS,
-                    ignored_params=ignored)
-    return Sharding(exported, whole, zero, group=mesh.get_group())
+                    ignored_params=ignored, mp_policy=policy,
+                    offload_policy=offload_policy(bool(rest) and any(offload[s.index]
+                                                                    for s in root)))
+    return Sharding(exported, whole, zero, group=mesh.get_group(), **states)
 
 
 def _devices(params, spans) -> torch.device | None:

@@ -8,8 +8,9 @@ write ``rank<r>.json`` after its last training step (:func:`measure_rank`).
   excluded). A pipeline stage holds the graphs of the micro-batches in flight at once
   (:func:`in_flight`);
 * ``weights``, ``gradients``, ``optimizer`` — the bytes of the rank's local parameters and
-  buffers, gradients, and optimizer states (:func:`state_bytes`: a DTensor or FSDP2 shard
-  counts its local tensor).
+  buffers, gradients, and optimizer states with fp32 master copies (:func:`state_bytes`: a
+  DTensor or FSDP2 shard counts its local tensor); ``host`` — the optimizer states and copies
+  stepped on the host (optimizer offload).
 """
 from __future__ import annotations
 
@@ -34,21 +35,29 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def state_bytes(module: nn.Module, optimizer) -> dict[str, int]:
     """Local bytes of ``module``'s parameters and buffers, gradients, and ``optimizer``'s
-    states (``step`` counters excluded); a DTensor counts its local shard.
+    states (``step`` counters excluded) with the master copies it steps in the parameters'
+    place (:class:`~memflow.export.model_states.Steps`): on the device (``optimizer``) or on
+    the host (``host``: offloaded, told by the optimizer, since on a CPU-only machine both are
+    one memory). A DTensor counts its local shard.
 
     >>> m = nn.Linear(4, 2)
     >>> opt = torch.optim.Adam(m.parameters())
     >>> m(torch.ones(1, 4)).sum().backward(); opt.step()
     >>> state_bytes(m, opt)
-    {'weights': 40, 'gradients': 40, 'optimizer': 80}
+    {'weights': 40, 'gradients': 40, 'optimizer': 80, 'host': 0}
     """
     params = list(module.parameters())
-    parts = getattr(optimizer, "parts", [optimizer])      # export.fsdp's ZeRO-1 beside others
-    states = [getattr(o, "optim", o).state for o in parts]
+    host = getattr(optimizer, "host", set())
+    held = {"optimizer": 0, "host": 0}
+    for o in getattr(optimizer, "parts", [optimizer]):   # export.model_states.Steps' parts
+        for param, state in getattr(o, "optim", o).state.items():     # ZeRO-1's local part
+            held["host" if id(param) in host else "optimizer"] += sum(
+                _local(t).nbytes for k, t in state.items() if k != "step" and torch.is_tensor(t))
+    masters = getattr(optimizer, "master_bytes", lambda: {"device": 0, "host": 0})()
     return {"weights": sum(_local(t).nbytes for t in [*params, *module.buffers()]),
             "gradients": sum(_local(p.grad).nbytes for p in params if p.grad is not None),
-            "optimizer": sum(_local(t).nbytes for st in states for v in st.values()
-                             for k, t in v.items() if k != "step" and torch.is_tensor(t))}
+            "optimizer": held["optimizer"] + masters["device"],
+            "host": held["host"] + masters["host"]}
 
 
 def _gathered(module: nn.Module) -> set[int]:

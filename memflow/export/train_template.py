@@ -29,12 +29,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils import _pytree as pytree
 from tqdm import tqdm
 
 from memflow.export import apply
-from memflow.export.fsdp import shard_model, sharded
+from memflow.export.fsdp import shard_model
 from memflow.export.multiprocess import train_across_processes
 from memflow.export.rank_measure import measure_rank
 from memflow.export.scripts import launch_problem
@@ -137,38 +136,31 @@ def main(argv: list[str] | None = None) -> list[float]:
     device = model.devices[0][0]
     if device.type == "cuda":
         torch.cuda.set_device(device)       # this process's GPU for NCCL
-    sharding = None
-    if distributed and sharded(strategy):
-        # ---- sharded model states (memflow.export.fsdp): FSDP2 fully_shard per unit, ZeRO-1
-        sharding = shard_model(model, device)
-        model = sharding.module
-        # ---- end of sharded model states ----
-    elif distributed:
-        single = len({d for parts in model.devices for d in parts}) == 1
-        model = DistributedDataParallel(
-            model, device_ids=[device] if single and device.type == "cuda" else None)
+    # ---- model states (memflow.export.fsdp): FSDP2 fully_shard per sharded unit, ZeRO-1,
+    # DistributedDataParallel for the rest; bf16 with fp32 masters, optimizer on the host
+    sharding = shard_model(model, device)
+    model = sharding.module
+    # ---- end of model states ----
     if args.data:
         batches = itertools.cycle(load_callable(args.data)(rank, world, args.batch_size // world))
     else:
         batches = itertools.repeat((example, None))
-    params = list(model.parameters())
     kind, options = ((torch.optim.Adam, {"lr": args.lr}) if args.optimizer == "adam" else
                      (torch.optim.SGD, {"lr": args.lr, "momentum": 0.9 if args.optimizer ==
                                         "momentum" else 0.0}))
-    optimizer = (sharding.optimizer(kind, **options) if sharding else kind(params, **options))
+    optimizer = sharding.optimizer(kind, **options)
     losses, target, seconds = [], None, []
     for step in tqdm(range(args.steps), disable=rank != 0, desc="training"):
         start = time.perf_counter()
         inputs, given = next(batches)
         call_args, call_kwargs = pytree.tree_map_only(
-            torch.Tensor, lambda t: t.to(device), as_args(inputs))
+            torch.Tensor, lambda t: t.to(device), sharding.inputs(as_args(inputs)))
         optimizer.zero_grad(set_to_none=True)
         loss, target = loss_of(args.loss, model(*call_args, **call_kwargs),
                                given.to(device) if given is not None else target,
                                args.seed + 1000 + rank)
         loss.backward()
-        if sharding:
-            sharding.after_backward()
+        sharding.after_backward()
         optimizer.step()
         if args.measure and step == args.steps - 1:
             measure_rank(args.measure, rank, None, model, optimizer, (call_args, call_kwargs))
@@ -186,7 +178,7 @@ def main(argv: list[str] | None = None) -> list[float]:
         # Every rank leaves together, the DDP reducer first: a rank that tears gloo down while
         # another still finishes its last collective aborts ("terminate called without an
         # active exception"), seen once in three 4-process runs on 2 CPU cores.
-        del model, optimizer, params
+        del model, optimizer, sharding
         dist.barrier()
         dist.destroy_process_group()
     return losses

@@ -31,7 +31,6 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
-from ..memory.arrays import graph_arrays
 from ..memory.blocks import step_blocks
 from ..strategy.strategy import Strategy
 from .exported import apply
@@ -72,13 +71,15 @@ def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
     offloaded bytes under ``"host"`` (summed over the parts of each placement).
 
     What :meth:`~memflow.memory.blocks.StepBlocks.held_for_backward` counts, per part of each
-    placement. Micro-batches add up (GPipe holds them all).
+    placement. Micro-batches add up (GPipe holds them all); activations at the strategy's
+    precision (:func:`~memflow.sim.precision.activation_arrays`: bf16 halves an fp32 capture's).
     """
     from ..sim.costs import compression_ratios
+    from ..sim.precision import activation_arrays
 
     strategy.validate(graph)
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-    ga = graph_arrays(graph)
+    ga = activation_arrays(graph, strategy.precision)
     plan = step_blocks(ga, strategy.policy, strategy.segment, strategy.layout_ids, degrees,
                        strategy.microbatches, compression_ratios(strategy, ga.half),
                        sequence=strategy.sequence_parallel)

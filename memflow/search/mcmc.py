@@ -27,6 +27,7 @@ from .._jsonio import write_json
 from ..errors import SearchError
 from ..sim import Simulator
 from ..strategy import Strategy, parse_policy
+from ..strategy.runnable import model_state_problem
 from .chain import ChainState
 from .cost import JUMP, WEIGHT, CostModel, Score
 from .history import History
@@ -34,11 +35,13 @@ from .initial import INITS, best_baseline, data_parallel
 from .moves import DEFAULT_WEIGHTS, FLEXFLOW_WEIGHTS, MOVES, PARALLEL_MOVES, Proposal
 from .persist import (FORMAT, check_match, describe_cluster, describe_graph, in_field,
                       read_search)
-from .space import DEFAULT_POLICIES, SearchSpace, policy_label
+from .space import DEFAULT_POLICIES, OPTIMIZER_PLACES, SearchSpace, policy_label
 
 __all__ = ["MCMCSearch"]
 
 CONFIG_KEYS = ("sample", "parameter", "attribute", "devices", "stage")
+STATE_KEYS = ("shard", "optimizer_place")
+"""Pin keys of a unit's model states: its shard level and optimizer place (device or host)."""
 MAX_DRAWS = 16      # moves drawn per step before the step records "none"
 
 
@@ -123,6 +126,7 @@ class MCMCSearch:
         self._history = History(self.space.devices)
         self._pins: dict[str, str] = {}
         self._pin_configs: dict[str, dict[str, Any]] = {}
+        self._pin_precision: str | None = None
         self._best_result: tuple[Strategy, Any] | None = None
 
     def _initial(self, init: str | Strategy) -> Strategy:
@@ -194,6 +198,16 @@ class MCMCSearch:
         return dict(self._pins)
 
     @property
+    def pin_configs(self) -> dict[str, dict[str, Any]]:
+        """Pinned units' configuration and model-state pins (``shard``, ``optimizer_place``)."""
+        return {u: dict(c) for u, c in self._pin_configs.items()}
+
+    @property
+    def pinned_precision(self) -> str | None:
+        """The global precision the search keeps (None: it may change it)."""
+        return self._pin_precision
+
+    @property
     def simulations(self) -> int:
         """Simulations run (proposals answered from memory are not counted)."""
         return self._cost.simulations
@@ -258,33 +272,80 @@ class MCMCSearch:
     def _apply_pins(self, s: Strategy) -> Strategy:
         if self._pins:
             s = s.with_policy(self._pins)
-        if self._pin_configs:
-            s = s.with_config(self._pin_configs)
+        configs = {u: {k: v for k, v in c.items() if k in CONFIG_KEYS}
+                   for u, c in self._pin_configs.items()}
+        if any(configs.values()):
+            s = s.with_config({u: c for u, c in configs.items() if c})
+        shard = {u: c["shard"] for u, c in self._pin_configs.items() if "shard" in c}
+        if shard:
+            s = s.with_shard(shard)
+        place = {u: c["optimizer_place"] for u, c in self._pin_configs.items()
+                 if "optimizer_place" in c}
+        if place:
+            host = {u for u, off in zip(s.units, s.offload_optimizer) if off}
+            host = (host - set(place)) | {u for u, p in place.items() if p == "host"}
+            s = s.with_model_states(offload_optimizer=sorted(host) if host else False)
+        if self._pin_precision is not None:
+            s = s.with_model_states(precision=self._pin_precision)
         return s
+
+    def _check_pins(self, s: Strategy) -> Strategy:
+        """``s`` with the pins, validated; in the runnable space export must hold its model
+        states (a pinned parallel configuration is the person's to choose, as before)."""
+        s = self._apply_pins(s).validate(self.graph, self.cluster)
+        reason = model_state_problem(s, self.graph) if self.space.runnable else None
+        if reason is not None:
+            raise SearchError(f"the pins make a strategy export cannot run: {reason}")
+        return s
+
+    def pin_precision(self, precision: str | None) -> "MCMCSearch":
+        """Keep the global ``precision`` (one of :data:`~memflow.strategy.PRECISIONS`) from now
+        on; None lets the search change it again. Checked as :meth:`pin` checks its pins."""
+        before = self._pin_precision
+        self._pin_precision = precision
+        try:
+            current = self._check_pins(self.current) if precision is not None else self.current
+        except Exception:
+            self._pin_precision = before
+            raise
+        self.space.precision_pinned = precision is not None
+        if precision is not None:
+            self._rebase(current, self._apply_pins(self.best))
+        return self
 
     def pin(self, units: str | Iterable[str], policy: Any = None,
             config: Mapping[str, Any] | None = None) -> "MCMCSearch":
         """Fix ``units``: give them ``policy`` and/or ``config`` (keys ``sample``,
-        ``parameter``, ``attribute``, ``devices``, ``stage``) and never change them again.
+        ``parameter``, ``attribute``, ``devices``, ``stage``, and the model states ``shard``
+        — a shard level — and ``optimizer_place`` — ``"device"`` or ``"host"``) and never
+        change them again; :meth:`pin_precision` fixes the global precision.
 
         The current strategy takes the pins at once and is re-simulated; the best is re-checked
         with the pins applied (it may get worse: a pin is a constraint)."""
         idx = self.space.index(units)
         names = [self.space.names[i] for i in idx]
         if config is not None:
-            bad = [k for k in config if k not in CONFIG_KEYS]
+            bad = [k for k in config if k not in CONFIG_KEYS + STATE_KEYS]
             if bad:
                 raise SearchError(f"pin config key {bad[0]!r} is unknown; valid: "
-                                  f"{', '.join(CONFIG_KEYS)}")
+                                  f"{', '.join(CONFIG_KEYS + STATE_KEYS)}")
+            if config.get("optimizer_place", "device") not in OPTIMIZER_PLACES:
+                raise SearchError(f"pin optimizer_place {config['optimizer_place']!r} is "
+                                  f"unknown; valid: {', '.join(OPTIMIZER_PLACES)}")
         if policy is not None:
             code, bound = parse_policy(names[0], policy)
             label = policy_label(code, bound)
+        before = (dict(self._pins), {u: dict(c) for u, c in self._pin_configs.items()})
         for i, name in zip(idx, names):
             self._pins[name] = label if policy is not None else policy_label(
                 int(self.current.policy[i]), float(self.current.error_bound[i]))
             if config is not None:
                 self._pin_configs[name] = {**self._pin_configs.get(name, {}), **config}
-        current = self._apply_pins(self.current).validate(self.graph, self.cluster)
+        try:
+            current = self._check_pins(self.current)
+        except Exception:       # a refused pin leaves the pins as they were
+            self._pins, self._pin_configs = before
+            raise
         self.space.pinned[idx] = True
         self._rebase(current, self._apply_pins(self.best))
         return self
@@ -323,7 +384,8 @@ class MCMCSearch:
         doc = {"format": FORMAT, "graph": describe_graph(self.graph),
                "cluster": describe_cluster(self.cluster), "settings": self.settings,
                "chain": self._chain.to_dict(), "history": self._history.to_dict(),
-               "pins": {"policies": dict(self._pins), "configs": dict(self._pin_configs)}}
+               "pins": {"policies": dict(self._pins), "configs": dict(self._pin_configs),
+                        "precision": self._pin_precision}}
         if embed:
             doc["graph_doc"], doc["cluster_doc"] = self.graph.to_dict(), self.cluster.to_dict()
         return doc
@@ -359,6 +421,8 @@ class MCMCSearch:
             self._history = History.from_dict(doc["history"])
         self._pins = dict(doc["pins"]["policies"])
         self._pin_configs = {k: dict(v) for k, v in doc["pins"]["configs"].items()}
+        self._pin_precision = doc["pins"].get("precision")
+        self.space.precision_pinned = self._pin_precision is not None
         with in_field(source, "pins"):
             self.space.pinned[self.space.index(list(self._pins))] = True
         return self

@@ -10,9 +10,8 @@
 * ``replicas`` — every unit gets another data-parallel degree together (whole-model replicas,
   as export runs them), each keeping its parameter split where it still fits;
 * ``shard``, ``precision``, ``optimizer_place`` — a unit's shard level, the global precision,
-  a unit's optimizer on the device or the host (:data:`MODEL_STATE_MOVES`: off by default,
-  and proposing nothing in the runnable space until export writes FSDP, mixed precision and
-  optimizer offload).
+  a unit's optimizer on the device or the host (:data:`MODEL_STATE_MOVES`, on by default where
+  export writes their choices: FSDP2 / ZeRO-1, bf16 and pure-bf16, optimizer offload).
 
 In the runnable space (the default, :mod:`memflow.strategy.runnable`) ``config`` and ``copy``
 keep the strategy's one sample degree and split parameters only of units export can slice,
@@ -308,7 +307,7 @@ def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Prop
     """
     choices = [p for p in precision_choices(s)
                if not space.runnable or p in RUNNABLE.precisions]
-    if not choices:
+    if not choices or space.precision_pinned:
         return None
     return Proposal("precision", "", s.with_model_states(precision=_pick(rng, choices)))
 
@@ -330,7 +329,11 @@ def optimizer_place(rng: np.random.Generator, s: Strategy,
         return None
     i = int(_pick(rng, free))
     off = s.offload_optimizer.copy()
-    off[i] = not off[i]
+    root = np.flatnonzero(space.root_sharded)
+    # in the runnable space the root fully_shard group's units move together (one policy)
+    together = root if space.runnable and space.root_sharded[i] and \
+        not space.pinned[root].any() else [i]
+    off[together] = not off[i]
     units = [space.names[k] for k in np.flatnonzero(off)]
     return Proposal("optimizer_place", space.names[i], s.with_model_states(
         offload_optimizer=units if units else False))
@@ -351,16 +354,46 @@ def _keeping_pipeline(move: Move) -> Move:
     return kept
 
 
+def _keeping_states(move: Move) -> Move:
+    """``move`` proposing nothing where, in the runnable space, export could not hold the
+    model states at the strategy's precision and optimizer place
+    (:meth:`~memflow.search.space.SearchSpace.holds_states`: ZeRO-1 over master or host
+    copies, precision or offload with parameter splits or stages, the root group's place)."""
+    @functools.wraps(move)
+    def kept(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+        prop = move(rng, s, space)
+        if prop is not None and space.runnable and not space.holds_states(prop.strategy):
+            return None
+        return prop
+    return kept
+
+
+def _dropping_states(move: Move) -> Move:
+    """``move`` (a parallel one) whose proposal, where in the runnable space export could
+    not hold its model states (a parameter split or stage under bf16 or optimizer offload),
+    trains at the model's own precision with every optimizer on the device instead: a split
+    stays reachable from a bf16 strategy, as :meth:`~memflow.search.space.SearchSpace.project`
+    would place it."""
+    @functools.wraps(move)
+    def dropped(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+        prop = move(rng, s, space)
+        if prop is not None and space.runnable and not space.holds_states(prop.strategy):
+            plain = prop.strategy.with_model_states(offload_optimizer=False)._replace(
+                precision=RUNNABLE.precisions[0])
+            return Proposal(prop.move, prop.unit, plain) if space.holds_states(plain) else None
+        return prop
+    return dropped
+
+
 MOVES: dict[str, Move] = {"policy": policy, "segment": segment,
-                          **{m.__name__: _keeping_pipeline(m) for m in (config, copy, swap,
-                                                                       replicas)},
-                          "shard": shard,
-                          "precision": precision, "optimizer_place": optimizer_place}
+                          **{m.__name__: _keeping_pipeline(_dropping_states(m))
+                             for m in (config, copy, swap, replicas)},
+                          **{m.__name__: _keeping_states(m)
+                             for m in (shard, precision, optimizer_place)}}
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
 """Moves over model states. Search space = export space: the default weights hold those whose
-choices export runs (:data:`EXPORTED_MODEL_STATE_MOVES`: today ``shard``, as FSDP2 / ZeRO-1;
-export writes neither mixed precision nor optimizer offload yet). Add the rest, for the
-simulator's wider space, with ``moves={**DEFAULT_WEIGHTS, **MODEL_STATE_WEIGHTS}``."""
+choices export runs (:data:`EXPORTED_MODEL_STATE_MOVES`: all three, as FSDP2 / ZeRO-1,
+bf16 / pure-bf16 and optimizer offload; ``amp`` is proposed only outside the runnable space)."""
 MODEL_STATE_WEIGHTS = {"shard": 0.1, "precision": 0.05, "optimizer_place": 0.05}
 EXPORTED_MODEL_STATE_MOVES = tuple(m for m, exported in (
     ("shard", len(RUNNABLE.shard_levels) > 1), ("precision", len(RUNNABLE.precisions) > 1),

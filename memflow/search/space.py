@@ -23,8 +23,9 @@ import numpy as np
 from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..strategy import POLICIES, parse_policy
-from ..strategy.runnable import (RUNNABLE, parameter_limits, pipeline_problem, root_sharded,
-                                 unrunnable)
+from ..strategy.runnable import (RUNNABLE, model_state_problem, parameter_limits,
+                                 pipeline_problem, root_sharded, unrunnable)
+from ..strategy.shard_levels import S_GRADIENTS
 
 __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label", "OPTIMIZER_PLACES",
            "shard_choices", "precision_choices"]
@@ -120,6 +121,7 @@ class SearchSpace:
         self.keep = next((c for c in codes if c in POLICIES.codes("keep")), None)
         self.may_recompute = self.recomputable & (self.recompute is not None)
         self.pinned = np.zeros(self.n, bool)
+        self.precision_pinned = False      # the global precision is fixed (MCMCSearch.pin)
 
     # ------------------------------------------------------------------ units
     def index(self, units: str | Iterable[str]) -> list[int]:
@@ -184,7 +186,17 @@ class SearchSpace:
         root = np.asarray(strategy.shard)[self.root_sharded]
         return (unrunnable(strategy) is None and pipeline_problem(strategy, self.graph) is None
                 and bool((np.asarray(strategy.parameter) <= self.max_p).all())
-                and bool((root == root[:1]).all()))
+                and bool((root == root[:1]).all()) and self.holds_states(strategy))
+
+    def holds_states(self, strategy) -> bool:
+        """Whether export holds ``strategy``'s model states at its precision and optimizer
+        place (:func:`~memflow.strategy.runnable.model_state_problem`, the root group's rule
+        from this space's cached :func:`~memflow.strategy.runnable.root_sharded`)."""
+        if model_state_problem(strategy) is not None:
+            return False
+        root = np.asarray(strategy.shard)[self.root_sharded]
+        place = np.asarray(strategy.offload_optimizer)[self.root_sharded][root >= S_GRADIENTS]
+        return bool((place == place[:1]).all())
 
     def project(self, strategy):
         """``strategy`` moved into the space: unchanged when the space is the full one or it
@@ -225,6 +237,9 @@ class SearchSpace:
             none = np.zeros(len(out), bool)
             none.flags.writeable = False
             out = out._replace(sequence_parallel=none)
+        if model_state_problem(out, self.graph) is not None:
+            out = out.with_model_states(offload_optimizer=False)._replace(
+                precision=RUNNABLE.precisions[0])
         return out
 
     def groups(self, k: int) -> list[tuple[str, ...]]:

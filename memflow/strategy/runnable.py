@@ -26,9 +26,16 @@ The rules of :data:`RUNNABLE`:
   ``fully_shard`` group of their own — glue (their module's own code), a module called more
   than once, tied weights (:func:`root_sharded`) — are sharded together at the model's root,
   so they share one level;
-* **model states as the model holds them** — precisions in ``precisions``, optimizer offload
-  only if ``offload_optimizer``: the simulator charges bf16 with fp32 master weights and
-  ZeRO-Offload, but export does not write them yet;
+* **precision and optimizer place on whole-model replicas** — precisions in ``precisions``
+  (``bf16``: FSDP2's ``MixedPrecisionPolicy`` or bf16 parameters with fp32 master copies;
+  ``pure-bf16``; not ``amp``'s autocast yet) and optimizer offload if ``offload_optimizer``
+  (FSDP2's ``CPUOffloadPolicy``, or a host copy stepped there), written by
+  :mod:`memflow.export.model_states` for replicas only, not yet in pipeline stages or
+  tensor-parallel shards; ZeRO-1 (``ZeroRedundancyOptimizer``) partitions the states of the
+  tensors it steps, so it cannot shard master or host copies: no ``optimizer`` level under
+  ``bf16`` or with the optimizer on the host; the root ``fully_shard`` group has one offload
+  policy, so the units sharded there at ``gradients`` or ``parameters`` share one optimizer
+  place (:func:`model_state_problem`);
 * **selective only where it replays** — a unit whose forward writes in place an output of an
   expensive op that selective checkpointing keeps (capture's ``selective_replays``: an
   ``add_`` into a matmul's output, as an LSTM cell does) would be recomputed from the written
@@ -57,10 +64,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .policies import POLICIES
-from .shard_levels import SHARD_LEVELS, S_NONE
+from .shard_levels import SHARD_LEVELS, S_GRADIENTS, S_NONE, S_OPTIMIZER
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
-           "root_sharded", "shard_problem", "shard_levels_for", "pipeline_problem"]
+           "root_sharded", "shard_problem", "shard_levels_for", "pipeline_problem",
+           "model_state_problem"]
 
 
 @dataclass(frozen=True)
@@ -75,9 +83,9 @@ class Runnable:
     """Pipeline schedules export runs with more than one micro-batch."""
     shard_levels: tuple[str, ...] = SHARD_LEVELS
     """Shard levels export writes (:mod:`memflow.export.fsdp`: FSDP2 and ZeRO-1)."""
-    precisions: tuple[str | None, ...] = (None,)
-    """Strategy precisions export writes (None: the model's own dtype)."""
-    offload_optimizer: bool = False
+    precisions: tuple[str | None, ...] = (None, "fp32", "bf16", "pure-bf16")
+    """Strategy precisions export writes (None and ``fp32``: the model's own dtype)."""
+    offload_optimizer: bool = True
     """Whether export runs optimizer states and steps on the host."""
     sequence_parallel: bool = False
     """Whether the search may set sequence parallelism: export runs it on split blocks and
@@ -221,6 +229,50 @@ def shard_problem(strategy, graph) -> str | None:
     return None
 
 
+def model_state_problem(strategy, graph=None) -> str | None:
+    """Why export cannot hold ``strategy``'s model states at its precision and optimizer place
+    (None: it can); the root-group rule is checked only with ``graph``.
+
+    >>> from memflow.strategy import Strategy
+    >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu1")] * 2, sample=[2, 2],
+    ...              precision="bf16")
+    >>> model_state_problem(s) is None, model_state_problem(s.with_shard({"b": "optimizer"}))[:64]
+    (True, "unit 'b' has shard level 'optimizer' with fp32 master weights (p")
+    """
+    offload = np.asarray(strategy.offload_optimizer)
+    masters = strategy.precision == "bf16"
+    if not (masters or offload.any() or strategy.precision == "pure-bf16"):
+        return None
+    units = list(strategy.units)
+    what = (f"precision {strategy.precision!r}" if strategy.precision in ("bf16", "pure-bf16")
+            else f"unit {units[int(offload.argmax())]!r} with its optimizer on the host")
+    if (np.asarray(strategy.stage) > 0).any() or (np.asarray(strategy.parameter) > 1).any():
+        return (f"{what} in a strategy with pipeline stages or parameter splits: export writes "
+                "mixed precision and optimizer offload on whole-model replicas "
+                "(DistributedDataParallel, FSDP2), not yet across pipeline or tensor-parallel "
+                "processes. Valid: precision None or 'fp32' and the optimizer on the device, or "
+                "one stage without parameter splits")
+    if int(strategy.sample[0]) < 2:
+        return None
+    levels = np.asarray(strategy.shard)
+    for i in np.flatnonzero(levels == S_OPTIMIZER):
+        if masters or offload[i]:
+            copy = ("fp32 master weights (precision 'bf16')" if masters
+                    else "its optimizer on the host")
+            return (f"unit {units[int(i)]!r} has shard level 'optimizer' with {copy}; "
+                    "ZeroRedundancyOptimizer partitions the states of the tensors it steps, "
+                    "not master or host copies of them. Valid: shard level 'none', "
+                    "'gradients' or 'parameters' for it, or precision 'pure-bf16' with its "
+                    "optimizer on the device")
+    if graph is not None:
+        root = np.flatnonzero(root_sharded(graph) & (levels >= S_GRADIENTS))
+        if len(root) and len(set(offload[root].tolist())) > 1:
+            return (f"units {', '.join(units[int(i)] for i in root)} are sharded in the model's "
+                    "root fully_shard group, which has one offload policy, but only some of "
+                    "them have their optimizer on the host. Valid: one optimizer place for them")
+    return None
+
+
 def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
     """The first reason export cannot run ``strategy``, naming the unit and what is valid;
     None when it can. Parameter splits are checked only with the ``graph`` the strategy was
@@ -260,7 +312,7 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
     offload = strategy.offload_optimizer
     if offload.any() and not rules.offload_optimizer:
         return (f"unit {units[int(offload.argmax())]!r} has its optimizer on the host; export "
-                "does not run optimizer offload yet. Valid: the optimizer on the device")
+                "does not run optimizer offload. Valid: the optimizer on the device")
     seq = np.asarray(strategy.sequence_parallel)
     if seq.any() and not rules.sequence_parallel:
         return (f"unit {units[int(seq.argmax())]!r} is sequence parallel, which export runs on "
@@ -268,8 +320,12 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
                 "(Strategy.tensor_parallel(..., sequence_parallel=True)), not among the "
                 "splits the search makes. Valid: sequence_parallel=False")
     if strategy.precision not in rules.precisions:
-        return (f"precision {strategy.precision!r}: export does not write mixed-precision "
-                "training yet. Valid: precision None (the model's own dtype)")
+        return (f"precision {strategy.precision!r}: export does not write it (autocast "
+                "training is not written yet). Valid: precision "
+                f"{', '.join(map(repr, rules.precisions))}")
+    problem = model_state_problem(strategy, graph)
+    if problem is not None:
+        return problem
     if graph is not None:
         stuck = np.flatnonzero(POLICIES.selective(strategy.policy)
                                & ~graph.units["selective_replays"].to_numpy(bool))

@@ -10,26 +10,30 @@ from memflow.search.synthetic import chain_graph
 
 
 def test_on_by_default_exactly_where_export_runs_their_choices():
-    """Search space = export space: shard levels export (FSDP2, ZeRO-1), so the shard move is
-    on by default; precisions and optimizer offload export does not write, so theirs are off."""
+    """Search space = export space: export writes shard levels (FSDP2, ZeRO-1), bf16 and
+    pure-bf16 precision and optimizer offload (memflow.export.model_states), so all three
+    model-state moves are on by default."""
     assert set(MODEL_STATE_MOVES) <= set(MOVES)
     assert set(MODEL_STATE_MOVES) & set(DEFAULT_WEIGHTS) == set(EXPORTED_MODEL_STATE_MOVES)
-    assert EXPORTED_MODEL_STATE_MOVES == ("shard",) and DEFAULT_WEIGHTS["shard"] > 0
+    assert EXPORTED_MODEL_STATE_MOVES == ("shard", "precision", "optimizer_place")
+    assert all(DEFAULT_WEIGHTS[m] > 0 for m in MODEL_STATE_MOVES)
 
 
 def test_runnable_space_offers_the_model_state_moves_export_writes():
-    """Export writes shard levels (FSDP2, ZeRO-1: memflow.export.fsdp), not yet precisions or
-    optimizer offload: the runnable space offers shard moves only."""
+    """From data parallelism every model-state move proposes what export runs; what export
+    refuses (ZeRO-1 over fp32 master copies) the space projects back onto what it runs."""
     g = chain_graph(3, batch=8)
     sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
     s = memflow.Strategy.data_parallel(g, 4)
     rng = np.random.default_rng(0)
-    for _ in range(10):
-        prop = shard(rng, s, sp)
-        assert memflow.strategy.runnable.unrunnable(prop.strategy, g) is None
-    assert all(MOVES[m](rng, s, sp) is None for m in set(MODEL_STATE_MOVES) - {"shard"})
-    assert memflow.strategy.runnable.unrunnable(s.with_model_states(
-        precision="bf16")).startswith("precision 'bf16'")
+    for move in MODEL_STATE_MOVES:
+        for _ in range(10):
+            prop = MOVES[move](rng, s, sp)
+            assert memflow.strategy.runnable.unrunnable(prop.strategy, g) is None, move
+    assert "amp" not in {MOVES["precision"](rng, s, sp).strategy.precision for _ in range(20)}
+    refused = s.with_shard("optimizer").with_model_states(precision="bf16")
+    assert "ZeroRedundancyOptimizer" in memflow.strategy.runnable.unrunnable(refused, g)
+    assert not sp.admits(refused) and sp.runs(sp.project(refused))
 
 
 def test_moves_respect_pins():
