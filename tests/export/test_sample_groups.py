@@ -27,17 +27,19 @@ MODELS = {
 
 
 def _mixed(name):
-    """Degrees 4, then 2 on (gpu0, gpu2), then 1 on gpu1 (devices follow the tuples), with
+    """The MLP: degrees 4, then 2 on (gpu0, gpu2), then 1 on gpu1 (devices follow the
+    tuples); the others (a trace per share costs seconds): 4, then 2 on (gpu1, gpu3). With
     recompute and offload in the groups; the loss unit keeps the group before it."""
     g = zoo.graph(name, batch_size=BATCH, units="blocks", **MODELS[name])
     n = len(g.names)
-    a, b = n // 3, 2 * n // 3
+    cuts, tuples = (((n // 3, 2 * n // 3), (DEVICES, ("gpu0", "gpu2"), ("gpu1",)))
+                    if name == "mlp" else ((n // 2,), (DEVICES, ("gpu1", "gpu3"))))
     config = {}
     for i, u in enumerate(g.names):
-        devices = DEVICES if i < a else ("gpu0", "gpu2") if i < b else ("gpu1",)
+        devices = tuples[sum(i >= c for c in cuts)]
         config[u] = {"sample": len(devices), "devices": list(devices)}
     s = Strategy.single_device(g).with_config(config).with_policy(
-        recompute=[g.names[0], g.names[b]], offload=[g.names[a]])
+        recompute=[g.names[0], g.names[cuts[-1]]], offload=[g.names[max(1, cuts[0] // 2)]])
     return g, s
 
 
@@ -59,8 +61,7 @@ def _worker(rank, cases):
     out = {}
     for name, doc, target in cases:
         model, args = _inputs(name)
-        g = zoo.graph(name, batch_size=BATCH, units="blocks", **MODELS[name])
-        run = GroupRun(model, Strategy.from_dict(doc), (args, {}), rank=rank, graph=g)
+        run = GroupRun(model, Strategy.from_dict(doc), (args, {}), rank=rank)
         loss = run.step(args, {}, target, mse)
         out[name] = (loss, {n: p.grad.clone() for n, p in run.module.named_parameters()})
     return out
