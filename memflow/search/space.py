@@ -24,7 +24,7 @@ from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..strategy import POLICIES, parse_policy
 from ..strategy.runnable import (RUNNABLE, parameter_limits, pipeline_problem, root_sharded,
-                                 unrunnable)
+                                 sample_problem, unrunnable)
 
 __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label", "OPTIMIZER_PLACES",
            "shard_choices", "precision_choices"]
@@ -182,7 +182,9 @@ class SearchSpace:
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
         root = np.asarray(strategy.shard)[self.root_sharded]
+        mixed = bool((np.asarray(strategy.sample) != strategy.sample[0]).any())
         return (unrunnable(strategy) is None and pipeline_problem(strategy, self.graph) is None
+                and not (mixed and sample_problem(strategy, self.graph) is not None)
                 and bool((np.asarray(strategy.parameter) <= self.max_p).all())
                 and bool((root == root[:1]).all()))
 
