@@ -200,7 +200,9 @@ class SearchSpace:
         >>> g = chain_graph(2, batch=8)
         >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
         >>> s = memflow.Strategy.data_parallel(g, 4).with_config("l1", sample=1, devices=["gpu2"])
-        >>> sp.project(s).devices
+        >>> sp.project(s) == s      # per-unit sample degrees run (memflow.export.sample_groups)
+        True
+        >>> sp.project(s.with_schedule(microbatches=2, schedule="gpipe")).devices
         (('gpu0', 'gpu1', 'gpu2', 'gpu3'), ('gpu0', 'gpu1', 'gpu2', 'gpu3'))
         """
         if not self.runnable or self.runs(strategy):
