@@ -146,6 +146,9 @@ def train_across_processes(strategy, kind: str, args,
     from .validation import capture_units
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    if kind == "sample" and getattr(args, "measure", None):
+        raise ExportError("--measure: per-rank held bytes are not measured for per-unit sample "
+                          "degrees yet (memflow.export.rank_measure); run without --measure")
     # sample groups: every rank holds the global batch, each group keeps its shares of it
     replicas = 1 if kind == "sample" else int(strategy.sample[0])
     replica = rank // (world // replicas)       # the ranks of a replica are adjacent
