@@ -1,6 +1,7 @@
 """The training script's path for strategies that span processes: pipeline stages
-(:mod:`~memflow.export.pipelining`) and tensor-parallel groups
-(:mod:`~memflow.export.tensor_parallel`).
+(:mod:`~memflow.export.pipelining`), tensor-parallel groups
+(:mod:`~memflow.export.tensor_parallel`) and per-unit sample degrees
+(:mod:`~memflow.export.sample_groups`).
 
 The exported script (:mod:`memflow.export.train_template`) hands such a strategy to
 :func:`train_across_processes`; whole-model replicas (DistributedDataParallel) stay on its own
@@ -14,7 +15,10 @@ path. ``torchrun --nproc_per_node`` :func:`processes` starts:
   device of replica ``r``'s tensor-parallel group
   (:func:`~memflow.export.tensor_parallel.tensor_ranks`); every rank of a replica runs that
   replica's whole share of the batch, the split units' shards exchanging through DTensor
-  collectives, and gradients are averaged over the replicas.
+  collectives, and gradients are averaged over the replicas;
+* a strategy whose units have different sample degrees: a process per device of the strategy
+  (:func:`~memflow.export.sample_groups.group_ranks`), each group of units on its devices'
+  ranks with their shares of the global batch, activations re-sharded between groups.
 
 Every rank builds the model from the same seed: a tensor-parallel rank keeps its slice of the
 same weights, a pipeline stage its stage of the same model. The synthetic batch and target of
@@ -25,8 +29,9 @@ trains along the same losses whichever way the strategy splits it.
 >>> pp = Strategy(["a", "b"], devices=[("gpu0", "gpu2"), ("gpu1", "gpu3")], sample=[2, 2],
 ...               stage=[0, 1], microbatches=2)
 >>> tp = Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu0",)], parameter=[2, 1])
->>> [(across_processes(s), processes(s, across_processes(s))) for s in (pp, tp)]
-[('pipeline', 4), ('tensor', 2)]
+>>> mixed = Strategy(["a", "b"], devices=[("gpu0", "gpu1", "gpu2"), ("gpu0",)], sample=[3, 1])
+>>> [(across_processes(s), processes(s, across_processes(s))) for s in (pp, tp, mixed)]
+[('pipeline', 4), ('tensor', 2), ('sample', 3)]
 """
 from __future__ import annotations
 
@@ -40,10 +45,11 @@ from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
 from ..strategy import Strategy
-from ..strategy.runnable import shard_problem, unrunnable
+from ..strategy.runnable import sample_problem, shard_problem, unrunnable
 from .fsdp import shard_model, sharded
 from .pipelining import average_gradients, build_pipeline, split_points, stage_ranks, stages
 from .rank_measure import measure_rank
+from .sample_groups import GroupRun, group_ranks
 from .tensor_parallel import parallelize, tensor_groups, tensor_plan
 
 __all__ = ["across_processes", "process_path", "processes", "train_across_processes"]
@@ -51,7 +57,10 @@ __all__ = ["across_processes", "process_path", "processes", "train_across_proces
 
 def across_processes(strategy) -> str | None:
     """By the strategy's shape alone: ``"pipeline"`` (units in stages), ``"tensor"``
-    (parameter splits), or None (whole-model replicas, or one process)."""
+    (parameter splits), ``"sample"`` (per-unit sample degrees), or None (whole-model
+    replicas, or one process)."""
+    if (strategy.sample != strategy.sample[0]).any():
+        return "sample"
     if stages(strategy) > 1:
         return "pipeline"
     if (strategy.parameter > 1).any():
@@ -83,6 +92,10 @@ def process_path(strategy, model: nn.Module, graph=None) -> str | None:
             split_points(strategy, graph)
         elif kind == "tensor":
             tensor_plan(model, strategy, graph)
+        elif kind == "sample":
+            problem = sample_problem(strategy, graph)
+            if problem is not None:
+                raise ExportError(problem)
         return kind
     except ExportError:
         if unrunnable(strategy, graph) is None:
@@ -102,6 +115,8 @@ def processes(strategy, kind: str | None) -> int:
         return int(strategy.sample[0]) * stages(strategy)
     if kind == "tensor":
         return int(strategy.sample[0]) * len(tensor_groups(strategy)[0])
+    if kind == "sample":
+        return len(group_ranks(strategy))
     return int(strategy.sample.max())
 
 
@@ -131,7 +146,11 @@ def train_across_processes(strategy, kind: str, args,
     from .validation import capture_units
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    replicas = int(strategy.sample[0])
+    if kind == "sample" and getattr(args, "measure", None):
+        raise ExportError("--measure: per-rank held bytes are not measured for per-unit sample "
+                          "degrees yet (memflow.export.rank_measure); run without --measure")
+    # sample groups: every rank holds the global batch, each group keeps its shares of it
+    replicas = 1 if kind == "sample" else int(strategy.sample[0])
     replica = rank // (world // replicas)       # the ranks of a replica are adjacent
     share = args.batch_size // replicas
     model, example = build(share, args.seed)
@@ -146,6 +165,11 @@ def train_across_processes(strategy, kind: str, args,
                              loss_fn=lambda out, tgt: loss_of(args.loss, out, tgt, seed)[0])
         module = run.module
         del model       # the other stages' weights
+    elif kind == "sample":
+        _, target = loss_of(args.loss, torch.zeros(_output_shape(model, *call)), None, seed)
+        run = GroupRun(model, strategy, call, rank=rank)
+        module = run.module
+        del model       # the other groups' weights
     else:
         from torch.distributed.device_mesh import init_device_mesh
         graph = capture_units(model, example, strategy)   # where outputs flow: Megatron pairs
@@ -170,6 +194,9 @@ def train_across_processes(strategy, kind: str, args,
         optimizer.zero_grad(set_to_none=True)
         if kind == "pipeline":
             loss = run.step(*as_args(inputs), target)
+        elif kind == "sample":
+            loss = run.step(*as_args(inputs), target,
+                            lambda out, tgt: loss_of(args.loss, out, tgt, seed)[0])
         else:
             loss, target = loss_of(args.loss, module(*as_args(inputs)[0], **as_args(inputs)[1]),
                                    target, seed)

@@ -53,7 +53,8 @@ from ..errors import ExportError
 from ..graph.units import LOSS, ROOT
 from .spans import unit_spans
 
-__all__ = ["stages", "stage_ranks", "split_points", "stage_strategy", "stage_modules",
+__all__ = ["stages", "stage_ranks", "split_points", "stage_strategy", "trace", "traced_stage",
+           "stage_modules",
            "PipelineRun", "build_pipeline", "average_gradients"]
 
 
@@ -223,20 +224,13 @@ class PipelineRun:
         return torch.stack([l.detach() for l in losses]).mean() if losses else None
 
 
-def stage_modules(model: nn.Module, strategy, example: tuple[tuple, dict], *,
-                  device: torch.device | str = "cpu", graph=None):
-    """The stages of ``strategy`` traced from ``model``, each running its units' memory
-    policies (an :class:`~memflow.export.Exported` module), and the tracer's tied weights
-    (``[{stage module name: weight name there}]``); no process group is needed.
-
-    ``example`` is ``(args, kwargs)`` of one replica's batch, cut into the strategy's
-    micro-batches for the trace.
-    """
+def trace(model: nn.Module, strategy, example: tuple[tuple, dict], graph=None):
+    """The tracer's ``Pipe`` of ``model`` cut at ``strategy``'s stage boundaries, from
+    ``example`` (``(args, kwargs)`` of one replica's batch) cut into the strategy's
+    micro-batches; its ``split_gm`` is the program between the stages."""
     from torch.distributed.pipelining import SplitPoint, pipeline
-    from .exported import apply
 
     _, n = _check(strategy)
-    stage_ranks(strategy)       # one device per stage and replica
     args, kwargs = example
     m = strategy.microbatches
     batch = next((t.shape[0] for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor)),
@@ -255,13 +249,32 @@ def stage_modules(model: nn.Module, strategy, example: tuple[tuple, dict], *,
     if pipe.num_stages != n:
         raise ExportError(f"the trace of the model gave {pipe.num_stages} stages where the "
                           f"strategy has {n}; split points: {split_points(strategy, graph)}")
-    stages_ = []
-    for index in range(n):
-        module = pipe.get_stage_module(index)
-        _drop_unused(module)
-        stages_.append(apply(module, stage_strategy(strategy, index), inplace=True,
-                             devices={"stage": device}))
-    return stages_, pipe.replicated_params
+    return pipe
+
+
+def traced_stage(pipe, strategy, index: int, device: torch.device | str = "cpu"):
+    """Stage ``index`` of the traced ``pipe``, running its units' memory policies (an
+    :class:`~memflow.export.Exported` module)."""
+    from .exported import apply
+    module = pipe.get_stage_module(index)
+    _drop_unused(module)
+    return apply(module, stage_strategy(strategy, index), inplace=True,
+                 devices={"stage": device})
+
+
+def stage_modules(model: nn.Module, strategy, example: tuple[tuple, dict], *,
+                  device: torch.device | str = "cpu", graph=None):
+    """The stages of ``strategy`` traced from ``model``, each running its units' memory
+    policies (:func:`traced_stage`), and the tracer's tied weights (``[{stage module name:
+    weight name there}]``); no process group is needed.
+
+    ``example`` is ``(args, kwargs)`` of one replica's batch, cut into the strategy's
+    micro-batches for the trace.
+    """
+    stage_ranks(strategy)       # one device per stage and replica
+    pipe = trace(model, strategy, example, graph)
+    return ([traced_stage(pipe, strategy, i, device) for i in range(pipe.num_stages)],
+            pipe.replicated_params)
 
 
 def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, rank: int,

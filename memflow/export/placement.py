@@ -60,25 +60,31 @@ def torch_devices(names: Sequence[str],
 
 
 def replicas(strategy) -> int:
-    """The data-parallel degree: every unit's sample degree. A strategy export cannot run
-    raises :class:`~memflow.errors.ExportError` with the reason
+    """The data-parallel degree: the largest unit's sample degree (every unit's, unless the
+    strategy has per-unit degrees: :mod:`memflow.export.sample_groups`). A strategy export
+    cannot run raises :class:`~memflow.errors.ExportError` with the reason
     :func:`~memflow.strategy.runnable.unrunnable` gives.
 
     >>> from memflow.strategy import Strategy
-    >>> replicas(Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu0",)], sample=[2, 1]))
+    >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu0",)], sample=[2, 1])
+    >>> replicas(s)
+    2
+    >>> replicas(s.with_schedule(microbatches=2))
     Traceback (most recent call last):
     ...
-    memflow.errors.ExportError: unit 'b' has sample degree 1 but unit 'a' has 2; export runs data parallelism as whole-model replicas (DistributedDataParallel), so every unit needs the same sample degree
+    memflow.errors.ExportError: unit 'b' has sample degree 1 but unit 'a' has 2, and the strategy has 2 micro-batches; ...
     """
     reason = unrunnable(strategy)
     if reason is not None:
         raise ExportError(reason)
-    return int(strategy.sample[0])
+    return int(strategy.sample.max())
 
 
 def replica_devices(strategy, replica: int,
                     devices: Mapping[str, torch.device]) -> list[tuple[torch.device, ...]]:
-    """Per unit, the torch devices of replica ``replica``'s parts (one per parameter shard)."""
+    """Per unit, the torch devices of replica ``replica``'s parts (one per parameter shard);
+    a unit of a smaller sample degree than :func:`replicas` runs the replica on the part
+    holding its share of the batch."""
     n = replicas(strategy)
     if not 0 <= replica < n:
         raise ExportError(f"replica {replica} does not exist; the strategy has {n} "
@@ -86,7 +92,8 @@ def replica_devices(strategy, replica: int,
     out = []
     for i in range(len(strategy.units)):
         p = int(strategy.parameter[i])
-        parts = strategy.devices[i][replica * p:(replica + 1) * p]
+        part = replica * int(strategy.sample[i]) // n
+        parts = strategy.devices[i][part * p:(part + 1) * p]
         out.append(tuple(devices[d] for d in parts))
     return out
 

@@ -22,6 +22,7 @@ the same code memflow tests. The strategy's JSON is written beside it.
 from __future__ import annotations
 
 import ast
+import math
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -84,19 +85,25 @@ def launch_problem(strategy, world: int, batch_size: int,
     'the strategy has 2 data-parallel replicas but 4 processes started; run it with torchrun --nproc_per_node 2'
     """
     try:
-        n = replicas(strategy) if kind is None else int(strategy.sample[0])
+        n = (replicas(strategy) if kind is None else
+             # per-unit degrees: every group's degree splits the batch
+             math.lcm(*map(int, strategy.sample)) if kind == "sample" else
+             int(strategy.sample[0]))
         want = processes(strategy, kind)
     except MemflowError as exc:
         return str(exc)
     if world != want:
         what = (f"{n} data-parallel replicas" if kind is None else
-                f"{want} processes ({kind} parallelism over {n} replicas)")
+                f"{want} processes (one per device of its sample groups)" if kind == "sample"
+                else f"{want} processes ({kind} parallelism over {n} replicas)")
         return (f"the strategy has {what} but {world} processes started; "
                 f"run it with torchrun --nproc_per_node {want}")
     parts = n * strategy.microbatches
     if batch_size < parts or batch_size % parts:
-        return (f"the global batch of {batch_size} does not split over the strategy's {n} "
-                f"replicas x {strategy.microbatches} micro-batches; use a multiple of {parts} "
+        over = (f"sample degrees {sorted(set(map(int, strategy.sample)))}" if kind == "sample"
+                else f"{n} replicas x {strategy.microbatches} micro-batches")
+        return (f"the global batch of {batch_size} does not split over the strategy's {over}; "
+                f"use a multiple of {parts} "
                 f"(--batch-size {parts * max(1, batch_size // parts)})")
     return None
 

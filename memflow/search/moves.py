@@ -30,7 +30,11 @@ from typing import Callable
 import numpy as np
 
 from ..strategy import POLICIES, Strategy
+<<<<<<< HEAD
 from ..strategy.runnable import RUNNABLE, pipeline_problem, shard_levels_for
+=======
+from ..strategy.runnable import RUNNABLE, pipeline_problem, sample_problem
+>>>>>>> perunit
 from .space import SearchSpace, policy_label, precision_choices, shard_choices
 
 __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGHTS",
@@ -343,12 +347,18 @@ Move = Callable[[np.random.Generator, Strategy, SearchSpace], "Proposal | None"]
 def _keeping_pipeline(move: Move) -> Move:
     """``move`` proposing nothing where, in the runnable space, it would leave a 1F1B pipeline
     export cannot run (:func:`~memflow.strategy.runnable.pipeline_problem`: a device shared
-    by two stages, a split inside a stage, a boundary inside a module's own code)."""
+    by two stages, a split inside a stage, a boundary inside a module's own code), or
+    per-unit sample degrees it cannot (:func:`~memflow.strategy.runnable.sample_problem`: a
+    parameter split or shard level beside them, a group boundary inside a module's code)."""
     @functools.wraps(move)
     def kept(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
         prop = move(rng, s, space)
-        if prop is not None and space.runnable and \
-                pipeline_problem(prop.strategy, space.graph) is not None:
+        if prop is None or not space.runnable:
+            return prop
+        new = prop.strategy
+        if pipeline_problem(new, space.graph) is not None or (
+                (new.sample != new.sample[0]).any()
+                and sample_problem(new, space.graph) is not None):
             return None
         return prop
     return kept
@@ -386,10 +396,16 @@ def _dropping_states(move: Move) -> Move:
 
 
 MOVES: dict[str, Move] = {"policy": policy, "segment": segment,
+<<<<<<< HEAD
                           **{m.__name__: _keeping_pipeline(_dropping_states(m))
                              for m in (config, copy, swap, replicas)},
                           **{m.__name__: _keeping_states(m)
                              for m in (shard, precision, optimizer_place)}}
+=======
+                          **{m.__name__: _keeping_pipeline(m) for m in (config, copy, swap,
+                                                                       replicas, shard)},
+                          "precision": precision, "optimizer_place": optimizer_place}
+>>>>>>> perunit
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
 """Moves over model states. Search space = export space: the default weights hold those whose
 choices export runs (:data:`EXPORTED_MODEL_STATE_MOVES`: all three, as FSDP2 / ZeRO-1,

@@ -24,7 +24,7 @@ from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..strategy import POLICIES, parse_policy
 from ..strategy.runnable import (RUNNABLE, model_state_problem, parameter_limits,
-                                 pipeline_problem, root_sharded, unrunnable)
+                                 pipeline_problem, root_sharded, sample_problem, unrunnable)
 from ..strategy.shard_levels import S_GRADIENTS
 
 __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label", "OPTIMIZER_PLACES",
@@ -184,7 +184,9 @@ class SearchSpace:
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
         root = np.asarray(strategy.shard)[self.root_sharded]
+        mixed = bool((np.asarray(strategy.sample) != strategy.sample[0]).any())
         return (unrunnable(strategy) is None and pipeline_problem(strategy, self.graph) is None
+                and not (mixed and sample_problem(strategy, self.graph) is not None)
                 and bool((np.asarray(strategy.parameter) <= self.max_p).all())
                 and bool((root == root[:1]).all()) and self.holds_states(strategy))
 
@@ -210,7 +212,9 @@ class SearchSpace:
         >>> g = chain_graph(2, batch=8)
         >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
         >>> s = memflow.Strategy.data_parallel(g, 4).with_config("l1", sample=1, devices=["gpu2"])
-        >>> sp.project(s).devices
+        >>> sp.project(s) == s      # per-unit sample degrees run (memflow.export.sample_groups)
+        True
+        >>> sp.project(s.with_schedule(microbatches=2, schedule="gpipe")).devices
         (('gpu0', 'gpu1', 'gpu2', 'gpu3'), ('gpu0', 'gpu1', 'gpu2', 'gpu3'))
         """
         if not self.runnable or self.runs(strategy):

@@ -10,9 +10,15 @@ asked for the full space), so what the search finds is what export runs.
 
 The rules of :data:`RUNNABLE`:
 
-* **one data-parallel degree** — every unit has the same sample degree: export runs data
-  parallelism as whole-model replicas (one ``DistributedDataParallel`` process each); a
-  per-unit degree needs activations re-sharded between groups of different size;
+* **per-unit data-parallel degrees in groups** — units may have different sample degrees
+  (FlexFlow's per-unit "sample" split): each run of consecutive units with the same degree and
+  devices is a group that runs on its devices' processes, each with its share of the batch,
+  and the activations crossing from one group to the next are re-sharded between them
+  (:mod:`memflow.export.sample_groups`). The model is cut between groups as a pipeline is, so a
+  boundary must be at a module called once (checked with the graph); groups are not composed
+  with parameter splits, shard levels, pipeline stages or micro-batches yet
+  (:func:`sample_problem`). One degree for every unit runs as whole-model replicas
+  (``DistributedDataParallel``);
 * **no attribute splits** — a spatial or sequence split needs halo exchanges between parts;
 * **parameter splits only of sliceable units** — a whole module call of a ``Linear``,
   ``Conv*`` with one group or ``Embedding`` (the graph's ``shard_axis``,
@@ -52,10 +58,10 @@ The rules of :data:`RUNNABLE`:
 
 >>> from memflow.strategy import Strategy
 >>> s = Strategy(["conv1", "relu"], devices=[("gpu0", "gpu1"), ("gpu0",)], sample=[2, 1])
->>> unrunnable(s)
-"unit 'relu' has sample degree 1 but unit 'conv1' has 2; export runs data parallelism as whole-model replicas (DistributedDataParallel), so every unit needs the same sample degree"
->>> unrunnable(s.with_config("relu", sample=2, devices=["gpu0", "gpu1"])) is None
+>>> unrunnable(s) is None         # two groups: conv1 over 2 processes, relu over 1
 True
+>>> unrunnable(s.with_config("conv1", parameter=2, devices=["gpu0", "gpu1", "gpu2", "gpu3"]))
+"unit 'relu' has sample degree 1 but unit 'conv1' has 2, and unit 'conv1' has a parameter split; export runs per-unit sample degrees as groups of processes, not yet composed with tensor parallelism. Valid: one sample degree for every unit, or parameter=1"
 """
 from __future__ import annotations
 
@@ -68,15 +74,16 @@ from .shard_levels import SHARD_LEVELS, S_GRADIENTS, S_NONE, S_OPTIMIZER
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
            "root_sharded", "shard_problem", "shard_levels_for", "pipeline_problem",
-           "model_state_problem"]
+           "model_state_problem", "sample_problem", "sample_groups"]
 
 
 @dataclass(frozen=True)
 class Runnable:
     """The strategy features export runs (see the module docstring for the reasons)."""
 
-    one_sample_degree: bool = True
-    """Every unit the same sample degree (whole-model data-parallel replicas)."""
+    per_unit_sample: bool = True
+    """Units may have different sample degrees (groups of processes, :func:`sample_problem`);
+    False: every unit the same degree (whole-model data-parallel replicas only)."""
     max_attribute: int = 1
     """Largest attribute (spatial / sequence) degree."""
     schedules: tuple[str, ...] = ("gpipe", "1f1b")
@@ -279,14 +286,17 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
     made for (it tells which units can be sliced)."""
     units = list(strategy.units)
     sample = np.asarray(strategy.sample)
-    if rules.one_sample_degree:
-        odd = np.flatnonzero(sample != sample[0])
-        if len(odd):
-            i = int(odd[0])
-            return (f"unit {units[i]!r} has sample degree {int(sample[i])} but unit "
-                    f"{units[0]!r} has {int(sample[0])}; export runs data parallelism as "
-                    "whole-model replicas (DistributedDataParallel), so every unit needs the "
-                    "same sample degree")
+    odd = np.flatnonzero(sample != sample[0])
+    if len(odd):
+        i = int(odd[0])
+        mixed = (f"unit {units[i]!r} has sample degree {int(sample[i])} but unit "
+                 f"{units[0]!r} has {int(sample[0])}")
+        if not rules.per_unit_sample:
+            return (f"{mixed}; export runs data parallelism as whole-model replicas "
+                    "(DistributedDataParallel), so every unit needs the same sample degree")
+        problem = sample_problem(strategy, graph)
+        if problem is not None:
+            return f"{mixed}, and {problem}"
     wide = np.flatnonzero(np.asarray(strategy.attribute) > rules.max_attribute)
     if len(wide):
         i = int(wide[0])
@@ -389,17 +399,84 @@ def pipeline_problem(strategy, graph=None) -> str | None:
                         f"{r} and another stage or replica; 1F1B runs each stage of each "
                         f"replica in its own process. {valid}, or a device per stage")
     if graph is not None:
-        u = graph.units
-        calls, _ = _sharing(graph)
-        role, module = u["role"].to_numpy(), u["module"].to_numpy()
+        return _uncut(units, stage, graph, valid)
+    return None
 
-        def cut(i: int) -> bool:     # <root> and <loss> are no module calls to cut at
-            return (role[i] == "module" and not str(module[i]).startswith("<")
-                    and calls.get(module[i], 1) == 1)
-        for i in np.flatnonzero(np.diff(stage) != 0).tolist():
-            if not (cut(i + 1) or cut(i)):
-                return (f"unit {units[i + 1]!r} starts stage {int(stage[i + 1])} after unit "
-                        f"{units[i]!r}, but neither is a module called once, so the "
-                        f"pipeline cannot be cut there. {valid}, or move the boundary next to "
-                        "a module unit")
+
+def _uncut(units, group: np.ndarray, graph, valid: str) -> str | None:
+    """Why the model cannot be cut where ``group`` (per unit: a stage, or a sample group)
+    changes: each cut needs a module called once on one side of it (None: every cut can)."""
+    u = graph.units
+    calls, _ = _sharing(graph)
+    role, module = u["role"].to_numpy(), u["module"].to_numpy()
+
+    def cut(i: int) -> bool:     # <root> and <loss> are no module calls to cut at
+        return (role[i] == "module" and not str(module[i]).startswith("<")
+                and calls.get(module[i], 1) == 1)
+    for i in np.flatnonzero(np.diff(group) != 0).tolist():
+        if not (cut(i + 1) or cut(i)):
+            return (f"unit {units[i + 1]!r} starts a new stage or group after unit "
+                    f"{units[i]!r}, but neither is a module called once, so the model "
+                    f"cannot be cut there. {valid}, or move the boundary next to a module unit")
+    return None
+
+
+def sample_groups(strategy) -> np.ndarray:
+    """Per unit, its sample group: runs of consecutive units with the same sample degree and
+    devices, numbered from 0. The loss unit (``<loss>``) joins the group before it: the loss
+    is computed where the model's output is.
+
+    >>> from memflow.strategy import Strategy
+    >>> s = Strategy(["a", "b", "c", "<loss>"], sample=[2, 2, 1, 2],
+    ...              devices=[("gpu0", "gpu1")] * 2 + [("gpu0",), ("gpu0", "gpu1")])
+    >>> sample_groups(s).tolist()
+    [0, 0, 1, 1]
+    """
+    out = np.zeros(len(strategy.units), np.int64)
+    for i in range(1, len(out)):
+        same = (strategy.units[i] == "<loss>"
+                or (strategy.sample[i] == strategy.sample[i - 1]
+                    and strategy.devices[i] == strategy.devices[i - 1]))
+        out[i] = out[i - 1] + (not same)
+    return out
+
+
+def sample_problem(strategy, graph=None) -> str | None:
+    """Why export cannot run ``strategy``'s per-unit sample degrees as groups of processes
+    (:mod:`memflow.export.sample_groups`); None when it can. Groups are cut like pipeline
+    stages (checked only with ``graph``) and not yet composed with the other splits.
+
+    >>> from memflow.strategy import Strategy
+    >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu0",)], sample=[2, 1])
+    >>> sample_problem(s) is None, sample_problem(s.with_schedule(microbatches=2))[:44]
+    (True, 'the strategy has 2 micro-batches; export run')
+    """
+    units = list(strategy.units)
+    valid = "Valid: one sample degree for every unit"
+    what = ("export runs per-unit sample degrees as groups of processes, not yet composed "
+            "with")
+    if (np.asarray(strategy.stage) > 0).any():
+        return f"the strategy has pipeline stages; {what} pipelines. {valid}, or one stage"
+    if strategy.microbatches > 1:
+        return (f"the strategy has {strategy.microbatches} micro-batches; {what} micro-batches. "
+                f"{valid}, or microbatches=1")
+    for field, name in (("parameter", "tensor parallelism"),
+                        ("attribute", "attribute splits")):
+        split = np.flatnonzero(np.asarray(getattr(strategy, field)) > 1)
+        if len(split):
+            return (f"unit {units[int(split[0])]!r} has a {field} split; {what} {name}. "
+                    f"{valid}, or {field}=1")
+    shard = np.flatnonzero(np.asarray(strategy.shard) != S_NONE)
+    if len(shard):
+        return (f"unit {units[int(shard[0])]!r} shards its model states; {what} FSDP2. "
+                f"{valid}, or shard level 'none'")
+    offload = np.flatnonzero(np.asarray(strategy.offload_optimizer))
+    if len(offload):
+        return (f"unit {units[int(offload[0])]!r} has its optimizer on the host; {what} "
+                f"optimizer offload. {valid}, or the optimizer on the device")
+    if strategy.precision not in (None, "fp32"):
+        return (f"precision {strategy.precision!r}; {what} mixed precision. {valid}, or "
+                "precision None or 'fp32'")
+    if graph is not None:
+        return _uncut(units, sample_groups(strategy), graph, valid)
     return None

@@ -134,8 +134,10 @@ def _chain():
 @pytest.mark.parametrize("change, message", [
     (lambda s, u: s.with_config(u[3], attribute=2, devices=["gpu0", "gpu1"]),
      r"unit 'layers.0' is split 2 ways over its attribute"),
-    (lambda s, u: s.with_config(u[0], sample=2, devices=["gpu0", "gpu1"]),
-     r"unit 'layers.0.relu' has sample degree 1 but unit 'layers.0.fc1' has 2"),
+    (lambda s, u: s.with_config(u[0], sample=2, devices=["gpu0", "gpu1"]).with_schedule(
+        microbatches=2, schedule="gpipe"),
+     r"unit 'layers.0.relu' has sample degree 1 but unit 'layers.0.fc1' has 2, and the "
+     r"strategy has 2 micro-batches"),
     (lambda s, u: s.with_config(u[1], parameter=2, devices=["gpu0", "gpu1"]),
      r"unit 'layers.0.relu' \(ReLU\) has a parameter split of 2"),
     (lambda s, u: s.with_schedule(microbatches=2, schedule="1f1b"),

@@ -62,6 +62,10 @@ def walk(model: str, cluster: str, seed: int, steps: int, pins: int, pipeline: b
         n = 2 if len(c.devices) == 2 or rng.integers(2) else 4
         s = space.project(memflow.Strategy.pipeline(g, c, stages=n, microbatches=n,
                                                     dp=len(c.devices) // n, schedule="1f1b"))
+    elif rng.integers(3) == 2 and len(c.devices) > 1:   # per-unit sample degrees: a tail
+        cut = int(rng.integers(1, space.n))                # of units on half the devices
+        half = s.devices[0][:len(c.devices) // 2]
+        s = space.project(s.with_config(s.units[cut:], sample=len(half), devices=half))
     elif rng.integers(2):
         full = SearchSpace(g, c, runnable=False)
         s = _steps(s.with_schedule(microbatches=2, schedule="1f1b"), full, rng, steps)
@@ -81,22 +85,28 @@ def test_every_proposal_exports(model, cluster, seed, steps, pins, pipeline):
     assert len(exported.devices) == len(g)
     if s.schedule == "1f1b" and s.microbatches > 1:     # 1F1B runs across processes only
         assert process_path(s, meta_model(model), g) == "pipeline"
+    if (s.sample != s.sample[0]).any():     # per-unit degrees: a process per device
+        assert process_path(s, meta_model(model), g) == "sample"
 
 
 def test_walks_reach_every_feature():
     """The walks above do split parameters and change the data-parallel degree (else the
     property would hold vacuously)."""
-    seen = {"parameter": set(), "replicas": set(), "1f1b stages": set()}
+    seen = {"parameter": set(), "replicas": set(), "1f1b stages": set(), "mixed": set()}
     for seed in range(30):
         for model in MODELS:
             _, s = walk(model, "4xV100-16GB", seed, 40, 0)
             seen["parameter"].add(int(s.parameter.max()))
             seen["replicas"].add(int(s.sample[0]))
+            # a short walk: the replicas move sets one degree for all units again
+            _, short = walk(model, "4xV100-16GB", seed, 4, 0)
+            seen["mixed"].update({bool((x.sample != x.sample[0]).any()) for x in (s, short)})
             _, s = walk(model, "4xV100-16GB", seed, 40, 0, pipeline=True)
             if s.schedule == "1f1b" and s.microbatches > 1:
                 seen["1f1b stages"].add(int(s.stage.max()) + 1)
     assert seen["parameter"] >= {1, 2, 4} and seen["replicas"] == {1, 2, 4}
     assert seen["1f1b stages"] >= {2}       # 1F1B pipelines are walked, not only projected
+    assert seen["mixed"] == {False, True}   # per-unit sample degrees are walked too
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
