@@ -395,16 +395,10 @@ def _dropping_states(move: Move) -> Move:
 
 
 MOVES: dict[str, Move] = {"policy": policy, "segment": segment,
-<<<<<<< HEAD
                           **{m.__name__: _keeping_pipeline(_dropping_states(m))
                              for m in (config, copy, swap, replicas)},
-                          **{m.__name__: _keeping_states(m)
-                             for m in (shard, precision, optimizer_place)}}
-=======
-                          **{m.__name__: _keeping_pipeline(m) for m in (config, copy, swap,
-                                                                       replicas, shard)},
-                          "precision": precision, "optimizer_place": optimizer_place}
->>>>>>> perunit
+                          "shard": _keeping_pipeline(_keeping_states(shard)),
+                          **{m.__name__: _keeping_states(m) for m in (precision, optimizer_place)}}
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
 """Moves over model states. Search space = export space: the default weights hold those whose
 choices export runs (:data:`EXPORTED_MODEL_STATE_MOVES`: all three, as FSDP2 / ZeRO-1,
