@@ -30,10 +30,7 @@ from typing import Callable
 import numpy as np
 
 from ..strategy import POLICIES, Strategy
-                          **{m.__name__: _keeping_pipeline(_dropping_states(m))
-                             for m in (config, copy, swap, replicas)},
-                          "shard": _keeping_pipeline(_keeping_states(shard)),
-                          **{m.__name__: _keeping_states(m) for m in (precision, optimizer_place)}}
+from ..strategy.runnable import RUNNABLE, pipeline_problem, sample_problem, shard_levels_for
 from .space import SearchSpace, policy_label, precision_choices, shard_choices
 
 __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGHTS",
