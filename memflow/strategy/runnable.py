@@ -259,6 +259,12 @@ def model_state_problem(strategy, graph=None) -> str | None:
                 "(DistributedDataParallel, FSDP2), not yet across pipeline or tensor-parallel "
                 "processes. Valid: precision None or 'fp32' and the optimizer on the device, or "
                 "one stage without parameter splits")
+    sample = np.asarray(strategy.sample)
+    if (sample != sample[0]).any():     # the sample-group path never applies shard_model
+        return (f"{what} in a strategy with per-unit sample degrees: export writes mixed "
+                "precision and optimizer offload on whole-model replicas, not yet on groups "
+                "of processes of different degrees. Valid: precision None or 'fp32' and the "
+                "optimizer on the device, or one sample degree for every unit")
     if int(strategy.sample[0]) < 2:
         return None
     levels = np.asarray(strategy.shard)
@@ -470,13 +476,6 @@ def sample_problem(strategy, graph=None) -> str | None:
     if len(shard):
         return (f"unit {units[int(shard[0])]!r} shards its model states; {what} FSDP2. "
                 f"{valid}, or shard level 'none'")
-    offload = np.flatnonzero(np.asarray(strategy.offload_optimizer))
-    if len(offload):
-        return (f"unit {units[int(offload[0])]!r} has its optimizer on the host; {what} "
-                f"optimizer offload. {valid}, or the optimizer on the device")
-    if strategy.precision not in (None, "fp32"):
-        return (f"precision {strategy.precision!r}; {what} mixed precision. {valid}, or "
-                "precision None or 'fp32'")
     if graph is not None:
         return _uncut(units, sample_groups(strategy), graph, valid)
     return None
