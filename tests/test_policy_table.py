@@ -13,6 +13,7 @@ import torch
 import memflow
 from memflow.errors import StrategyError
 from memflow.export import apply, validate
+from memflow.search.moves import MEMORY_MOVES
 from memflow.sim import Simulator
 from memflow.strategy import MECHANISMS, POLICIES, Policy, Strategy, parse_policy
 
@@ -85,13 +86,15 @@ def test_swap_holds_what_offload_holds_but_moves_ten_times_slower(swap):
 def test_search_proposes_the_registered_policy(swap):
     g = chain()
     search = memflow.MCMCSearch(g, memflow.Cluster.preset("1xV100-16GB"),
-                                policies=("keep", "swap"), seed=0)
+                                policies=("keep", "swap"), seed=0,
+                                moves=dict.fromkeys(MEMORY_MOVES, 1.0))   # one precision
     search.run(iterations=60)
     proposed = set()
     for s in [search.best] + [search.current]:
         proposed |= set(s.policies)
     assert "swap" in "".join(search.history["move"].astype(str)) or "swap" in proposed
     # keep is free on a device with room, swap only costs time: the best keeps everything
+    # (at one precision: under pure-bf16 a swap hides behind compute and ties with keep)
     assert set(search.best.policies) == {"keep"}
 
 
