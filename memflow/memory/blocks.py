@@ -49,7 +49,7 @@ from .jit import njit
 from .segments import holding_segments, segment_starts
 from .states import unit_states
 
-__all__ = ["StepBlocks", "Copy", "Copies", "BlockTable", "step_blocks",
+__all__ = ["StepBlocks", "Copy", "Copies", "BlockTable", "step_blocks", "placement_key",
            "CATEGORIES", "OPTIMIZER_STATES", "A_FWD", "A_BWD", "A_RECOMP", "A_OFFLOAD",
            "A_PREFETCH", "A_COMPRESS", "A_DECOMP", "A_XFER", "A_GXFER", "A_OPT"]
 
@@ -523,6 +523,14 @@ class BlockTable:
                           start, self.microbatches)
 
 
+def placement_key(layout: np.ndarray, degrees: np.ndarray, microbatches: int,
+                  sequence: np.ndarray | None = None) -> tuple:
+    """The key under which :func:`step_blocks` keeps a placement's records in its ``cache``:
+    what :func:`~memflow.memory.records.placements` depends on besides the graph."""
+    return (layout.tobytes(), degrees.tobytes(), int(microbatches),
+            None if sequence is None else sequence.tobytes())
+
+
 def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout: np.ndarray,
                 degrees: np.ndarray, microbatches: int, ratio: np.ndarray, *,
                 optimizer: str = "sgd", foreach: bool = True, cache: dict | None = None,
@@ -541,8 +549,7 @@ def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
     (:func:`memflow.memory.states.unit_states`). ``sequence`` (per unit) is the strategy's
     sequence parallelism (:func:`memflow.memory.records.placements`).
     """
-    key = (layout.tobytes(), degrees.tobytes(), int(microbatches),
-           None if sequence is None else sequence.tobytes())
+    key = placement_key(layout, degrees, microbatches, sequence)
     placed = cache.get(key) if cache is not None else None
     if placed is None:
         placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),

@@ -16,7 +16,7 @@ from .._units import format_bytes
 from ..errors import MemflowError
 from ..hardware import Cluster
 from ..memory.allocator import ALLOCATORS, replay
-from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, step_blocks
+from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, placement_key, step_blocks
 from ..strategy.shard_levels import PRECISIONS
 from ..memory.records import placements
 from ..strategy import Strategy
@@ -113,7 +113,7 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
                        compression_ratios(strategy, ga.half | (precision in ACTIVATION_WIDTH)),
                        optimizer=optimizer,
-                       foreach=foreach, cache={(layout.tobytes(), degrees.tobytes(), M): placed},
+                       foreach=foreach, cache={placement_key(layout, degrees, M): placed},
                        precision=precision, shard=strategy.shard,
                        offload=strategy.offload_optimizer)
     S = structure(ga, placed, layout, degrees, strategy.stage, M, strategy.schedule)
