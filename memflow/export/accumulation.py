@@ -28,7 +28,6 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
-from .pipelining import stages
 
 __all__ = ["accumulates", "micro_batches", "accumulate"]
 
@@ -42,7 +41,8 @@ def accumulates(strategy) -> bool:
     >>> [accumulates(s.with_schedule(microbatches=2, schedule=k)) for k in ("1f1b", "gpipe")]
     [True, False]
     """
-    return strategy.microbatches > 1 and strategy.schedule == "1f1b" and stages(strategy) == 1
+    one_stage = int(strategy.stage.max()) <= 0      # stages are 0..n-1, or -1 for none
+    return strategy.microbatches > 1 and strategy.schedule == "1f1b" and one_stage
 
 
 def micro_batches(args: tuple, kwargs: dict, m: int) -> list[tuple[tuple, dict]]:
