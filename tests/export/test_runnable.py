@@ -94,12 +94,14 @@ def test_every_proposal_exports(model, cluster, seed, steps, pins, pipeline):
 def test_walks_reach_every_feature():
     """The walks above do split parameters and change the data-parallel degree (else the
     property would hold vacuously)."""
-    seen = {"parameter": set(), "replicas": set(), "1f1b stages": set(), "mixed": set()}
+    seen = {"parameter": set(), "replicas": set(), "1f1b stages": set(), "mixed": set(),
+            "accumulation": set()}
     for seed in range(30):
         for model in MODELS:
             _, s = walk(model, "4xV100-16GB", seed, 40, 0)
             seen["parameter"].add(int(s.parameter.max()))
             seen["replicas"].add(int(s.sample[0]))
+            seen["accumulation"].add(accumulates(s))   # 1F1B with one stage, kept as it is
             # a short walk: the replicas move sets one degree for all units again
             _, short = walk(model, "4xV100-16GB", seed, 4, 0)
             seen["mixed"].update({bool((x.sample != x.sample[0]).any()) for x in (s, short)})
@@ -109,6 +111,7 @@ def test_walks_reach_every_feature():
     assert seen["parameter"] >= {1, 2, 4} and seen["replicas"] == {1, 2, 4}
     assert seen["1f1b stages"] >= {2}       # 1F1B pipelines are walked, not only projected
     assert seen["mixed"] == {False, True}   # per-unit sample degrees are walked too
+    assert seen["accumulation"] == {False, True}    # and gradient accumulation
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
