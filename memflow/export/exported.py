@@ -17,8 +17,9 @@ and sets each unit's policy up for exactly its span:
   splits are sharded (:mod:`memflow.export.sharding`);
 * ``microbatches > 1`` (GPipe): the batch runs in that many slices, one after the other, and
   the outputs are concatenated; backward then runs through all of them, as GPipe holds every
-  micro-batch's activations. The 1F1B schedule interleaves backward with forward, which a
-  module cannot do: it is refused.
+  micro-batch's activations. Under 1F1B with one stage (gradient accumulation) each call
+  runs one micro-batch: the training loop slices the batch and runs each micro-batch's
+  forward and backward in turn (:mod:`memflow.export.accumulation`).
 
 By default the model is deep-copied first and left as it was; ``inplace=True`` wraps the
 model itself (hooks added to its modules, parameters moved, split modules replaced), for models
@@ -54,6 +55,7 @@ from ..errors import ExportError
 from ..graph.units import LOSS, ROOT
 from ..strategy.policies import KEEP, M_COMPRESSED, M_HOST, M_RECOMPUTE, M_SELECTIVE, POLICIES
 from ..strategy.runnable import unrunnable
+from .accumulation import accumulates, micro_batches
 from .saved import SavedStore
 from .placement import MoveTo, place, replica_devices, torch_devices
 from .segment import Segment, storage_key
@@ -103,9 +105,9 @@ class Exported(nn.Module):
         self.store.reset()
         m = self.strategy.microbatches
         try:
-            if m == 1:
+            if m == 1 or accumulates(self.strategy):     # one micro-batch per call
                 return self._run(args, kwargs)
-            return _concat([self._run(a, k) for a, k in _split(args, kwargs, m)])
+            return _concat([self._run(a, k) for a, k in micro_batches(args, kwargs, m)])
         finally:
             self.store.records.clear()        # the graph holds what backward needs
 
@@ -179,19 +181,6 @@ class Exported(nn.Module):
     def extra_repr(self) -> str:
         counts = {POLICIES[c]: int((self._policy == c).sum()) for c in np.unique(self._policy)}
         return f"strategy={self.strategy.name!r}, policies={counts}"
-
-
-def _split(args: tuple, kwargs: dict, m: int) -> list[tuple[tuple, dict]]:
-    """``m`` micro-batches: every tensor whose first dimension is the batch, sliced."""
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    batch = next((t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim()), None)
-    if batch is None or batch < m:
-        raise ExportError(f"{m} micro-batches need a batch of at least {m} samples; the inputs' "
-                          f"first dimension is {batch}")
-    cut = [torch.tensor_split(t, m) if isinstance(t, torch.Tensor) and t.dim()
-           and t.shape[0] == batch else None for t in leaves]
-    return [pytree.tree_unflatten([c[k] if c is not None else x for c, x in zip(cut, leaves)],
-                                  spec) for k in range(m)]
 
 
 def _concat(outputs: list[Any]) -> Any:

@@ -82,6 +82,20 @@ class Sharding:
         if self.average and self.replicated:
             average_gradients(self.replicated, self.group)
 
+    def no_sync(self):
+        """A context for the backwards of all micro-batches but the last under gradient
+        accumulation (:mod:`memflow.export.accumulation`): gradients accumulate where they
+        are, reduced once with the last — DistributedDataParallel's ``no_sync``, FSDP2's
+        ``set_requires_gradient_sync(False)``; the replicated parameters are averaged by
+        :meth:`after_backward` anyway."""
+        from torch.distributed.fsdp import FSDPModule
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(self.module, DistributedDataParallel):
+            return self.module.no_sync()
+        roots = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        return _without_gradient_sync(roots[0]) if roots else contextlib.nullcontext()
+
     def optimizer(self, cls: type, **options: Any) -> Steps:
         """``cls(params, **options)`` for the module's parameters: the ZeRO-1 ones under
         ``ZeroRedundancyOptimizer`` (their states partitioned over the replicas), fp32 master
@@ -207,6 +221,15 @@ def shard_model(exported, device: torch.device | None = None, *, levels=None,
                     offload_policy=offload_policy(bool(rest) and any(offload[s.index]
                                                                     for s in root)))
     return Sharding(exported, whole, zero, group=mesh.get_group(), **states)
+
+
+@contextlib.contextmanager
+def _without_gradient_sync(root):
+    root.set_requires_gradient_sync(False)      # recurses into every fully_shard group
+    try:
+        yield
+    finally:
+        root.set_requires_gradient_sync(True)
 
 
 def _devices(params, spans) -> torch.device | None:

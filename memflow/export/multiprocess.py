@@ -35,6 +35,7 @@ trains along the same losses whichever way the strategy splits it.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Any, Callable
 
@@ -46,6 +47,7 @@ from torch.utils import _pytree as pytree
 from ..errors import ExportError
 from ..strategy import Strategy
 from ..strategy.runnable import sample_problem, shard_problem, unrunnable
+from .accumulation import accumulate, accumulates, micro_batches
 from .fsdp import shard_model, sharded
 from .pipelining import average_gradients, build_pipeline, split_points, stage_ranks, stages
 from .rank_measure import measure_rank
@@ -180,6 +182,8 @@ def train_across_processes(strategy, kind: str, args,
         if dp_group is not None and sharded(strategy):     # FSDP2 over the replicas
             sharding = shard_model(module, levels=strategy.shard, mesh=mesh["dp"])
         target = None
+        if accumulates(strategy):   # drawn for the whole batch, sliced per micro-batch
+            _, target = loss_of(args.loss, torch.zeros(_output_shape(model, *call)), None, seed)
     batches = (itertools.cycle(load_callable(args.data)(replica, replicas, share)) if args.data
                else itertools.repeat((example, None)))
     opt_class, options = ((torch.optim.Adam, {"lr": args.lr}) if args.optimizer == "adam" else
@@ -198,16 +202,24 @@ def train_across_processes(strategy, kind: str, args,
             loss = run.step(*as_args(inputs), target,
                             lambda out, tgt: loss_of(args.loss, out, tgt, seed)[0])
         else:
-            loss, target = loss_of(args.loss, module(*as_args(inputs)[0], **as_args(inputs)[1]),
-                                   target, seed)
-            loss.backward()
+            if accumulates(strategy):   # 1F1B with one stage (memflow.export.accumulation)
+                m = strategy.microbatches
+                loss = accumulate(module, as_args(inputs), m, lambda out, k: loss_of(
+                    args.loss, out, target.tensor_split(m)[k], seed)[0],
+                    sharding.no_sync if sharding is not None else contextlib.nullcontext)
+            else:
+                loss, target = loss_of(args.loss, module(*as_args(inputs)[0],
+                                                         **as_args(inputs)[1]), target, seed)
+                loss.backward()
             if sharding is not None:
                 sharding.after_backward()
             elif dp_group is not None:
                 average_gradients(module, dp_group)
         optimizer.step()
         if getattr(args, "measure", None) and step == args.steps - 1:
-            measure_rank(args.measure, rank, kind, module, optimizer, as_args(inputs),
+            measure_rank(args.measure, rank, kind, module, optimizer,
+                         micro_batches(*as_args(inputs), strategy.microbatches)[0]
+                         if accumulates(strategy) else as_args(inputs),
                          stage=run.stage if kind == "pipeline" else None,
                          microbatches=strategy.microbatches, schedule=strategy.schedule)
         # the loss lives on each replica's last stage (pipeline) or on every rank (tensor)

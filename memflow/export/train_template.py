@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 from tqdm import tqdm
 
 from memflow.export import apply
+from memflow.export.accumulation import accumulate, accumulates, micro_batches
 from memflow.export.fsdp import shard_model
 from memflow.export.multiprocess import train_across_processes
 from memflow.export.rank_measure import measure_rank
@@ -156,14 +157,33 @@ def main(argv: list[str] | None = None) -> list[float]:
         call_args, call_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to(device), sharding.inputs(as_args(inputs)))
         optimizer.zero_grad(set_to_none=True)
-        loss, target = loss_of(args.loss, model(*call_args, **call_kwargs),
-                               given.to(device) if given is not None else target,
-                               args.seed + 1000 + rank)
-        loss.backward()
+        target = given.to(device) if given is not None else target
+        if accumulates(strategy):
+            # ---- gradient accumulation (1F1B, one stage): each micro-batch's forward, then
+            # its backward (memflow.export.accumulation); replicas synchronise on the last
+            m = strategy.microbatches
+
+            def micro_loss(output, k: int) -> torch.Tensor:
+                nonlocal target
+                if target is None:      # drawn for the whole batch, as without micro-batches
+                    out = first_float(output)
+                    _, target = loss_of(args.loss, out.new_zeros((out.shape[0] * m,
+                                                                   *out.shape[1:])),
+                                        None, args.seed + 1000 + rank)
+                return loss_of(args.loss, output, target.tensor_split(m)[k],
+                               args.seed + 1000 + rank)[0]
+            loss = accumulate(model, (call_args, call_kwargs), m, micro_loss, sharding.no_sync)
+            # ---- end of gradient accumulation ----
+        else:
+            loss, target = loss_of(args.loss, model(*call_args, **call_kwargs), target,
+                                   args.seed + 1000 + rank)
+            loss.backward()
         sharding.after_backward()
         optimizer.step()
-        if args.measure and step == args.steps - 1:
-            measure_rank(args.measure, rank, None, model, optimizer, (call_args, call_kwargs))
+        if args.measure and step == args.steps - 1:     # one micro-batch's under accumulation
+            measure_rank(args.measure, rank, None, model, optimizer,
+                         micro_batches(call_args, call_kwargs, strategy.microbatches)[0]
+                         if accumulates(strategy) else (call_args, call_kwargs))
         value = loss.detach().float()
         if distributed:
             dist.all_reduce(value)

@@ -31,8 +31,10 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..errors import ExportError
+from ..graph.capture import split_inputs
 from ..memory.blocks import step_blocks
 from ..strategy.strategy import Strategy
+from .accumulation import accumulate, accumulates, micro_batches
 from .exported import apply
 from .measure import HOST, held_bytes
 from .placement import replica_devices, torch_devices
@@ -71,8 +73,10 @@ def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
     offloaded bytes under ``"host"`` (summed over the parts of each placement).
 
     What :meth:`~memflow.memory.blocks.StepBlocks.held_for_backward` counts, per part of each
-    placement. Micro-batches add up (GPipe holds them all); activations at the strategy's
-    precision (:func:`~memflow.sim.precision.activation_arrays`: bf16 halves an fp32 capture's).
+    placement. Micro-batches add up (GPipe holds them all; gradient accumulation — 1F1B with
+    one stage — one at a time, :mod:`~memflow.export.accumulation`); activations at the
+    strategy's precision (:func:`~memflow.sim.precision.activation_arrays`: bf16 halves an
+    fp32 capture's).
     """
     from ..sim.costs import compression_ratios
     from ..sim.precision import activation_arrays
@@ -84,6 +88,8 @@ def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
                        strategy.microbatches, compression_ratios(strategy, ga.half),
                        sequence=strategy.sequence_parallel)
     device, host = plan.held_for_backward()
+    if accumulates(strategy):      # activations are per micro-batch; one is held at a time
+        device, host = device / strategy.microbatches, host / strategy.microbatches
     out: dict[str, float] = {}
     for layout, on_device, on_host in zip(strategy.layouts, device, host):
         for name in layout[3]:
@@ -97,7 +103,6 @@ def _peak_row(model: nn.Module, original: nn.Module, graph, local: Strategy,
               example_inputs: Any, optimizer: str) -> tuple[float, float]:
     """(predicted, measured) peak bytes of one training step of ``model`` on the GPU; the
     weights of ``original`` (the model ``model`` was copied from) are not counted."""
-    from ..graph.capture import split_inputs
     from ..sim import estimate
 
     predicted = float(estimate(graph, "cuda", optimizer=optimizer, strategy=local).attrs["peak"])
@@ -110,10 +115,10 @@ def _peak_row(model: nn.Module, original: nn.Module, graph, local: Strategy,
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        out = model(*args, **kwargs)
-        sum(t.float().sum() for t in pytree.tree_leaves(out)
-            if isinstance(t, torch.Tensor) and t.requires_grad).backward()
-        del out
+        m = local.microbatches if accumulates(local) else 1
+        accumulate(model, (args, kwargs), m, lambda out, _: sum(
+            t.float().sum() for t in pytree.tree_leaves(out)
+            if isinstance(t, torch.Tensor) and t.requires_grad))
         opt.step()
         torch.cuda.synchronize()
     copy_of = {t.untyped_storage()._cdata: t.untyped_storage().nbytes()
@@ -147,6 +152,9 @@ def validate(model: nn.Module, example_inputs: Any, strategy: Strategy, graph=No
         graph = capture_units(model, example_inputs, strategy)
     exported = apply(model, local, graph, devices={d: d for d in local.device_names})
     predicted = predicted_held(graph, local)
+    if accumulates(local):      # each call runs one micro-batch: measure the first
+        args, kwargs = micro_batches(*split_inputs(example_inputs), local.microbatches)[0]
+        example_inputs = args if args or not kwargs else kwargs
     measured = held_bytes(exported, example_inputs)
     rows = {"saved_bytes": (sum(v for k, v in predicted.items() if k != HOST),
                             sum(v for k, v in measured.items() if k != HOST)),

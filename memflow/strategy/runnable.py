@@ -363,8 +363,10 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
 
 def pipeline_problem(strategy, graph=None) -> str | None:
     """Why export cannot run ``strategy``'s 1F1B schedule (None: it can, or the strategy is
-    no 1F1B pipeline). 1F1B runs only across processes, one per stage and replica
-    (``Schedule1F1B``); the stage-boundary rule is checked only with ``graph``.
+    no 1F1B pipeline). With stages, 1F1B runs across processes, one per stage and replica
+    (``Schedule1F1B``); the stage-boundary rule is checked only with ``graph``. With one
+    stage it is gradient accumulation — each micro-batch's forward, then its backward —,
+    which the training loop runs in each replica's process (memflow.export.accumulation).
 
     >>> from memflow.strategy import Strategy
     >>> s = Strategy(["a", "b"], devices=[("gpu0",), ("gpu1",)], stage=[0, 1],
@@ -373,16 +375,14 @@ def pipeline_problem(strategy, graph=None) -> str | None:
     True
     >>> pipeline_problem(s.with_schedule(microbatches=1))[:60]
     '2 stages under 1F1B need at least 2 micro-batches (torch.dis'
+    >>> pipeline_problem(s.with_config("b", devices=["gpu0"], stage=0)) is None  # accumulation
+    True
     """
     stage = np.asarray(strategy.stage)
     n = int(stage.max()) + 1 if (stage >= 0).any() else 1
-    if strategy.schedule != "1f1b" or (n == 1 and strategy.microbatches == 1):
+    if strategy.schedule != "1f1b" or n == 1:
         return None
     valid = "Valid: schedule 'gpipe'"
-    if n == 1:
-        return (f"schedule '1f1b' with {strategy.microbatches} micro-batches and no pipeline "
-                "stages interleaves backward with forward in one process, which export cannot "
-                f"run. {valid}, or two stages or more")
     if strategy.microbatches < n:
         return (f"{n} stages under 1F1B need at least {n} micro-batches "
                 f"(torch.distributed.pipelining's Schedule1F1B); the strategy has "

@@ -140,8 +140,9 @@ def _chain():
      r"strategy has 2 micro-batches"),
     (lambda s, u: s.with_config(u[1], parameter=2, devices=["gpu0", "gpu1"]),
      r"unit 'layers.0.relu' \(ReLU\) has a parameter split of 2"),
-    (lambda s, u: s.with_schedule(microbatches=2, schedule="1f1b"),
-     r"schedule '1f1b' with 2 micro-batches"),
+    (lambda s, u: s.with_config(u[-1], devices=["gpu1"], stage=1).with_schedule(
+        microbatches=1, schedule="1f1b"),
+     r"2 stages under 1F1B need at least 2 micro-batches"),
 ])
 def test_strategies_pytorch_cannot_run_name_the_unit(change, message):
     model, graph, s = _chain()

@@ -11,6 +11,7 @@ import torch
 
 import memflow
 from memflow.export import apply, script
+from memflow.export.accumulation import accumulate, accumulates
 from memflow.export.factory import build_model
 from memflow.export.fsdp import shard_model, sharded
 from memflow.export.train_template import loss_of
@@ -43,11 +44,18 @@ def _worker(rank, model, doc):
     s = Strategy.from_dict(doc)
     made, example = build_model(model, BATCH // WORLD, MODELS[model], device="cpu",
                                 seed=rank)
+    with torch.no_grad():       # the batch's target, sliced per micro-batch if accumulating
+        _, target = loss_of("auto", made(*_args(example)), None, 1000 + rank)
     exported = apply(made, s, inplace=True, replica=rank)
     sharding = shard_model(exported)
     optimizer = sharding.optimizer(torch.optim.Adam, lr=1e-3)
-    loss, _ = loss_of("auto", sharding.module(*_args(example)), None, 1000 + rank)
-    loss.backward()
+    if accumulates(s):      # DDP's no_sync / FSDP2's deferred reduce-scatter but on the last
+        m = s.microbatches
+        loss = accumulate(sharding.module, (_args(example), {}), m, lambda out, k: loss_of(
+            "auto", out, target.tensor_split(m)[k], 1000 + rank)[0], sharding.no_sync)
+    else:
+        loss, _ = loss_of("auto", sharding.module(*_args(example)), target, 1000 + rank)
+        loss.backward()
     sharding.after_backward()
     grads = {n: _full(p.grad).detach().clone() for n, p in exported.module.named_parameters()}
     held = {"weights": sum(_local(t).nbytes for t in [*exported.module.parameters(),
@@ -86,8 +94,11 @@ def _strategies(model):
     own = [n for n, r, p in zip(names, root_sharded(g), g.units["params"]) if p and not r]
     mixed = dp.with_shard({n: "parameters" for n in own[::2]})
     return g, {"zero3": dp.with_shard("parameters"), "zero2": dp.with_shard("gradients"),
-               "zero1": dp.with_shard("optimizer"), "mixed": mixed.with_policy(
-                   recompute=names[1:3]),
+               # gradient accumulation rides along: under DDP (zero1) and FSDP2 (mixed)
+               "zero1": dp.with_shard("optimizer").with_schedule(microbatches=2,
+                                                                 schedule="1f1b"),
+               "mixed": mixed.with_policy(recompute=names[1:3]).with_schedule(
+                   microbatches=2, schedule="1f1b"),
                "offload": dp.with_shard("parameters").with_policy({names[2]: "offload"})}
 
 

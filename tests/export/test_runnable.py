@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import memflow
 from memflow import zoo
 from memflow.export import apply, script
+from memflow.export.accumulation import accumulates
 from memflow.export.multiprocess import process_path, processes
 from memflow.search.initial import data_parallel
 from memflow.search.moves import MOVES
@@ -83,7 +84,8 @@ def test_every_proposal_exports(model, cluster, seed, steps, pins, pipeline):
     exported = apply(meta_model(model), s, g,       # refuses with ExportError otherwise
                      devices={d: "meta" for d in s.device_names})
     assert len(exported.devices) == len(g)
-    if s.schedule == "1f1b" and s.microbatches > 1:     # 1F1B runs across processes only
+    if s.schedule == "1f1b" and s.microbatches > 1 and not accumulates(s):
+        # 1F1B with stages runs across processes; with one stage, in each replica's loop
         assert process_path(s, meta_model(model), g) == "pipeline"
     if (s.sample != s.sample[0]).any():     # per-unit degrees: a process per device
         assert process_path(s, meta_model(model), g) == "sample"
@@ -92,12 +94,14 @@ def test_every_proposal_exports(model, cluster, seed, steps, pins, pipeline):
 def test_walks_reach_every_feature():
     """The walks above do split parameters and change the data-parallel degree (else the
     property would hold vacuously)."""
-    seen = {"parameter": set(), "replicas": set(), "1f1b stages": set(), "mixed": set()}
+    seen = {"parameter": set(), "replicas": set(), "1f1b stages": set(), "mixed": set(),
+            "accumulation": set()}
     for seed in range(30):
         for model in MODELS:
             _, s = walk(model, "4xV100-16GB", seed, 40, 0)
             seen["parameter"].add(int(s.parameter.max()))
             seen["replicas"].add(int(s.sample[0]))
+            seen["accumulation"].add(accumulates(s))   # 1F1B with one stage, kept as it is
             # a short walk: the replicas move sets one degree for all units again
             _, short = walk(model, "4xV100-16GB", seed, 4, 0)
             seen["mixed"].update({bool((x.sample != x.sample[0]).any()) for x in (s, short)})
@@ -107,6 +111,7 @@ def test_walks_reach_every_feature():
     assert seen["parameter"] >= {1, 2, 4} and seen["replicas"] == {1, 2, 4}
     assert seen["1f1b stages"] >= {2}       # 1F1B pipelines are walked, not only projected
     assert seen["mixed"] == {False, True}   # per-unit sample degrees are walked too
+    assert seen["accumulation"] == {False, True}    # and gradient accumulation
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
