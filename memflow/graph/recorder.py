@@ -116,14 +116,21 @@ class Window:
     model already counts for the same storage (the backward of an in-place op makes a new
     gradient while the one it received is still alive): it outlives the span, yet for the
     memory model it is the span's transient.
+
+    *Credits* are storages alive before the span that the memory model frees when the span
+    ends (in backward: what the span saved, the gradients it consumes). PyTorch frees them
+    node by node as the span runs, so their bytes, from the moment they die, make room for
+    the span's allocations: the peak counts allocations minus the credits freed so far.
     """
 
-    __slots__ = ("items", "live", "peak")
+    __slots__ = ("items", "live", "peak", "credits", "freed")
 
-    def __init__(self) -> None:
+    def __init__(self, credits: Iterable[tuple[StorageWeakRef, int]] = ()) -> None:
         self.items: list[tuple[StorageWeakRef, int, bool]] = []
-        self.live = 0
+        self.live = 0                   # bytes of the span's allocations alive, minus freed
         self.peak = 0
+        self.credits = [c for c in credits if not c[0].expired()]
+        self.freed = 0                  # bytes of credits freed during the span
 
     def poll(self) -> None:
         """Forget storages that were freed since the last poll."""
@@ -131,17 +138,39 @@ class Window:
             kept = [item for item in self.items if not item[0].expired()]
             if len(kept) != len(self.items):
                 self.items = kept
-                self.live = sum(n for _, n, _ in kept)
+                self.live = sum(n for _, n, _ in kept) - self.freed
+        if self.credits:
+            kept = [c for c in self.credits if not c[0].expired()]
+            if len(kept) != len(self.credits):
+                gone = sum(n for _, n in self.credits) - sum(n for _, n in kept)
+                self.credits = kept
+                self.freed += gone
+                self.live -= gone
 
     def add(self, ref: StorageWeakRef, nbytes: int, replaces: bool = False) -> None:
         self.items.append((ref, nbytes, replaces))
         self.live += nbytes
         self.peak = max(self.peak, self.live)
 
+    def credit(self, nbytes: int) -> None:
+        """A storage the memory model counted before the span was freed during it."""
+        self.freed += nbytes
+        self.live -= nbytes
+
+    def survivors(self) -> list[tuple[StorageWeakRef, int]]:
+        """The span's allocations still alive (after :meth:`poll`)."""
+        return [(ref, n) for ref, n, _ in self.items]
+
     def close(self) -> int:
         """Peak minus what survives the span (replacements excepted): its transient bytes."""
         self.poll()
-        return self.peak - self.live + sum(n for _, n, replaces in self.items if replaces)
+        kept = sum(n for _, n, _ in self.items)
+        return max(0, self.peak - kept + sum(n for _, n, replaces in self.items if replaces))
+
+    def close_backward(self) -> int:
+        """Peak above the larger of the bytes held at the span's start and at its end."""
+        self.poll()
+        return self.peak - max(0, self.live)
 
 
 @dataclass(eq=False)
@@ -182,6 +211,12 @@ class Recorder(TorchDispatchMode):
         self._read_expensive: set[Storage] = set()     # expensive outputs read out of place
         self._inplace_nodes: set[int] = set()  # sequence numbers of in-place ops' nodes
         self._bwd_node = _ACCUMULATE
+        # what the memory model frees when a span's backward ends, PyTorch frees during it
+        # (credits of the span's backward window): the storages it saved first …
+        self._held: dict[int, list[tuple[StorageWeakRef, int]]] = {}
+        # … and the gradients earlier backward windows left alive (it consumes its own)
+        self._grads: dict[StorageWeakRef, int] = {}
+        self._param_grads: dict[int, tuple[StorageWeakRef, int]] = {}   # by parameter: never a credit
 
     # ------------------------------------------------------------------ module stack
     def _frame(self, path: str, kind: str, role: str) -> _Frame:
@@ -313,6 +348,20 @@ class Recorder(TorchDispatchMode):
             self._current.fwd_tmp = self._window.close()
         self._seq_his = [s.seq_hi for s in self.spans]
         self._window = Window()
+        for rec in self.storages:
+            if rec.savers and not rec.ref.expired():
+                self._held.setdefault(min(rec.savers), []).append((rec.ref, rec.nbytes))
+
+    def parameter_gradient(self, param: torch.Tensor) -> None:
+        """Post-accumulate-grad hook: ``param.grad`` is a parameter gradient, which lives
+        to the optimizer step (the memory model's), not an activation gradient."""
+        storage = param.grad.untyped_storage()
+        ref = StorageWeakRef(storage)
+        old = self._param_grads.get(id(param))
+        if old is not None and old[0].expired():     # replaced by the sum with a contribution
+            self._window.credit(old[1])
+        self._param_grads[id(param)] = (ref, storage.nbytes())
+        self._grads.pop(ref, None)
 
     def _backward_span(self) -> Span | None:
         node = torch._C._current_autograd_node()
@@ -325,12 +374,19 @@ class Recorder(TorchDispatchMode):
         if span is not self._bwd_span:
             self.finish_backward()
             self._bwd_span = span
+            if span is not None:
+                self._window = Window([*self._held.get(span.index, ()), *self._grads.items()])
         return span
 
     def finish_backward(self) -> None:
-        """Close the backward window of the span that ran last."""
+        """Close the backward window of the span that ran last; the gradients it made that
+        outlive it (but parameter gradients) are credits of the windows after it."""
         if self._bwd_span is not None:
-            self._bwd_span.bwd_tmp = max(self._bwd_span.bwd_tmp, self._window.close())
+            self._bwd_span.bwd_tmp = max(self._bwd_span.bwd_tmp, self._window.close_backward())
+            params = {ref for ref, _ in self._param_grads.values()}
+            self._grads = {ref: n for ref, n in self._grads.items() if not ref.expired()}
+            self._grads.update((ref, n) for ref, n in self._window.survivors()
+                               if ref not in params)
         self._window = Window()
 
     def estimate_backward(self, err: Exception) -> None:

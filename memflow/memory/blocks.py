@@ -165,8 +165,7 @@ class StepBlocks:
         """
         alloc = self.alloc[:, 0]
         in_forward = np.isin(alloc, (A_FWD, A_XFER, A_COMPRESS, A_OFFLOAD))
-        to_backward = (((self.free[:, :, 0] == A_BWD) & (self.free[:, :, 2] == END))
-                       | (self.free[:, :, 0] == A_RECOMP)).any(1)
+        to_backward = ((self.free[:, :, 0] == A_BWD) | (self.free[:, :, 0] == A_RECOMP)).any(1)
         act = self.category == ACTIVATIONS
         device = act & ~self.on_host & in_forward & (to_backward | (alloc == A_COMPRESS))
         host = act & self.on_host & (alloc == A_OFFLOAD)
@@ -269,7 +268,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         if keep:
             hold = min(first_saver if first_saver >= 0 else far, seg_in, p if sel else far)
             for j in range(3):
-                _set(free, row, j, A_BWD, hold, END)
+                _set(free, row, j, A_BWD, hold, START)
         else:
             for j in range(3):
                 _set(free, row, j, fwd_free[x, 0], fwd_free[x, 1], fwd_free[x, 2])
@@ -287,7 +286,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         alloc[row + RESTORED, 0], alloc[row + RESTORED, 1], alloc[row + RESTORED, 2] = back, cc, START
         for j in range(3):
             _set(free, row + STORED, j, back, cc, END)
-            _set(free, row + RESTORED, j, A_BWD, max(first_saver, 0), END)
+            _set(free, row + RESTORED, j, A_BWD, max(first_saver, 0), START)
         # re-materialized by its segment's recomputation
         replayed = state == M_RECOMPUTE or state == M_SELECTIVE
         remat = own >= 0 and (replayed or state == NONE)
@@ -299,7 +298,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         alloc[row + REMAT, 0], alloc[row + REMAT, 1], alloc[row + REMAT, 2] = A_RECOMP, max(p, 0), START
         for j in range(3):
             if replayed:
-                _set(free, row + REMAT, j, A_BWD, max(first_saver, 0), END)
+                _set(free, row + REMAT, j, A_BWD, max(first_saver, 0), START)
             else:
                 _set(free, row + REMAT, j, A_RECOMP, last_in if last_in >= 0 else max(p, 0), END)
         carrier[x] = c if held else -1
@@ -319,14 +318,35 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
     return n_recs
 
 
-def _gradient_unit(ga: GraphArrays) -> np.ndarray:
-    """Per unit, the unit whose backward allocates the gradients of the parameters it owns:
-    the last reader of each (the first backward to reach it), the earliest of them in backward
-    order when they differ; the unit itself when it owns no trainable parameter."""
-    out = np.arange(ga.n)
-    grad = ga.param_grad_bytes > 0
-    np.maximum.at(out, ga.param_owner[grad], ga.param_grad_unit[grad])
-    return out
+def _parameter_gradients(ga: GraphArrays, layout: np.ndarray,
+                         gradients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit, the parameter-gradient bytes its backward makes and the unit at whose
+    backward's end they exist. A parameter's gradient appears with the backward of its last
+    reader (the first to run), on its owner's placement: ``gradients`` (per owner) is shared
+    out over its parameters by their bytes and charged to that reader when the reader is on the
+    owner's placement, else to the owner at the earliest such backward of its parameters.
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> from memflow.memory.arrays import graph_arrays
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0, 1.0], "bwd_flops": [2.0, 2.0],
+    ...                           "param_bytes": [400.0, 0.0], "trainable_bytes": [400.0, 0.0]},
+    ...                          index=["a", "b"]),
+    ...             pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["a"]]}))
+    >>> [x.tolist() for x in _parameter_gradients(graph_arrays(g), np.zeros(2, np.int64),
+    ...                                           np.array([400.0, 0.0]))]
+    [[400.0, 0.0], [0, 1]]
+    """
+    k = ga.param_grad_bytes > 0
+    owner, unit, b = ga.param_owner[k], ga.param_grad_unit[k], ga.param_grad_bytes[k]
+    total = np.bincount(owner, b, ga.n)
+    share = gradients[owner] * b / total[owner]
+    moves = layout[unit] == layout[owner]
+    out = np.where(total > 0, 0.0, gradients)
+    np.add.at(out, np.where(moves, unit, owner), share)
+    at = np.arange(ga.n)
+    np.maximum.at(at, owner[~moves], unit[~moves])
+    return out, at
 
 
 def _accumulated(ga: GraphArrays, p: np.ndarray) -> np.ndarray:
@@ -406,8 +426,9 @@ class BlockTable:
         self.cached = ga.cached * per
         self.expensive = ga.expensive[P.tensor]
         bwd_tmp = ga.bwd_tmp * per + _accumulated(ga, p)
+        grad_bytes, grad_at = _parameter_gradients(ga, layout, train)
         by_slot = {FWD_TMP: ga.fwd_tmp * per, BWD_TMP: bwd_tmp, REC_TMP: np.zeros(n),
-                   PARAM_GRAD: train, CACHED: np.zeros(n)}
+                   PARAM_GRAD: grad_bytes, CACHED: np.zeros(n)}
         self.bytes[u:u + NU * n] = np.stack([by_slot[j] for j in range(NU)], 1).ravel()
         for slot, kind in ((FWD_TMP, A_FWD), (BWD_TMP, A_BWD), (REC_TMP, A_RECOMP)):
             self.alloc[u + slot:u + NU * n:NU] = _anchor(kind, units, START, n)
@@ -416,7 +437,7 @@ class BlockTable:
         self.alloc[cached] = _anchor(A_FWD, units, END, n)
         self.free[cached] = _anchor(A_RECOMP, units, END, n)[:, None, :]
         grads = slice(u + PARAM_GRAD, u + NU * n, NU)
-        self.alloc[grads] = _anchor(A_BWD, _gradient_unit(ga), START, n)
+        self.alloc[grads] = _anchor(A_BWD, grad_at, END, n)
         self.free[grads] = _anchor(A_OPT, layout, END, n)[:, None, :]
         o = slice(u + NU * n, self.state_row)
         self.bytes[o] = o_b.reshape(-1)
