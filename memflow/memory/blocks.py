@@ -7,20 +7,22 @@ single-device program order; the simulator runs the same blocks against its sche
 are those of ``docs/data-model.md`` ("Memory model"), which follow PyTorch:
 
 * weights, buffers, optimizer state and DDP gradient buckets are persistent;
-* a parameter gradient lives from the backward of its last reader (the first to run) to the
-  end of the optimizer step; every other reader's backward makes a contribution of its size;
+* a parameter gradient lives from the end of the backward of its last reader (the first to
+  run) to the end of the optimizer step;
 * an activation storage lives from its producer's forward to the later of its last forward
   read (a model output's is the loss: the step drops the output once the loss is computed),
   the end of backward (model outputs, only if the graph's ``keep_output``) and, when held
-  for backward, the end of the backward of its first saver. Policies decide what *holds* it (keep > segment input >
+  for backward, the start of the backward of its first saver. Policies decide what *holds* it (keep > segment input >
   compress > offload > selective > recompute); a selective unit holds what its expensive ops
   make until its backward (their outputs used only inside it until its recomputation, as
   ``create_selective_checkpoint_contexts`` caches them); a recompute segment holds its inputs only if one of its
   units saves something (else it is no segment: :func:`holding_segments`);
 * a storage read by a unit on another placement is copied there by a transfer, and that copy
   follows the same rules among the readers on that placement;
-* activation gradients live from the backward of the last reader to the end of the
-  producer's backward; forward and backward temporaries during their task.
+* activation gradients live from the end of the last reader's backward to the start of the
+  producer's backward; forward and backward temporaries during their task. A backward lets
+  go of what it consumes at its start and shows what it makes at its end: its temporaries
+  (``bwd_tmp_bytes``) are the peak above both, as PyTorch frees node by node (capture).
 
 What the placements decide (records, copies, gradients: :mod:`memflow.memory.records`) is
 computed once per placement; what the policies decide is computed here, for all records at
@@ -349,20 +351,6 @@ def _parameter_gradients(ga: GraphArrays, layout: np.ndarray,
     return out, at
 
 
-def _accumulated(ga: GraphArrays, p: np.ndarray) -> np.ndarray:
-    """Per unit, the gradient contributions its backward makes to parameters whose gradient
-    already exists (a tied weight, a module called twice): each reader but the last makes one
-    of the parameter's size, held until the engine adds it in (the sum itself is in the
-    reader's ``bwd_tmp_bytes``). ``p``: each unit's parameter degree."""
-    out = np.zeros(ga.n)
-    ptr, idx = ga.param_readers_ptr, ga.param_readers_idx
-    for k in np.flatnonzero((ga.param_grad_bytes > 0) & (np.diff(ptr) > 1)):
-        readers = idx[ptr[k]:ptr[k + 1]]
-        readers = readers[readers != ga.param_grad_unit[k]]
-        out[readers] += ga.param_grad_bytes[k] / p[readers]
-    return out
-
-
 class BlockTable:
     """Every block of one placement's plan, in fixed rows, re-derived by delta.
 
@@ -425,7 +413,9 @@ class BlockTable:
         self.recompute_tmp = ga.fwd_tmp * per
         self.cached = ga.cached * per
         self.expensive = ga.expensive[P.tensor]
-        bwd_tmp = ga.bwd_tmp * per + _accumulated(ga, p)
+        # a tied weight's contributions are in bwd_tmp: the one waiting for the others is a
+        # gradient alive between backwards, the sum the reader that adds it in makes its own
+        bwd_tmp = ga.bwd_tmp * per
         grad_bytes, grad_at = _parameter_gradients(ga, layout, train)
         by_slot = {FWD_TMP: ga.fwd_tmp * per, BWD_TMP: bwd_tmp, REC_TMP: np.zeros(n),
                    PARAM_GRAD: grad_bytes, CACHED: np.zeros(n)}
