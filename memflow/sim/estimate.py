@@ -113,7 +113,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
                        compression_ratios(strategy, ga.half | (precision in ACTIVATION_WIDTH)),
                        optimizer=optimizer,
-                       foreach=foreach, cache={(layout.tobytes(), degrees.tobytes(), M): placed},
+                       foreach=foreach,    # step_blocks' cache key: no sequence parallelism
+                       cache={(layout.tobytes(), degrees.tobytes(), M, None): placed},
                        precision=precision, shard=strategy.shard,
                        offload=strategy.offload_optimizer)
     S = structure(ga, placed, layout, degrees, strategy.stage, M, strategy.schedule)
