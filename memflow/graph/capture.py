@@ -227,6 +227,8 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
                 recorder.add_weight(state[pname], aliases[id(t)], is_buffer)
                 if is_buffer:
                     _add_value(values, state[pname], t)
+                elif state[pname].requires_grad:
+                    state[pname].register_post_accumulate_grad_hook(recorder.parameter_gradient)
     fakes = pytree.tree_leaves((fake_args, fake_kwargs))
     for real, t in zip(pytree.tree_leaves((args, kwargs)), fakes):
         if isinstance(t, torch.Tensor):

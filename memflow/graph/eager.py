@@ -46,20 +46,10 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.weak import WeakTensorKeyDictionary
 
-__all__ = ["KnownValues", "eager_predicates", "PREDICATES", "VALUE_LIMIT", "writes_input"]
+__all__ = ["KnownValues", "eager_predicates", "PREDICATES", "VALUE_LIMIT"]
 
 VALUE_LIMIT = 64 * 2 ** 20
 """Largest tensor (bytes) whose value capture computes; larger ones stay unknown."""
-
-
-def writes_input(func) -> bool:
-    """The aten op writes into one of its inputs (``relu_``, ``add_``, ``copy_``…).
-
-    >>> writes_input(torch.ops.aten.add_.Tensor), writes_input(torch.ops.aten.add.Tensor)
-    (True, False)
-    """
-    return any(a.alias_info is not None and a.alias_info.is_write
-               for a in func._schema.arguments)
 
 
 def _written(func, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:

@@ -32,7 +32,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backend import Backend
 from .batchdim import keeps_batch
-from .eager import writes_input
 from .opcost import OpCounter, tensors_in
 from .selective import EXPENSIVE_OPS, is_expensive, unreplayable_write
 from .units import LOSS, ROOT
@@ -112,36 +111,51 @@ class Weight:
 class Window:
     """Bytes allocated during one span and still alive, and their peak.
 
-    An allocation that *replaces* another is a gradient taking the place of one the memory
-    model already counts for the same storage (the backward of an in-place op makes a new
-    gradient while the one it received is still alive): it outlives the span, yet for the
-    memory model it is the span's transient.
+    *Credits* are storages alive before the span that the memory model lets go when the
+    span's backward starts (what the span saved, the gradients it consumes): PyTorch frees
+    them node by node as the span runs, so from the moment one dies its bytes make room for
+    the span's allocations. ``live`` is the span's allocations alive minus the credits freed.
     """
 
-    __slots__ = ("items", "live", "peak")
+    __slots__ = ("items", "live", "peak", "credits")
 
-    def __init__(self) -> None:
-        self.items: list[tuple[StorageWeakRef, int, bool]] = []
+    def __init__(self, credits: Iterable[tuple[StorageWeakRef, int]] = ()) -> None:
+        self.items: list[tuple[StorageWeakRef, int]] = []
         self.live = 0
         self.peak = 0
+        self.credits = [c for c in credits if not c[0].expired()]
 
     def poll(self) -> None:
         """Forget storages that were freed since the last poll."""
-        if self.items:
-            kept = [item for item in self.items if not item[0].expired()]
-            if len(kept) != len(self.items):
-                self.items = kept
-                self.live = sum(n for _, n, _ in kept)
+        for name in ("items", "credits"):
+            items = getattr(self, name)
+            if items:
+                kept = [item for item in items if not item[0].expired()]
+                if len(kept) != len(items):
+                    setattr(self, name, kept)
+                    gone = sum(n for _, n in items) - sum(n for _, n in kept)
+                    self.live -= gone
 
-    def add(self, ref: StorageWeakRef, nbytes: int, replaces: bool = False) -> None:
-        self.items.append((ref, nbytes, replaces))
+    def add(self, ref: StorageWeakRef, nbytes: int) -> None:
+        self.items.append((ref, nbytes))
         self.live += nbytes
         self.peak = max(self.peak, self.live)
 
+    def credit(self, nbytes: int) -> None:
+        """A storage the memory model counted before the span was freed during it."""
+        self.live -= nbytes
+
     def close(self) -> int:
-        """Peak minus what survives the span (replacements excepted): its transient bytes."""
+        """Forward: peak minus what survives the span (its outputs, what it saves)."""
         self.poll()
-        return self.peak - self.live + sum(n for _, n, replaces in self.items if replaces)
+        return self.peak - sum(n for _, n in self.items)
+
+    def close_backward(self) -> int:
+        """Backward: peak above the larger of the bytes held at the span's start and at its
+        end. The memory model charges it from the backward's start, when what the span held
+        goes, to its end, when the gradients it made appear (``docs/data-model.md``)."""
+        self.poll()
+        return self.peak - max(0, self.live)
 
 
 @dataclass(eq=False)
@@ -180,8 +194,12 @@ class Recorder(TorchDispatchMode):
         self._seq_his: list[int] = []
         self._bwd_span: Span | None = None
         self._read_expensive: set[Storage] = set()     # expensive outputs read out of place
-        self._inplace_nodes: set[int] = set()  # sequence numbers of in-place ops' nodes
-        self._bwd_node = _ACCUMULATE
+        # what the memory model frees when a span's backward ends, PyTorch frees during it
+        # (credits of the span's backward window): the storages it saved first …
+        self._held: dict[int, list[tuple[StorageWeakRef, int]]] = {}
+        # … and the gradients earlier backward windows left alive (it consumes its own)
+        self._grads: dict[StorageWeakRef, int] = {}
+        self._param_grads: dict[int, tuple[StorageWeakRef, int]] = {}   # by parameter: never a credit
 
     # ------------------------------------------------------------------ module stack
     def _frame(self, path: str, kind: str, role: str) -> _Frame:
@@ -313,10 +331,24 @@ class Recorder(TorchDispatchMode):
             self._current.fwd_tmp = self._window.close()
         self._seq_his = [s.seq_hi for s in self.spans]
         self._window = Window()
+        for rec in self.storages:
+            if rec.savers and not rec.ref.expired():
+                self._held.setdefault(min(rec.savers), []).append((rec.ref, rec.nbytes))
+
+    def parameter_gradient(self, param: torch.Tensor) -> None:
+        """Post-accumulate-grad hook: ``param.grad`` is a parameter gradient, which lives
+        to the optimizer step (the memory model's), not an activation gradient."""
+        storage = param.grad.untyped_storage()
+        ref = StorageWeakRef(storage)
+        old = self._param_grads.get(id(param))
+        if old is not None and old[0].expired():     # replaced by the sum with a contribution
+            self._window.credit(old[1])
+        self._param_grads[id(param)] = (ref, storage.nbytes())
+        self._grads.pop(ref, None)
 
     def _backward_span(self) -> Span | None:
         node = torch._C._current_autograd_node()
-        seq = self._bwd_node = node._sequence_nr() if node is not None else _ACCUMULATE
+        seq = node._sequence_nr() if node is not None else _ACCUMULATE
         if seq == _ACCUMULATE:
             span = self._bwd_span
         else:
@@ -325,12 +357,19 @@ class Recorder(TorchDispatchMode):
         if span is not self._bwd_span:
             self.finish_backward()
             self._bwd_span = span
+            if span is not None:
+                self._window = Window([*self._held.get(span.index, ()), *self._grads.items()])
         return span
 
     def finish_backward(self) -> None:
-        """Close the backward window of the span that ran last."""
+        """Close the backward window of the span that ran last; the gradients it made that
+        outlive it (but parameter gradients) are credits of the windows after it."""
         if self._bwd_span is not None:
-            self._bwd_span.bwd_tmp = max(self._bwd_span.bwd_tmp, self._window.close())
+            self._bwd_span.bwd_tmp = max(self._bwd_span.bwd_tmp, self._window.close_backward())
+            params = {ref for ref, _ in self._param_grads.values()}
+            self._grads = {ref: n for ref, n in self._grads.items() if not ref.expired()}
+            self._grads.update((ref, n) for ref, n in self._window.items
+                               if ref not in params)
         self._window = Window()
 
     def estimate_backward(self, err: Exception) -> None:
@@ -378,10 +417,6 @@ class Recorder(TorchDispatchMode):
                 if written.producer >= 0:
                     self.spans[written.producer].selective_replays = False
             self._track_forward(span, func, args, kwargs, outs, expensive)
-            if writes_input(func) and torch.is_grad_enabled() and any(
-                    t.requires_grad for t in (*tensors_in(args), *tensors_in(kwargs))):
-                # autograd made this op's node before dispatching it: the latest number
-                self._inplace_nodes.add(torch._C._autograd._get_sequence_nr() - 1)
         else:
             span.bwd_flops += cost.flops
             span.bwd_bytes += cost.bytes_moved
@@ -426,14 +461,12 @@ class Recorder(TorchDispatchMode):
 
     def _track_backward(self, args: tuple, kwargs: dict, outs: list[torch.Tensor]) -> None:
         seen = {_key(t) for t in (*tensors_in(args), *tensors_in(kwargs))}
-        # the backward of an in-place op makes the gradient of the storage it overwrote
-        replaces = self._bwd_node in self._inplace_nodes
         for t in outs:
             key = _key(t)
             if key not in seen:
                 seen.add(key)
                 storage = t.untyped_storage()
-                self._window.add(StorageWeakRef(storage), storage.nbytes(), replaces)
+                self._window.add(StorageWeakRef(storage), storage.nbytes())
 
 
 class _Expensive:

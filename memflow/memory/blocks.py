@@ -7,20 +7,22 @@ single-device program order; the simulator runs the same blocks against its sche
 are those of ``docs/data-model.md`` ("Memory model"), which follow PyTorch:
 
 * weights, buffers, optimizer state and DDP gradient buckets are persistent;
-* a parameter gradient lives from the backward of its last reader (the first to run) to the
-  end of the optimizer step; every other reader's backward makes a contribution of its size;
+* a parameter gradient lives from the end of the backward of its last reader (the first to
+  run) to the end of the optimizer step;
 * an activation storage lives from its producer's forward to the later of its last forward
   read (a model output's is the loss: the step drops the output once the loss is computed),
   the end of backward (model outputs, only if the graph's ``keep_output``) and, when held
-  for backward, the end of the backward of its first saver. Policies decide what *holds* it (keep > segment input >
+  for backward, the start of the backward of its first saver. Policies decide what *holds* it (keep > segment input >
   compress > offload > selective > recompute); a selective unit holds what its expensive ops
   make until its backward (their outputs used only inside it until its recomputation, as
   ``create_selective_checkpoint_contexts`` caches them); a recompute segment holds its inputs only if one of its
   units saves something (else it is no segment: :func:`holding_segments`);
 * a storage read by a unit on another placement is copied there by a transfer, and that copy
   follows the same rules among the readers on that placement;
-* activation gradients live from the backward of the last reader to the end of the
-  producer's backward; forward and backward temporaries during their task.
+* activation gradients live from the end of the last reader's backward to the start of the
+  producer's backward; forward and backward temporaries during their task. A backward lets
+  go of what it consumes at its start and shows what it makes at its end: its temporaries
+  (``bwd_tmp_bytes``) are the peak above both, as PyTorch frees node by node (capture).
 
 What the placements decide (records, copies, gradients: :mod:`memflow.memory.records`) is
 computed once per placement; what the policies decide is computed here, for all records at
@@ -165,8 +167,7 @@ class StepBlocks:
         """
         alloc = self.alloc[:, 0]
         in_forward = np.isin(alloc, (A_FWD, A_XFER, A_COMPRESS, A_OFFLOAD))
-        to_backward = (((self.free[:, :, 0] == A_BWD) & (self.free[:, :, 2] == END))
-                       | (self.free[:, :, 0] == A_RECOMP)).any(1)
+        to_backward = ((self.free[:, :, 0] == A_BWD) | (self.free[:, :, 0] == A_RECOMP)).any(1)
         act = self.category == ACTIVATIONS
         device = act & ~self.on_host & in_forward & (to_backward | (alloc == A_COMPRESS))
         host = act & self.on_host & (alloc == A_OFFLOAD)
@@ -269,7 +270,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         if keep:
             hold = min(first_saver if first_saver >= 0 else far, seg_in, p if sel else far)
             for j in range(3):
-                _set(free, row, j, A_BWD, hold, END)
+                _set(free, row, j, A_BWD, hold, START)
         else:
             for j in range(3):
                 _set(free, row, j, fwd_free[x, 0], fwd_free[x, 1], fwd_free[x, 2])
@@ -287,7 +288,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         alloc[row + RESTORED, 0], alloc[row + RESTORED, 1], alloc[row + RESTORED, 2] = back, cc, START
         for j in range(3):
             _set(free, row + STORED, j, back, cc, END)
-            _set(free, row + RESTORED, j, A_BWD, max(first_saver, 0), END)
+            _set(free, row + RESTORED, j, A_BWD, max(first_saver, 0), START)
         # re-materialized by its segment's recomputation
         replayed = state == M_RECOMPUTE or state == M_SELECTIVE
         remat = own >= 0 and (replayed or state == NONE)
@@ -299,7 +300,7 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
         alloc[row + REMAT, 0], alloc[row + REMAT, 1], alloc[row + REMAT, 2] = A_RECOMP, max(p, 0), START
         for j in range(3):
             if replayed:
-                _set(free, row + REMAT, j, A_BWD, max(first_saver, 0), END)
+                _set(free, row + REMAT, j, A_BWD, max(first_saver, 0), START)
             else:
                 _set(free, row + REMAT, j, A_RECOMP, last_in if last_in >= 0 else max(p, 0), END)
         carrier[x] = c if held else -1
@@ -319,26 +320,46 @@ def _replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr
     return n_recs
 
 
-def _gradient_unit(ga: GraphArrays) -> np.ndarray:
-    """Per unit, the unit whose backward allocates the gradients of the parameters it owns:
-    the last reader of each (the first backward to reach it), the earliest of them in backward
-    order when they differ; the unit itself when it owns no trainable parameter."""
-    out = np.arange(ga.n)
-    grad = ga.param_grad_bytes > 0
-    np.maximum.at(out, ga.param_owner[grad], ga.param_grad_unit[grad])
-    return out
+def _parameter_gradients(ga: GraphArrays, layout: np.ndarray,
+                         gradients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit, the parameter-gradient bytes its backward makes and the unit at whose
+    backward's end they exist. A parameter's gradient appears with the backward of its last
+    reader (the first to run), on its owner's placement: ``gradients`` (per owner) is shared
+    out over its parameters by their bytes and charged to that reader when the reader is on the
+    owner's placement, else to the owner at the earliest such backward of its parameters.
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> from memflow.memory.arrays import graph_arrays
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0, 1.0], "bwd_flops": [2.0, 2.0],
+    ...                           "param_bytes": [400.0, 0.0], "trainable_bytes": [400.0, 0.0]},
+    ...                          index=["a", "b"]),
+    ...             pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["a"]]}))
+    >>> [x.tolist() for x in _parameter_gradients(graph_arrays(g), np.zeros(2, np.int64),
+    ...                                           np.array([400.0, 0.0]))]
+    [[400.0, 0.0], [0, 1]]
+    """
+    k = ga.param_grad_bytes > 0
+    owner, unit, b = ga.param_owner[k], ga.param_grad_unit[k], ga.param_grad_bytes[k]
+    total = np.bincount(owner, b, ga.n)
+    share = gradients[owner] * b / total[owner]
+    moves = layout[unit] == layout[owner]
+    out = np.where(total > 0, 0.0, gradients)
+    np.add.at(out, np.where(moves, unit, owner), share)
+    at = np.arange(ga.n)
+    np.maximum.at(at, owner[~moves], unit[~moves])
+    return out, at
 
 
-_ANCHORS: dict[bytes, tuple[np.ndarray, ...]] = {}
+_ANCHORS: dict[int, tuple[np.ndarray, ...]] = {}
 
 
 def _unit_anchors(ga: GraphArrays) -> tuple[np.ndarray, ...]:
     """Anchors of the unit rows and the model-state rows that no placement changes (all but
-    those ending at the optimizer step of the unit's layout): ``(unit alloc, unit free, state
-    alloc, state free)``, made once per graph; a search had rebuilt them for every placement.
-    They depend on the number of units and each one's gradient unit only."""
-    grad_unit = _gradient_unit(ga)
-    hit = _ANCHORS.get(grad_unit.tobytes())
+    the parameter gradients' and those ending at the optimizer step of the unit's layout):
+    ``(unit alloc, unit free, state alloc, state free)``, made once per number of units; a
+    search had rebuilt them for every placement."""
+    hit = _ANCHORS.get(ga.n)
     if hit is not None:
         return hit
     n, units = ga.n, np.arange(ga.n)
@@ -348,7 +369,6 @@ def _unit_anchors(ga: GraphArrays) -> tuple[np.ndarray, ...]:
         uf[slot::NU] = _anchor(kind, units, END, n)[:, None, :]
     ua[CACHED::NU] = _anchor(A_FWD, units, END, n)
     uf[CACHED::NU] = _anchor(A_RECOMP, units, END, n)[:, None, :]
-    ua[PARAM_GRAD::NU] = _anchor(A_BWD, grad_unit, START, n)
     sa, sf = np.zeros((NM * n, 3), np.int64), np.zeros((NM * n, 3, 3), np.int64)
     for j, kind in ((GATHER_FWD, A_FWD), (GATHER_BWD, A_BWD), (GATHER_REC, A_RECOMP),
                     (UNSHARDED, A_BWD)):
@@ -357,24 +377,10 @@ def _unit_anchors(ga: GraphArrays) -> tuple[np.ndarray, ...]:
     sa[HOST_STATE::NM] = _anchor(A_FWD, units, START, n)
     for x in (ua, uf, sa, sf):
         x.flags.writeable = False
-    if len(_ANCHORS) > 16:        # graphs long gone
+    if len(_ANCHORS) > 16:        # unit counts of graphs long gone
         _ANCHORS.clear()
-    hit = _ANCHORS[grad_unit.tobytes()] = (ua, uf, sa, sf)
+    hit = _ANCHORS[n] = (ua, uf, sa, sf)
     return hit
-
-
-def _accumulated(ga: GraphArrays, p: np.ndarray) -> np.ndarray:
-    """Per unit, the gradient contributions its backward makes to parameters whose gradient
-    already exists (a tied weight, a module called twice): each reader but the last makes one
-    of the parameter's size, held until the engine adds it in (the sum itself is in the
-    reader's ``bwd_tmp_bytes``). ``p``: each unit's parameter degree."""
-    out = np.zeros(ga.n)
-    ptr, idx = ga.param_readers_ptr, ga.param_readers_idx
-    for k in np.flatnonzero((ga.param_grad_bytes > 0) & (np.diff(ptr) > 1)):
-        readers = idx[ptr[k]:ptr[k + 1]]
-        readers = readers[readers != ga.param_grad_unit[k]]
-        out[readers] += ga.param_grad_bytes[k] / p[readers]
-    return out
 
 
 class BlockTable:
@@ -431,7 +437,9 @@ class BlockTable:
         self.recompute_tmp = ga.fwd_tmp * per
         self.cached = ga.cached * per
         self.expensive = ga.expensive[P.tensor]
-        bwd_tmp = ga.bwd_tmp * per + _accumulated(ga, p)
+        # a tied weight's contributions are in bwd_tmp: the one waiting for the others is a
+        # gradient alive between backwards, the sum the reader that adds it in makes its own
+        bwd_tmp = ga.bwd_tmp * per
         by_slot = {FWD_TMP: ga.fwd_tmp * per, BWD_TMP: bwd_tmp, REC_TMP: np.zeros(n),
                    PARAM_GRAD: np.zeros(n), CACHED: np.zeros(n)}    # _set_states: gradients
         self.bytes[u:u + NU * n] = np.stack([by_slot[j] for j in range(NU)], 1).ravel()
@@ -455,7 +463,10 @@ class BlockTable:
         n, u, L = self.n, self.unit_row, len(degrees)
         s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
         st = self.states = unit_states(ga, s, p, a, shard, offload, precision, optimizer)
-        self.bytes[u + PARAM_GRAD:u + NU * n:NU] = st.gradients
+        # parameter gradients: their bytes follow the states, the backward they appear at the layout
+        grads = slice(u + PARAM_GRAD, u + NU * n, NU)
+        self.bytes[grads], grad_at = _parameter_gradients(ga, layout, st.gradients)
+        self.alloc[grads] = _anchor(A_BWD, grad_at, END, n)
         # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
         o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
         p_train = ga.param_grad_bytes / p[ga.param_owner] * st.state_factor[ga.param_owner]

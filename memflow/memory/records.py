@@ -253,7 +253,7 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     src_pos = np.where(rec_home, np.where(model_out, n, r_max), rec_min)
     src_anchor = np.where(
         rec_home[:, None],
-        anchors(A_BWD, np.where(model_out, last, r_max), START),
+        anchors(A_BWD, np.where(model_out, last, r_max), END),
         anchors(A_GXFER, copy_id, START))
     with_src = np.flatnonzero(src_grad)
     best = np.full(n_t, -1)
@@ -266,9 +266,9 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     grad_layout = np.concatenate([rec_lay[g_copy], home_t[g_t]])
     grad_bytes = np.concatenate([nbytes[g_copy],
                                  ga.bytes[g_t] / np.where(ga.per_sample[g_t], M, 1) * t_share[g_t]])
-    grad_alloc = np.concatenate([anchors(A_BWD, r_max[g_copy], START), src_anchor[winner]])
+    grad_alloc = np.concatenate([anchors(A_BWD, r_max[g_copy], END), src_anchor[winner]])
     grad_free = np.concatenate([anchors(A_GXFER, copy_id[g_copy], END),
-                                anchors(A_BWD, first_any[g_t], END)])
+                                anchors(A_BWD, first_any[g_t], START)])
     keep = grad_bytes > 0
 
     # per unit, the anchors its forward reads and its backward's incoming gradients

@@ -42,7 +42,7 @@ Units that the graph marks not recomputable (a ``recomputable`` column) are alwa
 >>> checkpoint(g, "1xV100-16GB", "3GiB", method="sqrt")
 Traceback (most recent call last):
 ...
-memflow.planners.common.Infeasible: checkpoint: no 'sqrt' strategy fits memory_limit=3.00 GiB; the smallest peak found is 3.75 GiB; give memory_limit >= 3.75 GiB (4026728448 bytes)
+memflow.planners.common.Infeasible: checkpoint: no 'sqrt' strategy fits memory_limit=3.00 GiB; the smallest peak found is 3.44 GiB; give memory_limit >= 3.44 GiB (3691167744 bytes)
 """
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def exhaustive(graph, cluster, *, base: Strategy | None = None,
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
     >>> g = chain_graph(4, batch=4096, width=256)
-    >>> res = exhaustive(g, memflow.Cluster.preset("1xV100-16GB"), memory_limit=60e6)
+    >>> res = exhaustive(g, memflow.Cluster.preset("1xV100-16GB"), memory_limit=50e6)
     >>> res.evaluated, res.feasible, res.strategy.policies
     (16, True, ['recompute', 'keep', 'keep', 'keep'])
     >>> exhaustive(chain_graph(20), memflow.Cluster.preset("1xV100-16GB"))

@@ -10,7 +10,7 @@
 ...                           "is_output": [False, False, True]}), {"batch_size": 8})
 >>> r = simulate(g, memflow.Strategy.single_device(g), memflow.Cluster.preset("1xV100-16GB"))
 >>> r.feasible, int(r.peak_memory["gpu0"])
-(True, 20384)
+(True, 18288)
 """
 from __future__ import annotations
 

@@ -86,7 +86,8 @@ def _run(layout, on_host, nbytes, per_mb, alloc, free, dev_ptr, dev_idx, host_pt
             else:
                 a_key = first[alloc[b, 0], alloc[b, 1]] * 2 + alloc[b, 2]
             # freed at the latest anchor, and never before the task that allocated it ends
-            f = rank[min(a_key + 1, T2 - 1)]
+            # (its end: key | 1; the next key is another task's start, which may run earlier)
+            f = rank[a_key | 1]
             for j in range(3):
                 if every:
                     key = table[free[b, j, 0], free[b, j, 1], m] * 2 + free[b, j, 2]

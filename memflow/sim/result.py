@@ -178,10 +178,10 @@ class SimResult:
         >>> one = memflow.Cluster.preset("1xV100-16GB")
         >>> s = memflow.simulate(g, memflow.Strategy.single_device(g), one).summary()
         >>> print(s)
-        <SimResult 'single device': 0.14 ms/step, 59,239.4 samples/s, peak 7.38 KiB on 1 devices, feasible>
+        <SimResult 'single device': 0.14 ms/step, 59,239.4 samples/s, peak 7.31 KiB on 1 devices, feasible>
                     peak  capacity  headroom compute_busy utilization
         device
-        gpu0    7.38 KiB  16.0 GiB  16.0 GiB       135 µs        100%
+        gpu0    7.31 KiB  16.0 GiB  16.0 GiB       135 µs        100%
         >>> bool(s.loc["gpu0", "capacity"] == 16 * 2**30)
         True
         """

@@ -72,3 +72,22 @@ def test_exported_plan_step(plan):
                                  strategy=strategy).loc["total", "at_peak"]
     measured = memtracker_peak(exported, ids, optimizer="momentum", loss_fn=loss_fn)["Total"]
     assert within(predicted, measured), (predicted, measured)
+
+
+@pytest.mark.parametrize("name,units,optimizer,states", [
+    ("gpt2", "leaves", "momentum", "momentum"),    # GELU written as many ops in one leaf
+    ("llama", "blocks", "momentum", "momentum"),   # a decoder layer as one unit
+    ("t5", "blocks", "momentum", "momentum"),      # a whole encoder/decoder stack as one unit
+    ("bert", 2, "adamw", "adam"),                  # a tied embedding, summed in its backward
+])
+def test_coarse_units_free_as_backward_runs(name, units, optimizer, states):
+    """A unit's backward frees what it saved and the gradients it received node by node while
+    it makes its gradients: the peak follows that at any granularity."""
+    pytest.importorskip("transformers")
+    from hf_models import HF_MODELS
+    torch.manual_seed(0)
+    model, inputs, loss_fn = HF_MODELS[name]()
+    graph = memflow.from_torch(model, inputs, units=units, loss_fn=loss_fn)
+    predicted = memflow.estimate(graph, "cpu", optimizer=states).loc["total", "at_peak"]
+    measured = memtracker_peak(model, inputs, optimizer=optimizer, loss_fn=loss_fn)["Total"]
+    assert within(predicted, measured), (predicted, measured)

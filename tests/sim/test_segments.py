@@ -1,7 +1,8 @@
 """Adjacent recompute segments (segment breaks) in the memory model and the simulator.
 
-Hand-checked on ``chain()``: u_i saves its input (100, 200, 300 bytes) and an internal tensor
-(10, 20, 30); the output is 50 bytes.
+Hand-checked on ``chain(params=100)``: u_i saves its input (100, 200, 300 bytes) and an internal
+tensor (10, 20, 30); the output is 50 bytes; each unit has 100 bytes of parameters (with 400 the
+step's peak is at the end of backward, weights and all parameter gradients, for any schedule).
 """
 import pytest
 
@@ -14,7 +15,7 @@ V100 = cluster("1xV100-16GB")
 
 
 def _runs():
-    g = chain()
+    g = chain(params=100)
     one = Strategy.single_device(g).with_policy(recompute=list(g.names))
     return g, one, one.with_segments("each")
 

@@ -4,7 +4,8 @@ A transition is one block ``a..b`` of the chain (a kept or offloaded unit, or a 
 recomputed units) with the policies around it: ``hist``, the ``D+1`` units before ``a``;
 ``kind``, the block's policy; ``after``, the ``D`` units after ``b``. :func:`block_transitions`
 returns, for each, the block's *local peak* — the most bytes live at any start of its forward,
-recomputation or backward tasks (and a prefetch during a backward), counting the blocks of
+recomputation or backward tasks (and a prefetch during a backward, and a backward's end),
+counting the blocks of
 units ``a-D … b+D`` that are not already held from before ``a``, plus the parameter gradients
 of the units after ``b`` — and the bytes it newly *holds* through unit ``b+1``. These are the
 numbers :meth:`~memflow.planners.checkpointing.chain.ChainMemory.transition` defines; here one
@@ -115,17 +116,18 @@ def _one(a, b, n, D, hist, kind, after, ctx_id, start, stop, nbytes, alloc, free
     for j in range(m):
         before[j] = group[j] == 0 and at_alloc[j] <= 4 * a and at_free[j] >= end_a
         keep[j] = not (before[j] or (group[j] == 2 and is_tail[j]))
-    # the block's task starts: forward, backward (and a prefetch during it), recomputation
+    # the block's task starts: forward, backward (and a prefetch during it), recomputation;
+    # and the backward's end, where the gradients it made appear before its temporaries go
     recomputed = _policy(a, a, b, n, D, hist, kind, after) == _REC
-    per = 4 if recomputed else 3
+    per = 5 if recomputed else 4
     events = np.empty(per * (b - a + 1), np.int64)
     for u in range(a, b + 1):
         su = seg[u - lo_w]
         bw = position(A_BWD, u, 0, n, su)
         e = per * (u - a)
-        events[e], events[e + 1], events[e + 2] = 4 * u, bw, bw + 1
+        events[e], events[e + 1], events[e + 2], events[e + 3] = 4 * u, bw, bw + 1, bw + 2
         if recomputed:
-            events[e + 3] = position(A_RECOMP, u, 0, n, su)
+            events[e + 4] = position(A_RECOMP, u, 0, n, su)
     # each kept block is live over a contiguous run of the sorted events: add its bytes to
     # the run's ends, then sum along the events (m log E for m blocks and E events)
     events.sort()
