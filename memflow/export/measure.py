@@ -102,7 +102,10 @@ def held_bytes(model: nn.Module, example_inputs: Any, *, forwards: int = 1,
     # an Exported model's offload store, also under DistributedDataParallel (``.module``)
     store = getattr(model, "store", None) or getattr(getattr(model, "module", None), "store", None)
     host = {ref.cdata for ref in getattr(store, "host_made", [])}
-    gc.collect(1)        # cycles made by this forward are young; a full collection is slow
+    # a full collection: an automatic one during the forward can promote its dead cycles to
+    # the oldest generation, where a young collection leaves them counted (+512 B, now and
+    # then, on a tensor-parallel rank)
+    gc.collect()
     weights |= skip()
     totals: dict[str, int] = {}
     for key, (ref, nbytes, device) in mode.made.items():
