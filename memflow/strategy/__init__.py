@@ -12,6 +12,7 @@ from .policies import (COMPRESS, KEEP, MECHANISMS, OFFLOAD, POLICIES, RECOMPUTE,
 from .shard_levels import OPTIMIZERS, PRECISIONS, SHARD_LEVELS
 from .strategy import SCHEDULES, Strategy
 from . import model_states as _model_states  # noqa: F401  (attaches with_shard, with_model_states)
+from . import document as _document  # noqa: F401  (attaches to_dict, from_dict, to_json, from_json)
 from .validate import validate
 
 __all__ = ["Strategy", "Policy", "PolicyTable", "POLICIES", "MECHANISMS", "SCHEDULES", "SHARD_LEVELS", "PRECISIONS", "OPTIMIZERS", "KEEP", "RECOMPUTE", "OFFLOAD", "COMPRESS", "SELECTIVE",
