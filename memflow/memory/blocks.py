@@ -27,9 +27,9 @@ are those of ``docs/data-model.md`` ("Memory model"), which follow PyTorch:
 What the placements decide (records, copies, gradients: :mod:`memflow.memory.records`) is
 computed once per placement; what the policies decide is computed for all records at once
 (:mod:`memflow.memory.replan`), into four block *slots* per record
-(:mod:`memflow.memory.slots`). :class:`~memflow.memory.table.BlockTable` keeps every block of the last
-policies it planned, so that a change of a few units' policies re-derives only the records
-those units touch (delta re-planning).
+(:mod:`memflow.memory.slots`). :class:`~memflow.memory.table.BlockTable` keeps every block
+of the last policies it planned, so that a change of a few units' policies re-derives only
+the records those units touch (delta re-planning).
 
 Anchors are ``(kind, key, edge)``: ``kind`` one of the ``A_*`` codes, ``key`` a unit position
 (or a copy number for transfers, a layout for the optimizer), ``edge`` 0 for the task's start
