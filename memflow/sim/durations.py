@@ -3,8 +3,6 @@ DDP all-reduces, gathers and scatters, the optimizer step, copies), then what th
 policies change (host time factors, compression speed, selective recomputation)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..memory.arrays import graph_arrays
@@ -17,9 +15,6 @@ from .expand import Timing
 from .run import ByLayouts, Placement
 from .structure import Structure
 
-if TYPE_CHECKING:
-    from .simulator import Simulator
-
 __all__ = ["placement_timing", "policy_timing"]
 
 # columns of a layout's row of rates (Simulator._lc_row)
@@ -27,9 +22,10 @@ _DEGREE, _FLOPS32, _FLOPS16, _MEM, _LAUNCH, _PARAM_RING, _REPLICA_RING, _D2H, _H
     0, 1, 2, 3, 4, 5, 8, 11, 13
 
 
-def placement_timing(sim: "Simulator", strategy: Strategy, S: Structure, states,
+def placement_timing(sim, strategy: Strategy, S: Structure, states,
                      routes: ByLayouts) -> Timing:
-    """Durations that the placements (and the model states) fix."""
+    """Durations that the placements (and the model states) fix; ``sim`` is the
+    :class:`~memflow.sim.simulator.Simulator` whose per-layout costs they read."""
     ga, M = sim.arrays(strategy), strategy.microbatches
     keys = strategy.layouts
     lcs = [sim._lc(k) for k in keys]
@@ -86,7 +82,7 @@ def placement_timing(sim: "Simulator", strategy: Strategy, S: Structure, states,
                     compress=np.ones(ga.n), decompress=np.ones(ga.n), gather=gather,
                     scatter=scatter, cheap_forward=cheap)
 
-def policy_timing(sim: "Simulator", strategy: Strategy, P: Placement,
+def policy_timing(sim, strategy: Strategy, P: Placement,
                   plan: StepBlocks) -> Timing:
     """``P.timing`` with what the units' policies set: the policy table's host time factor
     (``Policy.host_scale``) and the compression speed of the units that compress — the
