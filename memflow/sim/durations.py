@@ -82,6 +82,7 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
                     compress=np.ones(ga.n), decompress=np.ones(ga.n), gather=gather,
                     scatter=scatter, cheap_forward=cheap)
 
+
 def policy_timing(sim, strategy: Strategy, P: Placement,
                   plan: StepBlocks) -> Timing:
     """``P.timing`` with what the units' policies set: the policy table's host time factor
