@@ -104,10 +104,14 @@ def anchors(kind, key, edge) -> np.ndarray:
     >>> anchors(A_BWD, np.array([4, 5]), END).tolist()
     [[1, 4, 1], [1, 5, 1]]
     """
-    parts = [np.asarray(x, np.int64) for x in (kind, key, edge)]
-    # filled column by column: stacking broadcast views was a quarter of a placement
-    out = np.empty(np.broadcast_shapes(*(x.shape for x in parts)) + (3,), np.int64)
-    out[..., 0], out[..., 1], out[..., 2] = parts
+    # filled column by column: stacking broadcast views was a quarter of a placement; the
+    # shape is the key's when kind and edge are numbers (every call of a placement but one)
+    if isinstance(key, np.ndarray) and np.isscalar(kind) and np.isscalar(edge):
+        out = np.empty(key.shape + (3,), np.int64)
+    else:
+        out = np.empty(np.broadcast_shapes(*(np.shape(x) for x in (kind, key, edge))) + (3,),
+                       np.int64)
+    out[..., 0], out[..., 1], out[..., 2] = kind, key, edge
     return out
 
 

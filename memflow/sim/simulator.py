@@ -19,8 +19,7 @@ Work is split by what it depends on, and each part is cached under what it depen
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, replace
-from functools import cached_property
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -29,132 +28,20 @@ from ..errors import SimulationError
 from ..memory.arrays import GraphArrays, graph_arrays
 from ..memory.blocks import BlockTable, StepBlocks
 from ..memory.records import Placed, placements
-from ..memory.states import stage_arrays, stage_copies
-from ..strategy.policies import POLICIES
+from ..memory.states import stage_arrays
 from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
-from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, compress_model, compression_ratios,
-                    copy_cost, copy_times, layout_cost, ring_time, tied_allreduce)
-from .expand import Tasks, Timing, expand
-from .structure import Structure, structure
+from .costs import compress_model, compression_ratios, copy_cost, copy_times, layout_cost
+from .durations import placement_timing, policy_timing
+from .expand import expand
+from .structure import structure
 from .folding import classes, rows_of, stack_rows
-from .ledger import Ledger, LedgerPlan, ledger_plan, ledgers
+from .ledger import ledger_plan, ledgers
 from .precision import ACTIVATION_WIDTH, activation_arrays
+from .run import ByLayouts, Evaluation, Placement, Prepared, Run
 from .schedule import schedule
 
 __all__ = ["Simulator", "Evaluation", "Run", "Placement", "PRECISIONS"]
-
-# columns of a layout's row of rates (Simulator._lc_row)
-_DEGREE, _FLOPS32, _FLOPS16, _MEM, _LAUNCH, _PARAM_RING, _REPLICA_RING, _D2H, _H2D = \
-    0, 1, 2, 3, 4, 5, 8, 11, 13
-
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """What a search needs from one simulation."""
-
-    iteration_time: float
-    peak: np.ndarray          # bytes per device, in cluster order
-    capacity: np.ndarray
-    feasible: bool
-    host_over: float = 0.0    # offloaded bytes over memory on the worst host the strategy uses
-
-    @property
-    def over(self) -> float:
-        """Bytes over capacity on the worst device or host (0 when feasible)."""
-        return max(float(np.max(np.maximum(self.peak - self.capacity, 0.0), initial=0.0)),
-                   self.host_over)
-
-
-@dataclass
-class Placement:
-    """What the placement of every unit (with stages and micro-batches) decides."""
-
-    placed: Placed
-    blocks: BlockTable
-    structure: Structure
-    timing: Timing
-    sets: tuple[np.ndarray, np.ndarray]     # CSR: channel classes of each channel set
-    raw_sets: tuple[np.ndarray, np.ndarray]  # CSR: raw channel ids of each channel set
-    n_channel_classes: int
-    channel_class: np.ndarray
-    device_class: np.ndarray
-    layout_classes: list[np.ndarray]
-    layout_hosts: list[np.ndarray]
-    n_device_classes: int
-    devices_used: np.ndarray
-    mem_rate: np.ndarray                    # per layout, for compression speed
-    launch: np.ndarray                      # per layout: seconds per kernel launch
-    ledger: LedgerPlan | None = None        # the ledger's classes (rows: any plan's)
-
-
-@dataclass
-class Run:
-    """Everything one simulation produced, as arrays (DataFrames are made by SimResult)."""
-
-    strategy: Strategy
-    tasks: Tasks
-    blocks: StepBlocks
-    start: np.ndarray
-    end: np.ndarray
-    placement: Placement
-    device: Ledger
-    host: Ledger
-    iteration_time: float
-
-    @property
-    def duration(self) -> np.ndarray:
-        return self.tasks.duration
-
-    @property
-    def device_class(self) -> np.ndarray:
-        """Class of each device of the cluster (devices with identical ledgers share one)."""
-        return self.placement.device_class
-
-    @property
-    def channel_class(self) -> np.ndarray:
-        return self.placement.channel_class
-
-    @property
-    def devices_used(self) -> np.ndarray:
-        """Positions of the devices the strategy uses."""
-        return self.placement.devices_used
-
-    @cached_property
-    def task_channels(self) -> list[tuple[int, ...]]:
-        """Channel classes each task occupies."""
-        ptr, idx = self.placement.sets
-        return [tuple(idx[ptr[s]:ptr[s + 1]].tolist()) for s in self.tasks.channel_set]
-
-
-@dataclass(frozen=True)
-class _ByLayouts:
-    """What the units' layouts (degrees and devices) alone fix: copy times and the channel
-    and device classes, kept when a move changes only model states or stages."""
-
-    copy: np.ndarray                        # seconds of each copy
-    back: np.ndarray                        # and of its gradient's way back
-    raw: tuple[np.ndarray, np.ndarray]      # CSR: raw channel ids of each channel set
-    channel_class: np.ndarray
-    sets: tuple[np.ndarray, np.ndarray]
-    device_class: np.ndarray
-    layouts: tuple[np.ndarray, np.ndarray]  # CSR: device classes of each layout
-    layout_classes: list[np.ndarray]        # the same, split per layout
-    layout_hosts: list[np.ndarray]          # hosts of each layout's devices
-    devices_used: np.ndarray
-    mem_rate: np.ndarray                    # per layout
-    launch: np.ndarray
-
-
-@dataclass
-class _Prepared:
-    """What a strategy's structure and the cluster fix before any timing."""
-
-    blocks: StepBlocks
-    tasks: Tasks
-    placement: Placement
-    ledger: LedgerPlan
 
 
 class Simulator:
@@ -195,10 +82,10 @@ class Simulator:
         self._arrays: dict[tuple, GraphArrays] = {}
         self._states_of: dict[tuple, Placement] = {}   # per placement key but model states
         self._placements: OrderedDict[tuple, Placement] = OrderedDict()
-        self._layouts_cache: dict[tuple, _ByLayouts] = {}
+        self._layouts_cache: dict[tuple, ByLayouts] = {}
         self._compress: tuple | None = None
         self._rates: dict[tuple, float] = {}
-        self._prepared_cache: OrderedDict[tuple, _Prepared] = OrderedDict()
+        self._prepared_cache: OrderedDict[tuple, Prepared] = OrderedDict()
 
     @property
     def compression(self) -> tuple:
@@ -288,7 +175,7 @@ class Simulator:
             path = self._routes[(a, b)] = self.ca.routing.route(a, b)
         return path
 
-    def _by_layouts(self, strategy: Strategy, placed: Placed, fold: bool) -> _ByLayouts:
+    def _by_layouts(self, strategy: Strategy, placed: Placed, fold: bool) -> ByLayouts:
         """Copy times, channel sets and classes of ``strategy``'s layouts (cached by them)."""
         key = (strategy.layout_ids.tobytes(), tuple(strategy.layouts), strategy.microbatches,
                self.precision_of(strategy), fold)
@@ -308,7 +195,7 @@ class Simulator:
         dev_cls, lay = classes(*rows_of([lc.devices for lc in lcs]), n, fold)
         if len(self._layouts_cache) > 4 * self.cache_size:   # layouts seen long ago
             self._layouts_cache.clear()
-        self._layouts_cache[key] = _ByLayouts(
+        self._layouts_cache[key] = ByLayouts(
             copy, back, raw, ch_cls, sets, dev_cls, lay,
             layout_classes=np.split(lay[1], lay[0][1:-1]),
             layout_hosts=[self.ca.host[lc.devices] for lc in lcs],
@@ -316,64 +203,6 @@ class Simulator:
             mem_rate=np.array([lc.mem_rate for lc in lcs]),
             launch=np.array([lc.launch for lc in lcs]))
         return self._layouts_cache[key]
-
-    def _timing(self, strategy: Strategy, S: Structure, states, routes: _ByLayouts) -> Timing:
-        """Durations that the placements (and the model states) fix."""
-        ga, M = self.arrays(strategy), strategy.microbatches
-        keys = strategy.layouts
-        lcs = [self._lc(k) for k in keys]
-        L = strategy.layout_ids
-        # one row of rates per layout (cached by placement key), spread over the units
-        rates = np.stack([self._lc_row(k, lc) for k, lc in zip(keys, lcs)])
-        deg = rates[L, _DEGREE] * M
-        half = ga.half | (self.precision_of(strategy) != "fp32")
-        f32, f16 = rates[L, _FLOPS32], rates[L, _FLOPS16]
-        mem = rates[:, _MEM]
-        launch = rates[L, _LAUNCH]
-        ring = rates[L, _PARAM_RING:_PARAM_RING + 3]
-        rate = np.where(half, f16, f32)
-
-        def compute(flops, moved, ops, work):
-            return (np.maximum(flops / deg / rate, moved / deg / mem[L]) + ops * launch
-                    + ring_time(work, ring[:, 0], ring[:, 1], ring[:, 2]))
-
-        fwd = compute(ga.fwd_flops, ga.fwd_bytes_moved, ga.fwd_ops, S.tp_out)
-        cheap = compute(ga.fwd_flops - ga.expensive_fwd_flops,
-                        ga.fwd_bytes_moved - ga.expensive_fwd_bytes_moved,
-                        ga.fwd_ops - ga.expensive_fwd_ops, S.tp_out)
-        bwd = compute(ga.bwd_flops, ga.bwd_bytes_moved, ga.bwd_ops, S.tp_in)
-        rr = rates[:, _REPLICA_RING:_REPLICA_RING + 3][S.bucket_layout]
-        allreduce = ring_time(S.bucket_bytes, rr[:, 0], rr[:, 1], rr[:, 2])
-        # ring all-gather and reduce-scatter each move half an all-reduce's bytes
-        ru = rates[L, _REPLICA_RING:_REPLICA_RING + 3]
-        gather = ring_time(S.gather, ru[:, 0], ru[:, 1], ru[:, 2]) / 2
-        scatter = ring_time(S.scatter, ru[:, 0], ru[:, 1], ru[:, 2]) / 2
-        optimizer = (np.bincount(L, weights=states.update, minlength=len(keys)) / mem
-                     + OPTIMIZER_LAUNCHES * rates[:, _LAUNCH])
-        if strategy.stage.max() > 0:
-            whole = graph_arrays(self.graph)      # the weights as the graph has them, once
-            optimizer += tied_allreduce(whole, stage_copies(whole, strategy.stage), L, keys,
-                                        self._cc)
-        off = strategy.offload_optimizer
-        for i in np.unique(L[(states.regather > 0) | off]).tolist():
-            lc, mine = lcs[i], L == i
-            # ZeRO-1/2: each replica updated its shard; the new parameters are all-gathered
-            regather = states.regather[mine]
-            if regather.any():
-                optimizer[i] += float(ring_time(regather.sum(), *lc.replica_ring)) / 2
-            if off[mine].any():    # ZeRO-Offload: gradients down, CPU Adam, parameters up
-                on_host = np.bincount(self.ca.host[lc.devices]).max()
-                optimizer[i] += (float(np.sum(states.gradients[mine & off])) * lc.d2h[1]
-                                 + on_host * float(np.sum(states.host_elements[mine]))
-                                 / CPU_ADAM_RATE
-                                 + float(np.sum(states.weights[mine & off])) * lc.h2d[1]
-                                 + lc.d2h[2] + lc.h2d[2])
-        return Timing(forward=fwd, backward=bwd, allreduce=allreduce, copy=routes.copy,
-                        copy_back=routes.back,
-                        d2h=rates[:, _D2H:_D2H + 2], h2d=rates[:, _H2D:_H2D + 2],
-                        host_scale=np.ones(ga.n), optimizer=optimizer,
-                        compress=np.ones(ga.n), decompress=np.ones(ga.n), gather=gather,
-                        scatter=scatter, cheap_forward=cheap)
 
     def placement(self, strategy: Strategy, fold: bool = True) -> Placement:
         """What the placements of ``strategy`` decide (cached)."""
@@ -401,7 +230,7 @@ class Simulator:
         S = structure(self.arrays(strategy), placed, strategy.layout_ids, degrees, strategy.stage,
                       strategy.microbatches, strategy.schedule, table.states)
         R = self._by_layouts(strategy, placed, fold)
-        timing = self._timing(strategy, S, table.states, R)
+        timing = placement_timing(self, strategy, S, table.states, R)
         out = Placement(
             placed=placed, blocks=table, structure=S, timing=timing, sets=R.sets,
             raw_sets=R.raw, n_channel_classes=int(R.channel_class.max()) + 1,
@@ -417,39 +246,8 @@ class Simulator:
         self._states_of[kin] = out
         return out
 
-    def _policy_timing(self, strategy: Strategy, P: Placement, plan: StepBlocks) -> Timing:
-        """``P.timing`` with what the units' policies set: the policy table's host time factor
-        (``Policy.host_scale``) and the compression speed of the units that compress — the
-        quantizer's memory-bound throughput on the unit's devices plus its kernel launches
-        (at the code width of the unit's ratio), as one rate over the bytes it compresses; a
-        selective unit's recomputation re-runs its cheap ops only."""
-        scale = POLICIES.host_scales[strategy.policy]
-        units = np.flatnonzero(plan.compressed > 0)
-        sel = POLICIES.selective(strategy.policy)
-        fixed = {"host_scale": scale}
-        if sel.any():
-            fixed["recompute"] = np.where(sel, P.timing.cheap_forward, P.timing.forward)
-        if not len(units):
-            if (scale == 1.0).all() and not sel.any():
-                return P.timing
-            return Timing(**{**P.timing.__dict__, **fixed})
-        comp, decomp = np.ones(self.ga.n), np.ones(self.ga.n)
-        ratio, half = self._ratios(strategy), self._half_maps(strategy)
-        _, throughput, launches = self.compression
-        for u in units.tolist():
-            lay, eb = int(strategy.layout_ids[u]), float(strategy.error_bound[u])
-            bits = (16 if half[u] else 32) / ratio[u]
-            nbytes = float(plan.compressed[u])
-            for out, back in ((comp, False), (decomp, True)):
-                k = (float(P.mem_rate[lay]), back, eb)
-                r = self._rates.get(k)
-                if r is None:
-                    r = self._rates[k] = throughput(k[0], decompress=back, error_bound=eb)
-                out[u] = nbytes / (nbytes / r + launches(bits, decompress=back) * P.launch[lay])
-        return Timing(**{**P.timing.__dict__, "compress": comp, "decompress": decomp, **fixed})
-
     # ------------------------------------------------------------------ runs
-    def _prepared(self, strategy: Strategy, fold: bool) -> _Prepared:
+    def _prepared(self, strategy: Strategy, fold: bool) -> Prepared:
         """Tasks, blocks, durations and ledgers of ``strategy`` (cached by structure: a search
         that revisits a strategy, or re-times one, skips all of this)."""
         key = (strategy.policy.tobytes(), strategy.error_bound.tobytes(),
@@ -463,11 +261,11 @@ class Simulator:
             return hit
         P = self.placement(strategy, fold)
         plan = P.blocks.derive(strategy.policy, strategy.segment, self._ratios(strategy))
-        T = expand(P.structure, self._policy_timing(strategy, P, plan), plan)
+        T = expand(P.structure, policy_timing(self, strategy, P, plan), plan)
         if P.ledger is None:      # what the placement fixes of the ledger, once
             P.ledger = ledger_plan(plan, P.layout_classes, P.n_device_classes, P.layout_hosts,
                                    len(self.ca.host_memory))
-        prep = _Prepared(blocks=plan, tasks=T, placement=P,
+        prep = Prepared(blocks=plan, tasks=T, placement=P,
                          ledger=replace(P.ledger, rows=plan.rows))
         self._prepared_cache[key] = prep
         if len(self._prepared_cache) > self.cache_size:

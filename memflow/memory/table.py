@@ -1,0 +1,250 @@
+"""The block table of one placement: every block of its plan in fixed rows, the rows the
+placement and the model states fix made once, the policy-dependent ones re-derived by delta
+(:func:`memflow.memory.replan.replan`)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..strategy.policies import POLICIES
+from .arrays import GraphArrays
+from .plan import StepBlocks
+from .records import A_BWD, A_FWD, A_OPT, A_RECOMP, END, START, Placed
+from .replan import replan
+from .segments import holding_segments, segment_starts
+from .slots import (ACTIVATIONS, BWD_TMP, CACHED, CATEGORIES, COMMUNICATION, EVERY_MB,
+                    FIRST_MB, FWD_TMP, GATHER_BWD, GATHER_FWD, GATHER_REC, GRADIENTS,
+                    HOST_STATE, NM, NS, NU, OPTIMIZER, PARAM_GRAD, PRODUCED, REC_TMP,
+                    STATE_SLOTS, TRANSIENT, UNSHARDED, WEIGHTS, _anchor)
+from .states import unit_states
+
+__all__ = ["BlockTable"]
+
+
+def _per_tensor_adam(sizes: np.ndarray) -> float:
+    """Peak temporaries of PyTorch's per-tensor Adam over parameters of ``sizes`` in order:
+    ``sqrt(v)`` and its quotient (two of the parameter's size) while the loop variable
+    ``denom`` still holds the previous parameter's.
+
+    >>> _per_tensor_adam(np.array([4.0, 4.0, 1.0]))
+    12.0
+    """
+    sizes = sizes[sizes > 0]
+    if not len(sizes):
+        return 0.0
+    return float((2 * sizes + np.concatenate([[0.0], sizes[:-1]])).max())
+
+
+
+def _parameter_gradients(ga: GraphArrays, layout: np.ndarray,
+                         gradients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit, the parameter-gradient bytes its backward makes and the unit at whose
+    backward's end they exist. A parameter's gradient appears with the backward of its last
+    reader (the first to run), on its owner's placement: ``gradients`` (per owner) is shared
+    out over its parameters by their bytes and charged to that reader when the reader is on the
+    owner's placement, else to the owner at the earliest such backward of its parameters.
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> from memflow.memory.arrays import graph_arrays
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0, 1.0], "bwd_flops": [2.0, 2.0],
+    ...                           "param_bytes": [400.0, 0.0], "trainable_bytes": [400.0, 0.0]},
+    ...                          index=["a", "b"]),
+    ...             pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["a"]]}))
+    >>> [x.tolist() for x in _parameter_gradients(graph_arrays(g), np.zeros(2, np.int64),
+    ...                                           np.array([400.0, 0.0]))]
+    [[400.0, 0.0], [0, 1]]
+    """
+    k = ga.param_grad_bytes > 0
+    owner, unit, b = ga.param_owner[k], ga.param_grad_unit[k], ga.param_grad_bytes[k]
+    total = np.bincount(owner, b, ga.n)
+    share = gradients[owner] * b / total[owner]
+    moves = layout[unit] == layout[owner]
+    out = np.where(total > 0, 0.0, gradients)
+    np.add.at(out, np.where(moves, unit, owner), share)
+    at = np.arange(ga.n)
+    np.maximum.at(at, owner[~moves], unit[~moves])
+    return out, at
+
+
+_ANCHORS: dict[int, tuple[np.ndarray, ...]] = {}
+
+
+def _unit_anchors(ga: GraphArrays) -> tuple[np.ndarray, ...]:
+    """Anchors of the unit rows and the model-state rows that no placement changes (all but
+    the parameter gradients' and those ending at the optimizer step of the unit's layout):
+    ``(unit alloc, unit free, state alloc, state free)``, made once per number of units; a
+    search had rebuilt them for every placement."""
+    hit = _ANCHORS.get(ga.n)
+    if hit is not None:
+        return hit
+    n, units = ga.n, np.arange(ga.n)
+    ua, uf = np.zeros((NU * n, 3), np.int64), np.zeros((NU * n, 3, 3), np.int64)
+    for slot, kind in ((FWD_TMP, A_FWD), (BWD_TMP, A_BWD), (REC_TMP, A_RECOMP)):
+        ua[slot::NU] = _anchor(kind, units, START, n)
+        uf[slot::NU] = _anchor(kind, units, END, n)[:, None, :]
+    ua[CACHED::NU] = _anchor(A_FWD, units, END, n)
+    uf[CACHED::NU] = _anchor(A_RECOMP, units, END, n)[:, None, :]
+    sa, sf = np.zeros((NM * n, 3), np.int64), np.zeros((NM * n, 3, 3), np.int64)
+    for j, kind in ((GATHER_FWD, A_FWD), (GATHER_BWD, A_BWD), (GATHER_REC, A_RECOMP),
+                    (UNSHARDED, A_BWD)):
+        sa[j::NM] = _anchor(kind, units, START, n)
+        sf[j::NM] = _anchor(kind, units, END, n)[:, None, :]
+    sa[HOST_STATE::NM] = _anchor(A_FWD, units, START, n)
+    for x in (ua, uf, sa, sf):
+        x.flags.writeable = False
+    if len(_ANCHORS) > 16:        # unit counts of graphs long gone
+        _ANCHORS.clear()
+    hit = _ANCHORS[n] = (ua, uf, sa, sf)
+    return hit
+
+
+class BlockTable:
+    """Every block of one placement's plan, in fixed rows, re-derived by delta.
+
+    Rows: four *slots* per record (the storage as produced, its compressed or offloaded
+    copy, the copy restored before backward, the storage re-materialized by recomputation),
+    then the gradient blocks of the placement, four per unit (forward, backward and
+    recomputation temporaries, parameter gradients), the optimizer's temporaries, then the
+    model-state blocks of the units, five per unit (:data:`STATE_SLOTS`). Rows
+    that do not apply hold 0 bytes and are left out of the :class:`StepBlocks`.
+    :meth:`derive` re-derives only the records whose rules read a unit whose policy, segment or
+    compression ratio changed since the previous call.
+    """
+
+    def __init__(self, ga: GraphArrays, placed: Placed, layout: np.ndarray, degrees: np.ndarray,
+                 microbatches: int, *, optimizer: str = "sgd", foreach: bool = True,
+                 precision: str | None = None, shard: np.ndarray | None = None,
+                 offload: np.ndarray | None = None):
+        n, M, P = ga.n, int(microbatches), placed
+        R, G, L = len(P.tensor), len(P.grad_bytes), len(degrees)
+        s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
+        per = 1.0 / (s * p * a) / M
+        o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
+        self.unit_row = NS * R + G
+        unit_slots = np.arange(NU)     # parameter gradients: one per step; the rest per micro-batch
+        self.state_row = self.unit_row + NU * n + len(o_lay)
+        k = self.state_row + NM * n
+        self.placed, self.n, self.microbatches = P, n, M
+        self.saves = np.zeros(n, bool)
+        self.saves[ga.savers_idx] = True
+        self.static = {
+            "layout": np.concatenate([np.repeat(P.layout, NS), P.grad_layout, np.repeat(layout, NU),
+                                      o_lay, np.repeat(layout, NM)]).astype(np.int64),
+            "category": np.concatenate([np.full(NS * R, ACTIVATIONS), np.full(G, TRANSIENT),
+                                        np.tile(np.select([unit_slots == PARAM_GRAD,
+                                                           unit_slots == CACHED],
+                                                          [GRADIENTS, ACTIVATIONS], TRANSIENT), n),
+                                        np.full(len(o_lay), TRANSIENT),
+                                        np.tile([c for c, _ in STATE_SLOTS.values()], n)]).astype(np.int64),
+            "per_mb": np.concatenate([np.full(NS * R + G, EVERY_MB),
+                                      np.tile(np.where(unit_slots == PARAM_GRAD, FIRST_MB, EVERY_MB), n),
+                                      np.full(len(o_lay), FIRST_MB),
+                                      np.tile([m for _, m in STATE_SLOTS.values()], n)]).astype(np.int64)}
+        self.bytes = np.zeros(k)
+        self.host = np.zeros(k, bool)
+        self.alloc = np.zeros((k, 3), np.int64)
+        self.free = np.zeros((k, 3, 3), np.int64)
+        self.alloc[PRODUCED:NS * R:NS] = P.alloc
+        g = slice(NS * R, NS * R + G)
+        self.bytes[g], self.alloc[g] = P.grad_bytes, P.grad_alloc
+        self.free[g] = P.grad_free[:, None, :]
+        u = self.unit_row
+        self.recompute_tmp = ga.fwd_tmp * per
+        self.cached = ga.cached * per
+        self.expensive = ga.expensive[P.tensor]
+        # a tied weight's contributions are in bwd_tmp: the one waiting for the others is a
+        # gradient alive between backwards, the sum the reader that adds it in makes its own
+        bwd_tmp = ga.bwd_tmp * per
+        by_slot = {FWD_TMP: ga.fwd_tmp * per, BWD_TMP: bwd_tmp, REC_TMP: np.zeros(n),
+                   PARAM_GRAD: np.zeros(n), CACHED: np.zeros(n)}    # _set_states: gradients
+        self.bytes[u:u + NU * n] = np.stack([by_slot[j] for j in range(NU)], 1).ravel()
+        self.alloc[u:u + NU * n], self.free[u:u + NU * n] = _unit_anchors(ga)[:2]
+        grads = slice(u + PARAM_GRAD, u + NU * n, NU)
+        self.free[grads] = _anchor(A_OPT, layout, END, n)[:, None, :]
+        o = slice(u + NU * n, self.state_row)
+        self.alloc[o] = _anchor(A_OPT, o_lay, START, len(o_lay))
+        self.free[o] = _anchor(A_OPT, o_lay, END, len(o_lay))[:, None, :]
+        self.carrier = np.full(R, -1)      # per record: the unit whose task offloads/compresses it
+        self.compress = np.zeros(R, bool)
+        self._mark = np.zeros(R, bool)
+        self._key: tuple[np.ndarray, ...] | None = None
+        self._set_states(ga, layout, degrees, optimizer, foreach, precision, shard, offload)
+
+    def _set_states(self, ga: GraphArrays, layout: np.ndarray, degrees: np.ndarray,
+                    optimizer: str, foreach: bool, precision: str | None,
+                    shard: np.ndarray | None, offload: np.ndarray | None) -> None:
+        """The rows and persistent bytes the units' model states decide (parameter gradients,
+        the optimizer's temporaries, the model-state rows); no record's rows read them."""
+        n, u, L = self.n, self.unit_row, len(degrees)
+        s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
+        st = self.states = unit_states(ga, s, p, a, shard, offload, precision, optimizer)
+        # parameter gradients: their bytes follow the states, the backward they appear at the layout
+        grads = slice(u + PARAM_GRAD, u + NU * n, NU)
+        self.bytes[grads], grad_at = _parameter_gradients(ga, layout, st.gradients)
+        self.alloc[grads] = _anchor(A_BWD, grad_at, END, n)
+        # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
+        o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
+        p_train = ga.param_grad_bytes / p[ga.param_owner] * st.state_factor[ga.param_owner]
+        p_lay = layout[ga.param_owner]
+        o_b = np.array([p_train[p_lay == lay].sum() if foreach
+                        else _per_tensor_adam(p_train[p_lay == lay]) for lay in o_lay])
+        self.bytes[u + NU * n:self.state_row] = o_b.reshape(-1)
+        self._state_blocks(layout, st, _unit_anchors(ga))
+        self.persistent = np.zeros((L, len(CATEGORIES)))
+        np.add.at(self.persistent[:, WEIGHTS], layout, st.weights)
+        np.add.at(self.persistent[:, OPTIMIZER], layout, st.optimizer)
+        np.add.at(self.persistent[:, COMMUNICATION], layout, st.bucket)
+
+    def with_states(self, ga: GraphArrays, layout: np.ndarray, degrees: np.ndarray, *,
+                    optimizer: str = "sgd", foreach: bool = True, precision: str | None = None,
+                    shard: np.ndarray | None = None,
+                    offload: np.ndarray | None = None) -> "BlockTable":
+        """This table (same graph arrays, records, layouts and precision) with other shard
+        levels or optimizer places: the model-state rows re-made, the records' rows and the
+        last plan kept, so the next :meth:`derive` is by delta (a search's shard move)."""
+        new = object.__new__(BlockTable)
+        new.__dict__.update(self.__dict__)
+        for name in ("bytes", "host", "alloc", "free", "carrier", "compress", "_mark"):
+            setattr(new, name, getattr(self, name).copy())
+        new._set_states(ga, layout, degrees, optimizer, foreach, precision, shard, offload)
+        return new
+
+    def _state_blocks(self, layout: np.ndarray, st, anchors: tuple[np.ndarray, ...]) -> None:
+        """The model-state rows: gathered parameters around each forward, backward and
+        recomputation of the unit (:meth:`derive` keeps the last where it recomputes); its full gradient during its backward (until the
+        reduce-scatter that ends it); its optimizer state on the host over the step (from the
+        unit's first forward to the end of the optimizer step)."""
+        n, r = self.n, self.state_row
+        for j, b in ((GATHER_FWD, st.gathered), (GATHER_BWD, st.gathered),
+                     (GATHER_REC, st.gathered), (UNSHARDED, st.unsharded)):
+            self.bytes[r + j:r + NM * n:NM] = b
+        self.alloc[r:r + NM * n], self.free[r:r + NM * n] = anchors[2], anchors[3]
+        h = slice(r + HOST_STATE, r + NM * n, NM)
+        self.bytes[h], self.host[h] = st.host, True
+        self.free[h] = _anchor(A_OPT, layout, END, n)[:, None, :]
+
+    def derive(self, policy: np.ndarray, segment: np.ndarray, ratio: np.ndarray) -> StepBlocks:
+        """The blocks of ``policy`` (per unit), ``segment`` (recompute segment per unit) and
+        ``ratio`` (compression ratio per unit, used where the policy is compress)."""
+        P = self.placed
+        # the kernel works on mechanisms: policies sharing one share its memory rule
+        pol = POLICIES.mechanism_codes[np.asarray(policy, np.int64)]
+        segment = holding_segments(segment, self.saves)
+        start = segment_starts(segment)
+        ratio = np.asarray(ratio, np.float64)
+        old = self._key or (pol, start, ratio)
+        offloaded, compressed = np.empty(self.n), np.empty(self.n)
+        replan(pol, start, ratio, *old, self._key is None, *P.touched, *P.savers, *P.members,
+                *P.readers, P.prod, P.home, P.nbytes, P.kept_output, P.alloc, P.fwd_free,
+                P.last_xfer, self.expensive, self.n, self.unit_row, self.recompute_tmp,
+                self.cached, self.bytes, self.host, self.alloc, self.free, self.carrier,
+                self.compress, self._mark, offloaded, compressed)
+        self._key = (pol, start, ratio)
+        # gathered parameters for a recomputation: only where the unit is recomputed
+        self.bytes[self.state_row + GATHER_REC:self.state_row + NM * self.n:NM] = np.where(
+            start >= 0, self.states.gathered, 0.0)
+        rows = {**self.static, "bytes": self.bytes.copy(), "host": self.host.copy(),
+                "alloc": self.alloc.copy(), "free": self.free.copy()}
+        return StepBlocks(rows, P.copies, offloaded, compressed, self.persistent, segment,
+                          start, self.microbatches)
+

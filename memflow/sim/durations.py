@@ -1,0 +1,147 @@
+"""The durations of a strategy's tasks: what the placements fix (compute, tensor-parallel and
+DDP all-reduces, gathers and scatters, the optimizer step, copies), then what the memory
+policies change (host time factors, compression speed, selective recomputation)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..memory.arrays import graph_arrays
+from ..memory.jit import njit
+from ..memory.blocks import StepBlocks
+from ..memory.states import stage_copies
+from ..strategy.policies import POLICIES
+from ..strategy.strategy import Strategy
+from .costs import CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, ring_time, tied_allreduce
+from .expand import Timing
+from .run import ByLayouts, Placement
+from .structure import Structure
+
+__all__ = ["placement_timing", "policy_timing"]
+
+# columns of a layout's row of rates (Simulator._lc_row)
+_DEGREE, _FLOPS32, _FLOPS16, _MEM, _LAUNCH, _PARAM_RING, _REPLICA_RING, _D2H, _H2D = \
+    0, 1, 2, 3, 4, 5, 8, 11, 13
+
+
+@njit
+def _ring(nbytes, bandwidth, latency, members):
+    """:func:`~memflow.sim.costs.ring_time` of one all-reduce, the same operations in the
+    same order (so the same bits)."""
+    if members > 1:
+        n = max(members, 1.0)
+        return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency
+    return 0.0
+
+
+@njit
+def _compute(flops, moved, ops, deg, rate, mem, launch, tp):
+    a, b = flops / deg / rate, moved / deg / mem
+    return (a if a >= b or a != a else b) + ops * launch + tp      # np.maximum, NaN first
+
+
+@njit
+def _unit_durations(deg, rate, mem, launch, ring, replica, tp_out, tp_in, gather, scatter,
+                    fwd_flops, fwd_moved, fwd_ops, exp_flops, exp_moved, exp_ops, bwd_flops,
+                    bwd_moved, bwd_ops, out):
+    """Per unit, into the rows of ``out``: its forward (roofline of its flops and bytes moved,
+    kernel launches, the tensor-parallel all-reduce of its outputs), the forward of its cheap
+    ops only (what a selective recomputation re-runs), its backward (the all-reduce of its
+    input gradients), and its parameters' all-gather and gradients' reduce-scatter (each half
+    a ring all-reduce). One compiled pass: as numpy expressions these were ~40 calls on
+    arrays of a few hundred units, a fifth of a new placement."""
+    for u in range(len(deg)):
+        t_out = _ring(tp_out[u], ring[u, 0], ring[u, 1], ring[u, 2])
+        out[0, u] = _compute(fwd_flops[u], fwd_moved[u], fwd_ops[u], deg[u], rate[u], mem[u],
+                             launch[u], t_out)
+        out[1, u] = _compute(fwd_flops[u] - exp_flops[u], fwd_moved[u] - exp_moved[u],
+                             fwd_ops[u] - exp_ops[u], deg[u], rate[u], mem[u], launch[u], t_out)
+        out[2, u] = _compute(bwd_flops[u], bwd_moved[u], bwd_ops[u], deg[u], rate[u], mem[u],
+                             launch[u], _ring(tp_in[u], ring[u, 0], ring[u, 1], ring[u, 2]))
+        out[3, u] = _ring(gather[u], replica[u, 0], replica[u, 1], replica[u, 2]) / 2
+        out[4, u] = _ring(scatter[u], replica[u, 0], replica[u, 1], replica[u, 2]) / 2
+
+
+def placement_timing(sim, strategy: Strategy, S: Structure, states,
+                     routes: ByLayouts) -> Timing:
+    """Durations that the placements (and the model states) fix; ``sim`` is the
+    :class:`~memflow.sim.simulator.Simulator` whose per-layout costs they read."""
+    ga, M = sim.arrays(strategy), strategy.microbatches
+    keys = strategy.layouts
+    lcs = [sim._lc(k) for k in keys]
+    L = strategy.layout_ids
+    # one row of rates per layout (cached by placement key), spread over the units
+    rates = np.stack([sim._lc_row(k, lc) for k, lc in zip(keys, lcs)])
+    deg = rates[L, _DEGREE] * M
+    half = ga.half | (sim.precision_of(strategy) != "fp32")
+    rate = np.where(half, rates[L, _FLOPS16], rates[L, _FLOPS32])
+    per_unit = np.empty((5, ga.n))       # forward, its cheap ops, backward, gather, scatter
+    _unit_durations(deg, rate, rates[L, _MEM], rates[L, _LAUNCH],
+                    rates[L, _PARAM_RING:_PARAM_RING + 3],
+                    rates[L, _REPLICA_RING:_REPLICA_RING + 3], S.tp_out, S.tp_in, S.gather,
+                    S.scatter, ga.fwd_flops, ga.fwd_bytes_moved, ga.fwd_ops,
+                    ga.expensive_fwd_flops, ga.expensive_fwd_bytes_moved, ga.expensive_fwd_ops,
+                    ga.bwd_flops, ga.bwd_bytes_moved, ga.bwd_ops, per_unit)
+    fwd, cheap, bwd, gather, scatter = per_unit
+    mem = rates[:, _MEM]
+    rr = rates[:, _REPLICA_RING:_REPLICA_RING + 3][S.bucket_layout]
+    allreduce = ring_time(S.bucket_bytes, rr[:, 0], rr[:, 1], rr[:, 2])
+    optimizer = (np.bincount(L, weights=states.update, minlength=len(keys)) / mem
+                 + OPTIMIZER_LAUNCHES * rates[:, _LAUNCH])
+    if strategy.stage.max() > 0:
+        whole = graph_arrays(sim.graph)      # the weights as the graph has them, once
+        optimizer += tied_allreduce(whole, stage_copies(whole, strategy.stage), L, keys,
+                                    sim._cc)
+    off = strategy.offload_optimizer
+    for i in np.unique(L[(states.regather > 0) | off]).tolist():
+        lc, mine = lcs[i], L == i
+        # ZeRO-1/2: each replica updated its shard; the new parameters are all-gathered
+        regather = states.regather[mine]
+        if regather.any():
+            optimizer[i] += float(ring_time(regather.sum(), *lc.replica_ring)) / 2
+        if off[mine].any():    # ZeRO-Offload: gradients down, CPU Adam, parameters up
+            on_host = np.bincount(sim.ca.host[lc.devices]).max()
+            optimizer[i] += (float(np.sum(states.gradients[mine & off])) * lc.d2h[1]
+                             + on_host * float(np.sum(states.host_elements[mine]))
+                             / CPU_ADAM_RATE
+                             + float(np.sum(states.weights[mine & off])) * lc.h2d[1]
+                             + lc.d2h[2] + lc.h2d[2])
+    return Timing(forward=fwd, backward=bwd, allreduce=allreduce, copy=routes.copy,
+                    copy_back=routes.back,
+                    d2h=rates[:, _D2H:_D2H + 2], h2d=rates[:, _H2D:_H2D + 2],
+                    host_scale=np.ones(ga.n), optimizer=optimizer,
+                    compress=np.ones(ga.n), decompress=np.ones(ga.n), gather=gather,
+                    scatter=scatter, cheap_forward=cheap)
+
+
+def policy_timing(sim, strategy: Strategy, P: Placement,
+                  plan: StepBlocks) -> Timing:
+    """``P.timing`` with what the units' policies set: the policy table's host time factor
+    (``Policy.host_scale``) and the compression speed of the units that compress — the
+    quantizer's memory-bound throughput on the unit's devices plus its kernel launches
+    (at the code width of the unit's ratio), as one rate over the bytes it compresses; a
+    selective unit's recomputation re-runs its cheap ops only."""
+    scale = POLICIES.host_scales[strategy.policy]
+    units = np.flatnonzero(plan.compressed > 0)
+    sel = POLICIES.selective(strategy.policy)
+    fixed = {"host_scale": scale}
+    if sel.any():
+        fixed["recompute"] = np.where(sel, P.timing.cheap_forward, P.timing.forward)
+    if not len(units):
+        if (scale == 1.0).all() and not sel.any():
+            return P.timing
+        return Timing(**{**P.timing.__dict__, **fixed})
+    comp, decomp = np.ones(sim.ga.n), np.ones(sim.ga.n)
+    ratio, half = sim._ratios(strategy), sim._half_maps(strategy)
+    _, throughput, launches = sim.compression
+    for u in units.tolist():
+        lay, eb = int(strategy.layout_ids[u]), float(strategy.error_bound[u])
+        bits = (16 if half[u] else 32) / ratio[u]
+        nbytes = float(plan.compressed[u])
+        for out, back in ((comp, False), (decomp, True)):
+            k = (float(P.mem_rate[lay]), back, eb)
+            r = sim._rates.get(k)
+            if r is None:
+                r = sim._rates[k] = throughput(k[0], decompress=back, error_bound=eb)
+            out[u] = nbytes / (nbytes / r + launches(bits, decompress=back) * P.launch[lay])
+    return Timing(**{**P.timing.__dict__, "compress": comp, "decompress": decomp, **fixed})
+
