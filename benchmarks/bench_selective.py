@@ -225,7 +225,10 @@ def main() -> None:
     sizes = ("--quick: MLP batch 64, widths 64…512; CNN batch 8, 32² images" if args.quick
              else "MLP batch 512, widths 256…2048; CNN batch 32, 64² images")
     body = (f"{sizes}. Held bytes on CPU with real tensors; memflow's plans put every block "
-            "under one policy, or the ILP picks keep/selective per leaf unit; torch's column is AOTAutograd's "
+            "under one policy, or the ILP picks keep/selective per leaf unit, or MCMCSearch "
+            f"({SEARCH_STEPS} steps from keep, within the ILP plan's simulated peak) searches "
+            "the leaf units with the memory moves, then with per_op added (solve = search "
+            "time); torch's column is AOTAutograd's "
             "min-cut partition at `activation_memory_budget=0.5` (saved tensors of the "
             "compiled forward; recomputed ops = its backward graph's ops beyond the budget-1.0 "
             "partition's). Simulated overhead: step time on 1xA100-40GB against keep.\n\n"
