@@ -12,10 +12,14 @@ Target: within 1%.
     python benchmarks/bench_fidelity.py                       # everything
     python benchmarks/bench_fidelity.py --models llama gpt2   # some models
     python benchmarks/bench_fidelity.py --plans-for llama     # plans on llama only
+    python benchmarks/bench_fidelity.py --models llama gpt2 --plans selective --no-keep
+        # a row filter: only these rows run; the section keeps every other row it had
 """
 from __future__ import annotations
 
 import argparse
+import io
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,7 +34,7 @@ import memflow  # noqa: E402
 from memflow.export import apply  # noqa: E402
 from memflow.memory.measure import memtracker_peak  # noqa: E402
 from memflow.strategy import Strategy  # noqa: E402
-from _results import table, write_section  # noqa: E402
+from _results import RESULTS, table, write_section  # noqa: E402
 from bench_estimate import SHRUNK  # noqa: E402
 from hf_models import HF_MODELS  # noqa: E402
 
@@ -66,18 +70,39 @@ def row(name: str, units, plan: str, optimizer: str) -> dict:
             "estimate peak at": est.attrs["peak_task"], "s": time.perf_counter() - start}
 
 
+KEY = ["model", "units", "plan", "optimizer"]
+
+
+def previous_rows() -> pd.DataFrame:
+    """The rows of the section as RESULTS.md has it (none when it has no section)."""
+    text = RESULTS.read_text() if RESULTS.exists() else ""
+    found = re.search(r"<!-- begin fidelity -->(.*?)<!-- end fidelity -->", text, re.S)
+    lines = [ln for ln in (found.group(1).splitlines() if found else [])
+             if ln.startswith("|") and not ln.startswith("|---")]
+    if not lines:
+        return pd.DataFrame()
+    df = pd.read_csv(io.StringIO("\n".join(ln.strip().strip("|") for ln in lines)), sep="|")
+    df.columns = [c.strip() for c in df.columns]
+    return df.map(lambda v: v.strip() if isinstance(v, str) else v).astype({"units": str})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=sorted(HF_MODELS) + list(SHRUNK))
     ap.add_argument("--plans-for", nargs="*", default=None,
                     help="models that also run the plans (default: every model)")
+    ap.add_argument("--plans", nargs="+", default=list(PLANS), choices=PLANS,
+                    help="plans to run (a row filter: the section keeps its other rows)")
+    ap.add_argument("--no-keep", action="store_true",
+                    help="run no keep rows (a row filter: the section keeps its other rows)")
     args = ap.parse_args()
+    filtered = args.no_keep or set(args.plans) != set(PLANS)
     torch.set_num_threads(1)
     rows, failed = [], []
     for name in args.models:
-        cases = [(g, "keep") for g in GRANULARITIES]
+        cases = [] if args.no_keep else [(g, "keep") for g in GRANULARITIES]
         if args.plans_for is None or name in args.plans_for:
-            cases += [("blocks", p) for p in PLANS]
+            cases += [("blocks", p) for p in args.plans]
         for units, plan in cases:
             for opt in OPTIMIZERS:
                 try:
@@ -88,14 +113,26 @@ def main() -> None:
                     failed.append(f"{name}, {units}, {plan}, {opt}: {type(exc).__name__}: "
                                   f"{str(exc)[:160]}")
                     print(failed[-1], flush=True)
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(rows).drop(columns=["s"])
+    note = ""
+    if filtered:        # the rows run replace theirs; the others stay as the section had them
+        old = previous_rows()
+        if len(old):        # in the section's order, new rows last
+            new = {tuple(r): i for i, r in enumerate(df[KEY].astype(str).to_numpy())}
+            keys = [tuple(r) for r in old[KEY].astype(str).to_numpy()]
+            note = (f" Rows re-run now: {len(df)} (this command); the other "
+                    f"{sum(k not in new for k in keys)} are from the section's previous run.")
+            df = pd.concat([df.iloc[[new[k]]] if k in new else old.iloc[[i]]
+                            for i, k in enumerate(keys)]
+                           + [df.iloc[[i]] for k, i in new.items() if k not in set(keys)],
+                           ignore_index=True)
     w = df.loc[df["error %"].abs().idxmax()]
     within = int((df["error %"].abs() <= 1).sum())
     body = (f"{within} of {len(df)} rows within 1% (|error| max {abs(w['error %']):.2f}%, mean "
             f"{df['error %'].abs().mean():.2f}%). Worst row: {w['model']} {w['units']} "
             f"{w['plan']} {w['optimizer']} {w['error %']:+.2f}%. Memory figures do not "
-            "depend on the machine's load.\n\n"
-            + table(df.set_index("model").drop(columns=["s"]), floatfmt=".4g"))
+            f"depend on the machine's load.{note}\n\n"
+            + table(df.set_index("model"), floatfmt=".4g"))
     body += "".join(f"\n\nNot run: {f}" for f in failed)
     write_section("fidelity", body, title="Training-step peaks against MemTracker (CPU)")
 

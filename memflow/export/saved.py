@@ -31,6 +31,7 @@ Both realise the memory model (``docs/data-model.md``) exactly:
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -44,7 +45,12 @@ _Hooks = torch.autograd.graph.saved_tensors_hooks
 
 
 class _Record:
-    """One storage: its host image, its compressed views, or the device storage once held."""
+    """One storage: its host image, its compressed views, or the device storage once held.
+
+    ``packs`` refers to the compressed views weakly: the graph holds them, and a view backward
+    has used is freed at once, as PyTorch frees a saved tensor (a strong list made a cycle with
+    :attr:`_Saved.record` that only a garbage collection broke, so every pack lived on through
+    backward and the optimizer step)."""
 
     __slots__ = ("ref", "host", "device", "packs")
 
@@ -52,14 +58,18 @@ class _Record:
         self.ref = StorageWeakRef(t.untyped_storage())
         self.host: torch.Tensor | None = None
         self.device: torch.Tensor | None = None
-        self.packs: list[_Saved] = []
+        self.packs: list[weakref.ref] = []
+
+    def live_packs(self) -> list["_Saved"]:
+        return [s for s in (ref() for ref in self.packs) if s is not None]
 
 
 class _Saved:
     """A saved view of a recorded storage: rebuilt from the device storage, the host image,
     or its compressed pack."""
 
-    __slots__ = ("record", "pack", "unpack", "device", "dtype", "offset", "size", "stride")
+    __slots__ = ("record", "pack", "unpack", "device", "dtype", "offset", "size", "stride",
+                 "__weakref__")
 
     def __init__(self, record: _Record, t: torch.Tensor, pack: Any = None, unpack: Any = None):
         self.record, self.pack, self.unpack = record, pack, unpack
@@ -121,7 +131,7 @@ class SavedStore:
         record = self.records.get(key)
         if record is not None and not record.ref.expired():
             record.device, record.host = _bytes_of(t), None
-            for saved in record.packs:
+            for saved in record.live_packs():
                 saved.pack = None
             record.packs = []
 
@@ -165,11 +175,11 @@ class SavedStore:
             if record is None or t.dtype not in FLOAT_DTYPES or t.layout != torch.strided:
                 return t            # weights, held storages, integers and masks stay as they are
             view = (t.storage_offset(), tuple(t.size()), t.stride(), t.dtype)
-            for saved in record.packs:      # the same view saved twice is packed once
+            for saved in record.live_packs():   # the same view saved twice is packed once
                 if saved.view == view:
                     return saved
             saved = _Saved(record, t, compress(t.detach(), error_bound), decompress)
-            record.packs.append(saved)
+            record.packs.append(weakref.ref(saved))
             return saved
 
         return _Hooks(pack, _restore)

@@ -255,8 +255,13 @@ class Segment:
             return
         # Empty tensors on the segment's devices tell checkpoint whose RNG state to restore.
         anchors = [torch.empty(0, device=d) for d in self.devices]
+        # A selective checkpoint replays to its end: stopping early, once the last saved
+        # tensor is back, leaves the outputs of expensive ops from there on (a head's
+        # logits) in its cache until the whole segment's backward ends; replayed, the cache
+        # hands them over and they go, as the memory model frees them.
+        early_stop = self.context_fn is noop_context_fn
         self._gen = _checkpoint_without_reentrant_generator(
-            self._replay, True, self.context_fn, "default", False, True, *anchors)
+            self._replay, True, self.context_fn, "default", False, early_stop, *anchors)
         next(self._gen)
         self._recorder = _Recorder(self)
         self._recorder.__enter__()

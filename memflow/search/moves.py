@@ -3,6 +3,8 @@
 * ``policy`` — one unit gets another memory policy (keep, recompute, offload, selective,
   compress:eb);
 * ``segment`` — a recompute segment grows, shrinks or shifts by one unit at one end;
+* ``per_op`` — a run of units takes the keep/selective choices of the per-operation planner
+  (:func:`~memflow.planners.selective.selective_plan`) at a budget near what the run holds;
 * ``config`` — one unit gets another parallel configuration (degrees and devices);
 * ``copy`` — one unit takes its neighbour's parallel configuration (FlexFlow's way of growing
   a region of identically placed units, which removes the transfers between them);
@@ -31,10 +33,12 @@ import numpy as np
 
 from ..strategy import POLICIES, Strategy
 from ..strategy.runnable import RUNNABLE, pipeline_problem, sample_problem, shard_levels_for
+from .per_op import per_op_choices
 from .space import SearchSpace, policy_label, precision_choices, shard_choices
 
 __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGHTS",
-           "FLEXFLOW_WEIGHTS", "policy", "segment", "config", "copy", "swap", "replicas",
+           "FLEXFLOW_WEIGHTS", "policy", "segment", "per_op", "config", "copy", "swap",
+           "replicas",
            "MODEL_STATE_MOVES", "MODEL_STATE_WEIGHTS", "EXPORTED_MODEL_STATE_MOVES",
            "GLOBAL_MOVES", "shard", "precision", "optimizer_place"]
 
@@ -143,6 +147,24 @@ def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propos
     op = _pick(rng, ops)
     changed = {space.names[j]: POLICIES[c] for j, c in op.items()}
     return Proposal("segment", next(iter(changed)), s.with_policy(changed))
+
+
+def per_op(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+    """A run of free units takes the per-operation planner's keep/selective choices at a
+    budget near what the run holds now (:func:`~memflow.search.per_op.per_op_choices`).
+
+    >>> import memflow, torch
+    >>> from torch import nn
+    >>> block = lambda: nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.LayerNorm(64))
+    >>> g = memflow.from_torch(nn.Sequential(block(), block()), torch.randn(8, 64))
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("1xV100-16GB"))
+    >>> p = per_op(np.random.default_rng(3), memflow.Strategy.single_device(g), sp)
+    >>> p.unit, p.strategy.policies     # GELU, LayerNorm, Linear: selective; 1.1, 1.2 kept
+    ('0.1', ['keep', 'selective', 'selective', 'selective', 'keep', 'keep'])
+    """
+    changed = per_op_choices(rng, s, space)
+    return None if changed is None else Proposal("per_op", next(iter(changed)),
+                                                 s.with_policy(changed))
 
 
 def _config_of(s: Strategy, i: int) -> tuple:
@@ -391,7 +413,7 @@ def _dropping_states(move: Move) -> Move:
     return dropped
 
 
-MOVES: dict[str, Move] = {"policy": policy, "segment": segment,
+MOVES: dict[str, Move] = {"policy": policy, "segment": segment, "per_op": per_op,
                           **{m.__name__: _keeping_pipeline(_dropping_states(m))
                              for m in (config, copy, swap, replicas)},
                           "shard": _keeping_pipeline(_keeping_states(shard)),
@@ -407,10 +429,10 @@ EXPORTED_MODEL_STATE_MOVES = tuple(m for m, exported in (
 """The model-state moves whose choices :data:`~memflow.strategy.runnable.RUNNABLE` accepts."""
 GLOBAL_MOVES = ("precision",)
 """Moves that change the whole strategy: their proposals name no unit (``unit`` is "")."""
-MEMORY_MOVES = ("policy", "segment")
+MEMORY_MOVES = ("policy", "segment", "per_op")
 PARALLEL_MOVES = ("config", "copy", "swap", "replicas")
-DEFAULT_WEIGHTS = {"policy": 0.3, "segment": 0.2, "config": 0.2, "copy": 0.15, "swap": 0.1,
-                   "replicas": 0.05,
+DEFAULT_WEIGHTS = {"policy": 0.3, "segment": 0.2, "per_op": 0.05, "config": 0.2, "copy": 0.15,
+                   "swap": 0.1, "replicas": 0.05,
                    **{m: MODEL_STATE_WEIGHTS[m] for m in EXPORTED_MODEL_STATE_MOVES}}
 FLEXFLOW_WEIGHTS = {"config": 0.6, "copy": 0.25, "swap": 0.15}
 """FlexFlow changes one operator's configuration at a time and never a memory policy (in the

@@ -43,10 +43,11 @@ def zoo_model(name: str) -> tuple[nn.Module, Any]:
     return zoo.get(name, batch_size=2, device="cpu", **zoo_small(name))
 
 
-def _capture_models():
-    """The foundation issue's varied real models (tests/graph/capture_models.py)."""
-    path = Path(__file__).parents[1] / "graph" / "capture_models.py"
-    spec = importlib.util.spec_from_file_location("capture_models", path)
+def _capture_models(module: str = "capture_models"):
+    """The foundation issue's varied real models (tests/graph/capture_models.py), or another
+    module of tests/graph (``hf_models``: tiny Hugging Face models from their configs)."""
+    path = Path(__file__).parents[1] / "graph" / f"{module}.py"
+    spec = importlib.util.spec_from_file_location(module, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -51,3 +51,29 @@ def test_compressed_bytes_are_held_at_their_packed_size():
     tanh_outputs = graph.units.loc[["1", "3"], "saved_bytes"].sum()
     assert table.loc["saved_bytes", "measured"] < full - 0.6 * tanh_outputs
     assert table.loc["saved_bytes", "predicted"] < full
+
+
+
+def test_a_pack_goes_once_backward_has_used_it():
+    # no pack outlives the backward that read it, with no garbage collection (the store's
+    # strong list of packs made a cycle that kept every one until a collection)
+    import gc
+    from memflow.export.saved import _Saved
+    model, x = _model()
+    graph = memflow.from_torch(model, x)
+    exported = apply(model, Strategy.single_device(graph).with_policy(
+        {u: "compress:1e-2" for u in "1234"}), graph)
+    def packs() -> set[int]:
+        return {id(o) for o in gc.get_objects() if isinstance(o, _Saved)}
+
+    gc.collect()
+    gc.disable()
+    try:
+        earlier = packs()           # other tests' models may hold some
+        loss = exported(x).sum()
+        made = packs() - earlier
+        loss.backward()
+        left = packs() & made
+    finally:
+        gc.enable()
+    assert made and not left

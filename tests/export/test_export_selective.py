@@ -5,6 +5,8 @@ for backward are the memory model's to the byte."""
 import pytest
 import torch
 
+import memflow
+
 from torch import nn
 
 from memflow import zoo
@@ -14,7 +16,8 @@ from memflow.strategy import Strategy
 from memflow.export.selective import selective_policy
 from torch.utils.checkpoint import CheckpointPolicy
 
-from models import captured, grads, mismatches, mixed
+from memflow.planners import selective_plan
+from models import _capture_models, captured, grads, mismatches, mixed
 
 
 def _check(name, units, policies):
@@ -37,6 +40,22 @@ def test_selective_everywhere_holds_less_than_keep(name):
     # (Linear + ReLU stacks hold more: ReLU saves its output, selective the Linear's too.)
     held, graph = _check(name, "blocks", ("selective",))
     assert 0 < held < graph.units["saved_bytes"].sum()
+
+
+def test_a_hugging_face_llama_holds_what_the_model_predicts():
+    # GQA attention, RoPE, RMSNorm, SwiGLU from transformers' own code: each decoder layer
+    # selective, and the per-op plan on leaf units at 60% of keep-all
+    torch.manual_seed(0)
+    model, inputs, _ = _capture_models("hf_models").HF_MODELS["llama"]()
+    blocks = memflow.from_torch(model, inputs, units="blocks")
+    leaves = memflow.from_torch(model, inputs)
+    layers = [u for u in blocks.names if ".layers." in u]
+    for graph, strategy in ((blocks, Strategy.single_device(blocks).with_policy(
+            {u: "selective" for u in layers})), (leaves, selective_plan(leaves, 0.6))):
+        assert "selective" in strategy.policies
+        exported = apply(model, strategy, graph)
+        assert mismatches(grads(model, inputs), grads(exported, inputs)) == []
+        assert abs(validate(model, inputs, strategy, graph).loc["saved_bytes", "error"]) <= 0.01
 
 
 def test_the_policy_saves_matmuls_and_convolutions_only():
