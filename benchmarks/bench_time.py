@@ -40,8 +40,8 @@ from _results import table, write_section  # noqa: E402
 import memflow  # noqa: E402
 from memflow.export.timing import step_time  # noqa: E402
 from memflow.hardware import calibrate  # noqa: E402
-from memflow._jsonio import read_json  # noqa: E402
-from memflow.hardware.local import cache_file, local, local_cluster, measure  # noqa: E402
+from memflow._jsonio import read_json, write_json  # noqa: E402
+from memflow.hardware.local import FORMAT, cache_file, local, local_cluster, measure  # noqa: E402
 
 # name -> (zoo options, batch): each a fraction of a second per step on 2 loaded cores
 MODELS = {
@@ -91,35 +91,51 @@ def unit_times(model: str, graph, reps: int = 5) -> pd.DataFrame:
     return rows
 
 
-def row(model: str, kind: str, processes: int, repeat: int, cached: dict,
+def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
         calibrated: bool = False) -> dict:
+    """One table row: ``repeat`` runs of the exported script, against the prediction by CPU
+    time (one process) and by wall time."""
     options, batch = MODELS[model]
-    ratios, predicted, measured, loads, again = [], [], [], [], []
     graph = memflow.zoo.graph(model, batch_size=batch, units="blocks", **options)
+    walls = {"wall": local_cluster(figures, processes, threads=1)}
+    clusters = walls | ({"cpu": local_cluster(figures, 1, threads=1, clock="cpu")}
+                        if processes == 1 else {})
+    runs: dict[str, list[tuple[float, float]]] = {c: [] for c in clusters}
+    loads, again = [], []
     for _ in range(repeat):
-        figures = measure(collectives=False)           # this moment's compute rates
-        figures["allreduce"] = cached["allreduce"]
-        cluster = local_cluster(figures, processes)
-        s = strategy(graph, kind, processes, cluster)
-        r = step_time(s, model, cluster, model_options=options, batch_size=batch, graph=graph)
-        if calibrated:
-            fitted = calibrate(unit_times(model, graph), cluster)
-            again.append(memflow.simulate(graph, s, fitted).iteration_time)
-        predicted.append(float(r["predicted"].iloc[0]))
-        measured.append(float(r["measured"].iloc[0]))
-        ratios.append(measured[-1] / predicted[-1])
+        s = strategy(graph, kind, processes, clusters["wall"])
+        r = step_time(s, model, clusters["wall"], model_options=options, batch_size=batch,
+                      graph=graph)
         loads.append(os.getloadavg()[0])
-    out = {"model": model, "strategy": kind, "processes": processes,
-           "predicted (ms)": 1e3 * statistics.median(predicted),
-           "measured (ms)": 1e3 * statistics.median(measured),
-           "measured / predicted": statistics.median(ratios),
-           "spread": max(ratios) - min(ratios), "load": statistics.median(loads)}
+        for clock, cluster in clusters.items():
+            predicted = memflow.simulate(graph, s, cluster).iteration_time
+            runs[clock].append((predicted, statistics.median(r.attrs[f"{clock}_times"])))
+        if calibrated:
+            fitted = calibrate(unit_times(model, graph), clusters["wall"])
+            again.append(runs["wall"][-1][1] / memflow.simulate(graph, s, fitted).iteration_time)
+    out: dict = {"model": model, "strategy": kind, "processes": processes}
+    for clock, pairs in runs.items():
+        ratios = [m / p for p, m in pairs]
+        name = "CPU time" if clock == "cpu" else "wall"
+        out |= {f"{name}: predicted (ms)": 1e3 * statistics.median(p for p, _ in pairs),
+                f"{name}: measured (ms)": 1e3 * statistics.median(m for _, m in pairs),
+                f"{name}: measured / predicted": statistics.median(ratios),
+                f"{name}: spread": max(ratios) - min(ratios)}
+    out["load"] = statistics.median(loads)
     if calibrated:
-        out["measured / calibrated"] = statistics.median(
-            m / a for m, a in zip(measured, again))
+        out["wall: measured / calibrated"] = statistics.median(again)
     print(", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                     for k, v in out.items()), flush=True)
     return out
+
+
+def summary(df: pd.DataFrame, clock: str) -> str:
+    ratio = df[f"{clock}: measured / predicted"]
+    err = (ratio - 1).abs()
+    worst = df.loc[err.idxmax()]
+    return (f"{int((err <= 0.15).sum())} of {len(df)} rows within 15% by {clock}; worst: "
+            f"{worst['model']} {worst['strategy']} x{worst['processes']}, measured/predicted "
+            f"{ratio[err.idxmax()]:.2f}; median {ratio.median():.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,33 +150,46 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     args = p.parse_args(argv)
     models = args.models or (["mlp", "gpt2"] if args.quick else list(MODELS))
-    local(2)                                  # measures (and caches) once if need be
-    figures = read_json(cache_file())
-    started = time.time()
+    started, load0 = time.time(), os.getloadavg()[0]
+    cached = read_json(cache_file()) if cache_file().is_file() else {}
+    if "allreduce" not in cached or cached.get("format") != FORMAT:
+        local(2, remeasure=True)              # measures (and caches) the all-reduce
+        cached = read_json(cache_file())
+    figures = measure(collectives=False) | {"allreduce": cached["allreduce"]}
+    write_json(cache_file(), figures)          # this run's figures, for Cluster.local()
     rows = []
     for model in models:
         cases = [(k, 1) for k in SINGLE] + [("keep", 2)] + ([] if args.quick else [("keep", 4)])
         for kind, n in cases:
             rows.append(row(model, kind, n, args.repeat, figures, args.calibrate))
     df = pd.DataFrame(rows)
-    err = (df["measured / predicted"] - 1).abs()
-    worst = df.loc[err.idxmax()]
-    within = int((err <= 0.15).sum())
+    one, several = df[df["processes"] == 1], df[df["processes"] > 1].dropna(axis=1)
+    cpu = {k: v["cpu"] for k, v in figures.items() if isinstance(v, dict) and "cpu" in v}
     body = (
-        f"Predicted (`memflow.simulate` on `Cluster.local(n)`, compute figures re-measured "
-        f"before each row) against measured (the exported script's median step after "
-        f"{memflow.export.timing.WARMUP} warm-up steps, {memflow.export.timing.STEPS} timed) "
-        f"step time; every process runs one thread (`OMP_NUM_THREADS=1`); "
-        f"{args.repeat} run(s) per row, ratio = median of measured / predicted. "
-        f"All-reduce figures from `Cluster.local()`'s cache: "
-        f"{figures['allreduce']['bandwidth'] / 1e9:.3g} GB/s, "
-        f"{figures['allreduce']['latency'] * 1e6:.0f} µs.\n\n"
-        f"**{within} of {len(df)} rows within 15%; worst: {worst['model']} {worst['strategy']} "
-        f"x{worst['processes']}, measured/predicted {worst['measured / predicted']:.2f}.** "
-        f"The machine is shared (load average column: other jobs on its "
-        f"{os.cpu_count()} cores), so measured times swing with it; the figures re-measured "
-        f"before each row follow part of that swing, not all. Ran in "
-        f"{time.time() - started:.0f} s.\n\n" + table(df, ".3g"))
+        f"Predicted (`memflow.simulate` on `Cluster.local`) against measured (the exported "
+        f"script's median step after {memflow.export.timing.WARMUP} warm-up steps, "
+        f"{memflow.export.timing.STEPS} timed) step time; every process runs one thread "
+        f"(`OMP_NUM_THREADS=1`); {args.repeat} run(s) per row, ratio = median of measured / "
+        f"predicted. The figures were measured once, at the start (load {load0:.1f}); "
+        f"one-thread CPU-time figures: matmul {cpu['matmul_flops'] / 1e9:.3g} GFLOP/s "
+        f"(backward {cpu['matmul_backward_flops'] / 1e9:.3g}), convolution "
+        f"{cpu['conv_flops'] / 1e9:.3g} (backward {cpu['conv_backward_flops'] / 1e9:.3g}), "
+        f"element-wise {cpu['elementwise_bandwidth'] / 1e9:.3g} GB/s, copy "
+        f"{cpu['copy_bandwidth'] / 1e9:.3g} GB/s, {cpu['op_overhead'] * 1e6:.2g} µs per op "
+        f"forward, {cpu['backward_op_overhead'] * 1e6:.2g} µs per autograd node, "
+        f"{cpu['optimizer_overhead'] * 1e6:.2g} µs per parameter tensor in the optimizer; "
+        f"all-reduce (cached) {figures['allreduce']['bandwidth'] / 1e9:.3g} GB/s, "
+        f"{figures['allreduce']['latency'] * 1e6:.0f} µs. Ran in "
+        f"{time.time() - started:.0f} s.\n\n"
+        f"**One process, by CPU time: {summary(one, 'CPU time')}.** The prediction on "
+        f"`Cluster.local(clock=\"cpu\")` (figures timed by the process's CPU time) against "
+        f"the step's CPU time (`time.process_time`): another job's load barely moves either. "
+        f"The same rows by wall time (figures and steps by the wall clock): "
+        f"{summary(one, 'wall')}.\n\n" + table(one, ".3g") + "\n\n"
+        f"**Several processes (gloo), by wall time: {summary(several, 'wall')}.** A process "
+        f"waits for the others at every all-reduce, so only wall time means anything here, "
+        f"and it moves with the other jobs' load on the {os.cpu_count()} shared cores.\n\n"
+        + table(several, ".3g"))
     if not args.no_write:
         write_section("step_time", body, title="Step time: predicted vs measured (CPU)")
     print(body)

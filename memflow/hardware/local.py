@@ -8,8 +8,21 @@ A short micro-benchmark (a few seconds; :func:`measure`) times, with every threa
 * ``copy_bandwidth`` — a large tensor copy, bytes read + written per second (what the time
   model's ``bytes_moved`` counts);
 * ``launch_overhead`` — seconds per tiny eager op (dispatch);
+* the CPU step's other costs (:data:`STEP_FIGURES`, one thread): the backward rates of the
+  matrix product and the convolution (their backward does twice the forward's FLOPs, at its
+  own rate), the bandwidth of element-wise ops on activation-sized tensors (they stay in
+  cache, unlike ``copy_bandwidth``'s), the dispatch and autograd overhead per op recorded in
+  forward and per node run in backward, the optimizer's overhead per parameter tensor, and
+  what an offloading unit's hooks cost (bytes per second into new host images, seconds per
+  saved tensor of the Python pack and unpack hooks);
 * ``allreduce`` — gloo all-reduce between 2 processes of this machine: ``bandwidth`` and
   ``latency`` fitted to the ring formula ``2(n-1)/n · S/B + 2(n-1) · latency``.
+
+Each one-thread figure is timed by two clocks: the wall clock (``one``) and the process's CPU
+time (``cpu``). On a shared machine the CPU time of a one-thread process barely moves with the
+other jobs' load while its wall time does: ``local_cluster(..., clock="cpu")`` predicts the
+CPU time of a one-process step, which :func:`memflow.export.timing.step_time` measures the
+same way.
 
 The figures are cached as JSON in :func:`cache_dir` (``$MEMFLOW_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/memflow``, else ``~/.cache/memflow``), one file per host name, and measured
@@ -49,7 +62,7 @@ from .cluster import Cluster
 __all__ = ["local", "local_cluster", "measure", "threads_per_process", "cache_dir", "cache_file",
            "FORMAT", "EXAMPLE_FIGURES", "SIZES"]
 
-FORMAT = "memflow.local/1"
+FORMAT = "memflow.local/2"
 CACHE_ENV = "MEMFLOW_CACHE_DIR"
 
 # problem sizes: "default" takes a few seconds, "tiny" (tests) well under one; each size is
@@ -59,13 +72,37 @@ SIZES: dict[str, tuple[int, tuple[int, int, int], int, int, int, float]] = {
     "default": (512, (8, 64, 28), 64 * 2**20, 8 * 2**20, 7, 0.4),
     "tiny": (64, (1, 8, 8), 2**20, 2**16, 3, 0.0),
 }
+# the step figures' sizes: elements of the element-wise op's tensors (an activation: in
+# cache), tiny ops in the dispatch chain (and parameter tensors of the optimizer step)
+SIZES_STEP: dict[str, tuple[int, int]] = {"default": (2**18, 200), "tiny": (2**12, 20)}
+# the small kernels' sizes: matmul m (m x m by m x m), conv (batch, channels, side), 3x3
+SIZES_SMALL: dict[str, tuple[int, tuple[int, int, int]]] = {
+    "default": (128, (8, 16, 16)), "tiny": (16, (1, 4, 4))}
+STEP_FIGURES = ("matmul_backward_flops", "conv_backward_flops", "small_matmul_flops",
+                "small_conv_flops", "small_matmul_backward_flops", "small_conv_backward_flops",
+                "elementwise_bandwidth", "op_overhead", "backward_op_overhead",
+                "optimizer_overhead", "offload_bandwidth", "hook_overhead")
+"""The figures of a CPU step's costs besides forward matmul and convolution (module doc)."""
 
 EXAMPLE_FIGURES: dict[str, Any] = {
     "format": FORMAT, "host": "example", "cpu": "example CPU", "cores": 2, "threads": 2,
     "memory_bytes": 16 * 2**30, "torch": "2.x", "measured_at": "2026-01-01T00:00:00+00:00",
     "size": "default",
-    "matmul_flops": {"all": 60e9, "one": 32e9}, "conv_flops": {"all": 40e9, "one": 22e9},
-    "copy_bandwidth": {"all": 12e9, "one": 9e9}, "launch_overhead": 4e-6,
+    "matmul_flops": {"all": 60e9, "one": 32e9, "cpu": 34e9},
+    "conv_flops": {"all": 40e9, "one": 22e9, "cpu": 24e9},
+    "copy_bandwidth": {"all": 12e9, "one": 9e9, "cpu": 10e9}, "launch_overhead": 4e-6,
+    "matmul_backward_flops": {"one": 28e9, "cpu": 30e9},
+    "conv_backward_flops": {"one": 18e9, "cpu": 20e9},
+    "small_matmul_flops": {"one": 16e9, "cpu": 17e9},
+    "small_conv_flops": {"one": 8e9, "cpu": 9e9},
+    "small_matmul_backward_flops": {"one": 6e9, "cpu": 7e9},
+    "small_conv_backward_flops": {"one": 5e9, "cpu": 6e9},
+    "elementwise_bandwidth": {"one": 30e9, "cpu": 32e9},
+    "op_overhead": {"one": 4e-6, "cpu": 3.5e-6},
+    "backward_op_overhead": {"one": 3e-6, "cpu": 2.5e-6},
+    "optimizer_overhead": {"one": 5e-6, "cpu": 4.5e-6},
+    "offload_bandwidth": {"one": 3e9, "cpu": 3.2e9},
+    "hook_overhead": {"one": 2e-6, "cpu": 1.8e-6},
     "allreduce": {"processes": 2, "bandwidth": 1.5e9, "latency": 6e-5},
 }
 """Figures of the shape :func:`measure` returns (for examples and tests)."""
@@ -91,20 +128,22 @@ def cache_file() -> Path:
     return cache_dir() / f"local-{host or 'machine'}.json"
 
 
-def _seconds_per_call(fn: Callable[[], Any], reps: int, window: float) -> float:
-    """Mean seconds per call over ``reps`` calls and at least ``window`` seconds. A mean over
-    a window, not a median of short calls: on a shared machine a call shorter than the
-    scheduler's time slice runs at the full speed of a core that a longer job only gets its
-    share of, so medians of short calls overstate what a training step will see."""
+def _seconds_per_call(fn: Callable[[], Any], reps: int, window: float) -> tuple[float, float]:
+    """Mean wall and CPU seconds per call over ``reps`` calls and at least ``window`` seconds
+    of CPU time. A mean over a window, not a median of short calls: on a shared machine a call
+    shorter than the scheduler's time slice runs at the full speed of a core that a longer job
+    only gets its share of, so medians of short calls overstate what a training step will see.
+    The CPU time (``time.process_time``) counts only what this process ran."""
     fn()                                   # warm-up: first-touch pages, kernel selection
-    calls, t0 = 0, time.perf_counter()
-    while calls < reps or time.perf_counter() - t0 < window:
+    calls, t0, c0 = 0, time.perf_counter(), time.process_time()
+    while calls < reps or time.process_time() - c0 < window:
         fn()
         calls += 1
-    return (time.perf_counter() - t0) / calls
+    return (time.perf_counter() - t0) / calls, (time.process_time() - c0) / calls
 
 
-def _rates(size: str, threads: int) -> dict[str, float]:
+def _rates(size: str, threads: int) -> dict[str, tuple[float, float]]:
+    """(wall, CPU-time) rate of matmul, convolution and copy with ``threads`` threads."""
     import torch
 
     n, (batch, ch, side), copy_bytes, _, reps, window = SIZES[size]
@@ -115,18 +154,167 @@ def _rates(size: str, threads: int) -> dict[str, float]:
         x, w = torch.randn(batch, ch, side, side), torch.randn(ch, ch, 3, 3)
         src = torch.ones(copy_bytes // 4)
         dst = torch.empty_like(src)
-        conv_flops = 2 * batch * ch * ch * 9 * side * side
+        work = {"matmul_flops": (2 * n ** 3, lambda: torch.mm(a, b)),
+                "conv_flops": (2 * batch * ch * ch * 9 * side * side,
+                               lambda: torch.nn.functional.conv2d(x, w, padding=1)),
+                "copy_bandwidth": (2 * copy_bytes, lambda: dst.copy_(src))}
         with torch.no_grad():
-            return {
-                "matmul_flops": 2 * n ** 3 / _seconds_per_call(lambda: torch.mm(a, b), reps,
-                                                               window),
-                "conv_flops": conv_flops / _seconds_per_call(
-                    lambda: torch.nn.functional.conv2d(x, w, padding=1), reps, window),
-                "copy_bandwidth": 2 * copy_bytes / _seconds_per_call(lambda: dst.copy_(src),
-                                                                     reps, window),
-            }
+            return {k: _per_second(amount, _seconds_per_call(fn, reps, window))
+                    for k, (amount, fn) in work.items()}
     finally:
         torch.set_num_threads(before)
+
+
+def _per_second(amount: float, seconds: tuple[float, float]) -> tuple[float, float]:
+    return amount / seconds[0], amount / seconds[1]
+
+
+def _per_op(seconds: tuple[float, float], ops: int) -> tuple[float, float]:
+    return seconds[0] / ops, seconds[1] / ops
+
+
+def _backward_seconds(step: Callable[[], Any], forward: Callable[[], Any], reps: int,
+                      window: float) -> tuple[float, float]:
+    """(wall, CPU) seconds of a backward alone: forward and backward, less the forward."""
+    both, fwd = _seconds_per_call(step, reps, window), _seconds_per_call(forward, reps, window)
+    return max(both[0] - fwd[0], 1e-12), max(both[1] - fwd[1], 1e-12)
+
+
+def _step_figures(size: str) -> dict[str, tuple[float, float]]:
+    """(wall, CPU-time) figures of :data:`STEP_FIGURES`, one thread (see the module doc)."""
+    import torch
+
+    n, (batch, ch, side), _, _, reps, window = SIZES[size]
+    elements, chain = SIZES_STEP[size]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(n, n, requires_grad=True), torch.randn(n, n, requires_grad=True)
+        x = torch.randn(batch, ch, side, side, requires_grad=True)
+        w = torch.randn(ch, ch, 3, 3, requires_grad=True)
+        conv = torch.nn.functional.conv2d
+        tiny = torch.ones(4, requires_grad=True)
+        params = [torch.nn.Parameter(torch.ones(4)) for _ in range(chain)]
+        for p in params:
+            p.grad = torch.ones(4)
+        sgd = torch.optim.SGD(params, lr=1e-3)
+
+        def ops() -> Any:
+            y = tiny
+            for _ in range(chain):
+                y = y * 1.0
+            return y
+        return {
+            "matmul_backward_flops": _per_second(4 * n ** 3, _backward_seconds(
+                lambda: torch.mm(a, b).sum().backward(), lambda: torch.mm(a, b).sum(), reps,
+                window)),
+            "conv_backward_flops": _per_second(4 * batch * ch * ch * 9 * side * side,
+                                               _backward_seconds(
+                lambda: conv(x, w, padding=1).sum().backward(),
+                lambda: conv(x, w, padding=1).sum(), reps, window)),
+            "elementwise_bandwidth": _per_second(*_memory_bound_mix(elements, reps, window)),
+            **_small_kernels(size, reps, window),
+            "op_overhead": _per_op(_seconds_per_call(ops, reps, window), chain),
+            "backward_op_overhead": _per_op(_backward_seconds(
+                lambda: ops().sum().backward(), lambda: ops().sum(), reps, window), chain),
+            "optimizer_overhead": _per_op(_seconds_per_call(sgd.step, reps, window), chain),
+            "offload_bandwidth": _per_second(*_offload(elements, reps, window)),
+            "hook_overhead": _per_op(_hooked(tiny, chain, reps, window), chain),
+        }
+    finally:
+        torch.set_num_threads(before)
+
+
+def _small_kernels(size: str, reps: int, window: float) -> dict[str, tuple[float, float]]:
+    """Forward and backward FLOP/s of a small matrix product and convolution (the kernels of
+    a small model: FLOPs per op :data:`SMALL_FLOPS` of ``size``): a CPU kernel's rate falls
+    with its size, and the time model interpolates between these and the large ones."""
+    import torch
+
+    m, (batch, ch, side) = SIZES_SMALL[size]
+    a, b = torch.randn(m, m, requires_grad=True), torch.randn(m, m, requires_grad=True)
+    x = torch.randn(batch, ch, side, side, requires_grad=True)
+    w = torch.randn(ch, ch, 3, 3, requires_grad=True)
+    conv = torch.nn.functional.conv2d
+    mm_flops, conv_flops = 2 * m ** 3, 2 * batch * ch * ch * 9 * side * side
+    with torch.no_grad():
+        forward = {"small_matmul_flops": _per_second(mm_flops, _seconds_per_call(
+                       lambda: torch.mm(a, b), reps, window)),
+                   "small_conv_flops": _per_second(conv_flops, _seconds_per_call(
+                       lambda: conv(x, w, padding=1), reps, window))}
+    return forward | {
+        "small_matmul_backward_flops": _per_second(2 * mm_flops, _backward_seconds(
+            lambda: torch.mm(a, b).sum().backward(), lambda: torch.mm(a, b).sum(), reps,
+            window)),
+        "small_conv_backward_flops": _per_second(2 * conv_flops, _backward_seconds(
+            lambda: conv(x, w, padding=1).sum().backward(), lambda: conv(x, w, padding=1).sum(),
+            reps, window))}
+
+
+def _memory_bound_mix(elements: int, reps: int, window: float) -> tuple[float, tuple]:
+    """Bytes (inputs + outputs of each op, as the graph counts them) and (wall, CPU) seconds
+    of a mix of the memory-bound ops of a training step, forward and backward, on one
+    activation-sized map each: a batch norm and a layer norm (training), ReLU, GELU, a
+    residual add and a softmax, in equal bytes. Their rates differ by several times on a
+    CPU (a normalisation makes three passes), so the mix's rate, not one copy's, is what the
+    time model charges for the bytes of ops other than matrix products and convolutions."""
+    import torch
+
+    F = torch.nn.functional
+    x = torch.randn(8, 32, elements // 256, 8, requires_grad=True)     # N, C, H, W
+    r = torch.randn(x.shape)
+    g = torch.ones(32, requires_grad=True)
+    t = torch.randn(elements // 64, 64, requires_grad=True)         # tokens x hidden
+    gl = torch.ones(64, requires_grad=True)
+
+    def forward() -> Any:
+        return (F.batch_norm(x, None, None, g, g, training=True).sum()
+                + F.layer_norm(t, (64,), gl, gl).sum() + F.relu(x).sum() + F.gelu(x).sum()
+                + (x + r).sum() + F.softmax(t, -1).sum())
+    # bytes each op reads and writes: forward (in + out, weights negligible) and backward
+    # (grad out + saved input(s) in, grad in out); a norm's backward reads its input too
+    per = x.numel() * 4
+    moved = per * (2 + 2 + 2 + 2 + 3 + 2) + per * (3 + 3 + 3 + 3 + 3 + 3)
+    both = _seconds_per_call(lambda: forward().backward(), reps, window)
+    reduce = _seconds_per_call(lambda: x.sum() + t.sum(), reps, window)   # the sums' own time
+    return moved, (max(both[0] - 6 * reduce[0], 1e-12), max(both[1] - 6 * reduce[1], 1e-12))
+
+
+def _offload(elements: int, reps: int, window: float) -> tuple[float, tuple]:
+    """Bytes and (wall, CPU) seconds of copying activation-sized maps into host images made
+    for them, as an offloading unit's hook does on a CPU (a new image per map: its first
+    touch costs page faults, which a copy into a warm buffer does not)."""
+    import torch
+
+    maps = [torch.randn(elements) for _ in range(16)]
+
+    def images() -> None:
+        kept = []
+        for m in maps:
+            kept.append(torch.empty(m.numel() * 4, dtype=torch.uint8).view(torch.float32))
+            kept[-1].copy_(m)
+    return 16 * elements * 4, _seconds_per_call(images, reps, window)
+
+
+def _hooked(tiny: Any, chain: int, reps: int, window: float) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``chain`` saved tensors' Python pack and unpack hooks
+    (``saved_tensors_hooks``, as export's offload and compress units run), beyond the ops."""
+    import torch
+
+    def step(hooked: bool) -> None:
+        if hooked:
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: (t,), lambda p: p[0]):
+                y = tiny
+                for _ in range(chain):
+                    y = y * y              # saves both operands: two packs, two unpacks
+        else:
+            y = tiny
+            for _ in range(chain):
+                y = y * y
+        y.sum().backward()
+    with_hooks = _seconds_per_call(lambda: step(True), reps, window)
+    without = _seconds_per_call(lambda: step(False), reps, window)
+    return (max(with_hooks[0] - without[0], 0.0) / 2, max(with_hooks[1] - without[1], 0.0) / 2)
 
 
 def _launch_overhead(reps: int, window: float) -> float:
@@ -138,7 +326,7 @@ def _launch_overhead(reps: int, window: float) -> float:
     def many() -> None:
         for _ in range(reps):
             torch.add(x, y, out=out)
-    return _seconds_per_call(many, 3, window) / reps
+    return _seconds_per_call(many, 3, window)[0] / reps
 
 
 def _allreduce_rank(rank: int, port: int, nbytes: int, reps: int, folder: str) -> None:
@@ -151,8 +339,8 @@ def _allreduce_rank(rank: int, port: int, nbytes: int, reps: int, folder: str) -
                             world_size=2)
     try:
         small, large = torch.ones(1), torch.ones(nbytes // 4)
-        t_small = _seconds_per_call(lambda: dist.all_reduce(small), 4 * reps, 0.0)
-        t_large = _seconds_per_call(lambda: dist.all_reduce(large), reps, 0.0)
+        t_small = _seconds_per_call(lambda: dist.all_reduce(small), 4 * reps, 0.0)[0]
+        t_large = _seconds_per_call(lambda: dist.all_reduce(large), reps, 0.0)[0]
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -194,7 +382,7 @@ def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any
 
     >>> f = measure("tiny", collectives=False)
     >>> f["format"], f["matmul_flops"]["all"] > 0, "allreduce" in f
-    ('memflow.local/1', True, False)
+    ('memflow.local/2', True, False)
     """
     import torch
 
@@ -202,6 +390,7 @@ def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any
         raise ClusterError(f"micro-benchmark size {size!r} is unknown; valid: {list(SIZES)}")
     threads = torch.get_num_threads()
     every, one = _rates(size, threads), _rates(size, 1)
+    step = _step_figures(size)
     figures: dict[str, Any] = {
         "format": FORMAT, "host": socket.gethostname(), "cpu": _cpu_name(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -210,7 +399,8 @@ def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "torch": torch.__version__, "size": size,
         "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        **{k: {"all": every[k], "one": one[k]} for k in every},
+        **{k: {"all": every[k][0], "one": one[k][0], "cpu": one[k][1]} for k in every},
+        **{k: {"one": wall, "cpu": cpu} for k, (wall, cpu) in step.items()},
         "launch_overhead": _launch_overhead(200 if size == "tiny" else 2000, SIZES[size][-1]),
     }
     if collectives:
@@ -227,33 +417,64 @@ def threads_per_process(processes: int) -> int | None:
     return 1 if processes > 1 else None
 
 
-def _rates_of(figures: dict[str, Any], processes: int, threads: int | None) -> tuple[float, ...]:
-    """(matmul, conv, copy) rates of one of ``processes`` concurrent processes. Every thread
-    of one process: the all-thread figures. One thread each: the one-thread figures, compute
-    shared when there are more processes than cores, memory bandwidth shared over all of
-    them (the machine's total is the all-thread copy rate)."""
+def _rates_of(figures: dict[str, Any], processes: int, threads: int | None,
+              clock: str = "wall") -> dict[str, float]:
+    """The rates of one of ``processes`` concurrent processes: matmul, conv, copy and the
+    :data:`STEP_FIGURES`. Every thread of one process: the all-thread figures (the step
+    figures are one thread's). One thread each: the one-thread figures, compute shared when
+    there are more processes than cores, memory bandwidth shared over all of them (the
+    machine's total is the all-thread copy rate). ``clock="cpu"``: one process's one-thread
+    figures timed by CPU time."""
+    main = ("matmul_flops", "conv_flops", "copy_bandwidth")
+    if clock == "cpu":
+        return {k: figures[k]["cpu"] for k in (*main, *STEP_FIGURES)}
+    step = {k: figures[k]["one"] for k in STEP_FIGURES}
     if threads is None or (threads > 1 and processes == 1):
-        return tuple(figures[k]["all"] for k in ("matmul_flops", "conv_flops", "copy_bandwidth"))
+        return {**{k: figures[k]["all"] for k in main}, **step}
     share = min(1.0, int(figures["cores"]) / (processes * threads))
     copy = figures["copy_bandwidth"]
-    return (figures["matmul_flops"]["one"] * share, figures["conv_flops"]["one"] * share,
-            copy["one"] if processes == 1 else min(copy["one"], copy["all"] / processes))
+    # sharing a core: rates shrink, seconds per op grow, by the share
+    return {"matmul_flops": figures["matmul_flops"]["one"] * share,
+            "conv_flops": figures["conv_flops"]["one"] * share,
+            "copy_bandwidth": copy["one"] if processes == 1 else min(copy["one"],
+                                                                   copy["all"] / processes),
+            **{k: v / share if k.endswith("overhead") else v * share for k, v in step.items()}}
+
+
+def _op_flops(size: str) -> dict[str, float]:
+    """FLOPs per op of the large and the small kernels (geometric mean of the matrix
+    product's and the convolution's): where the time model places their rates."""
+    n, (batch, ch, side) = SIZES[size][0], SIZES[size][1]
+    m, (sb, sc, ss) = SIZES_SMALL[size]
+    return {"large_op_flops": float(np.sqrt(2 * n ** 3 * 2 * batch * ch * ch * 9 * side * side)),
+            "small_op_flops": float(np.sqrt(2 * m ** 3 * 2 * sb * sc * sc * 9 * ss * ss))}
 
 
 def local_cluster(figures: dict[str, Any], processes: int = 1,
-                  names: list[str] | None = None, threads: int | None = -1) -> Cluster:
+                  names: list[str] | None = None, threads: int | None = -1,
+                  clock: str = "wall") -> Cluster:
     """The cluster of ``processes`` CPU devices that ``figures`` (from :func:`measure`)
     describe (see the module doc); ``names`` renames the devices (to run a strategy made
     for other device names here); ``threads`` per process (None: every thread; default:
-    :func:`threads_per_process`)."""
+    :func:`threads_per_process`); ``clock`` ``"wall"`` or ``"cpu"`` (one process, one
+    thread: its rates timed by CPU time, to predict a step's CPU time).
+
+    Besides the catalogue's columns, the devices carry the CPU step's figures
+    (:data:`STEP_FIGURES`; ``backward_flops`` the mean of the two backward rates), which
+    :mod:`memflow.sim.costs` charges on CPU devices only."""
     n = int(processes)
     threads = threads_per_process(n) if threads == -1 else threads
     if n < 1:
         raise ClusterError(f"processes must be >= 1, got {processes}")
+    if clock not in ("wall", "cpu") or (clock == "cpu" and (n > 1 or (threads or 2) > 1)):
+        raise ClusterError(f"clock {clock!r} with {n} process(es) of {threads or 'every'} "
+                           "thread(s): valid are 'wall', and 'cpu' for one process of one "
+                           "thread (several processes wait for each other: wall time)")
     if n > 1 and "allreduce" not in figures:
         raise ClusterError(f"{n} processes need the gloo all-reduce figures; measure with "
                            "collectives=True (Cluster.local(remeasure=True))")
-    matmul, conv, copy = _rates_of(figures, n, threads)
+    r = _rates_of(figures, n, threads, clock)
+    matmul, conv, copy = r["matmul_flops"], r["conv_flops"], r["copy_bandwidth"]
     peak = max(matmul, conv)
     if names is not None and len(names) != n:
         raise ClusterError(f"{n} processes need {n} device names, got {list(names)}")
@@ -265,8 +486,14 @@ def local_cluster(figures: dict[str, Any], processes: int = 1,
         "peak_flops_fp32": peak, "peak_flops_fp16": np.nan, "mem_bandwidth": copy,
         # a layer is a GEMM or a convolution: the mean of the two achieved rates
         "compute_efficiency": (matmul + conv) / 2 / peak, "memory_efficiency": 1.0,
-        "launch_overhead": float(figures["launch_overhead"]), "host": hosts,
-        "figures": "measured"})
+        "launch_overhead": r["op_overhead"], "host": hosts,
+        "figures": "measured", "clock": clock,
+        "backward_flops": (r["matmul_backward_flops"] + r["conv_backward_flops"]) / 2,
+        "small_flops": (r["small_matmul_flops"] + r["small_conv_flops"]) / 2,
+        "small_backward_flops": (r["small_matmul_backward_flops"]
+                                 + r["small_conv_backward_flops"]) / 2,
+        **_op_flops(figures.get("size", "default")),
+        **{k: r[k] for k in STEP_FIGURES[6:]}})
     links = [(d, h, "memcpy", copy / 2, np.nan) for d, h in zip(names, hosts)]
     links += [(h, d, "memcpy", copy / 2, np.nan) for d, h in zip(names, hosts)]
     switches = None
@@ -283,10 +510,10 @@ def local_cluster(figures: dict[str, Any], processes: int = 1,
 
 
 def local(processes: int = 1, *, remeasure: bool = False, size: str = "default",
-          names: list[str] | None = None) -> Cluster:
+          names: list[str] | None = None, clock: str = "wall") -> Cluster:
     """This machine as a cluster of ``processes`` CPU devices (named ``names``, default
     ``cpu0``, ``cpu1``, …), from cached figures (measured first if there are none, or if
-    ``remeasure``). See the module doc.
+    ``remeasure``); ``clock`` as in :func:`local_cluster`. See the module doc.
 
     >>> import os, tempfile
     >>> os.environ["MEMFLOW_CACHE_DIR"] = tempfile.mkdtemp()
@@ -305,7 +532,7 @@ def local(processes: int = 1, *, remeasure: bool = False, size: str = "default",
     if figures is None:
         figures = measure(size)
         write_json(path, figures)
-    return local_cluster(figures, processes, names)
+    return local_cluster(figures, processes, names, clock=clock)
 
 
 def _attach() -> None:

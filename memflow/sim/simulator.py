@@ -30,10 +30,12 @@ from ..memory.arrays import GraphArrays, graph_arrays
 from ..memory.blocks import BlockTable, StepBlocks
 from ..memory.records import Placed, placements
 from ..memory.states import stage_arrays, stage_copies
-from ..strategy.policies import POLICIES
+from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
 from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
 from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, compress_model, compression_ratios,
+                    cpu_compute, cpu_figures, cpu_hooks, cpu_optimizer, parameter_tensors,
+                    saved_tensors,
                     copy_cost, copy_times, layout_cost, ring_time, tied_allreduce)
 from .expand import Tasks, Timing, expand
 from .structure import Structure, structure
@@ -187,6 +189,7 @@ class Simulator:
         self.optimizer, self.precision = optimizer, precision
         self.ga: GraphArrays = graph_arrays(graph)
         self.ca = cluster.arrays if cluster is not None else None
+        self._cpu = cpu_figures(cluster)      # a CPU measured here: its own time model
         self._layout_cost: dict[tuple, Any] = {}
         self._rows: dict[tuple, np.ndarray] = {}      # per layout: its rates as one row
         self._copy_cost: dict[tuple, Any] = {}
@@ -205,7 +208,7 @@ class Simulator:
         """``(expected_ratio, throughput, launches)`` of :mod:`memflow.compress`, loaded when
         a strategy first compresses."""
         if self._compress is None:
-            self._compress = compress_model()
+            self._compress = compress_model(self._cpu and self._cpu["clock"])
         return self._compress
 
     # ------------------------------------------------------------------ pieces
@@ -342,6 +345,11 @@ class Simulator:
                         ga.fwd_bytes_moved - ga.expensive_fwd_bytes_moved,
                         ga.fwd_ops - ga.expensive_fwd_ops, S.tp_out)
         bwd = compute(ga.bwd_flops, ga.bwd_bytes_moved, ga.bwd_ops, S.tp_in)
+        if self._cpu is not None:
+            tensors = parameter_tensors(self.graph)
+            fwd, cheap, bwd = (t + ring_time(w, ring[:, 0], ring[:, 1], ring[:, 2]) for t, w in
+                               zip(cpu_compute(ga, self._cpu, rate, deg, tensors),
+                                   (S.tp_out, S.tp_out, S.tp_in)))
         rr = rates[:, _REPLICA_RING:_REPLICA_RING + 3][S.bucket_layout]
         allreduce = ring_time(S.bucket_bytes, rr[:, 0], rr[:, 1], rr[:, 2])
         # ring all-gather and reduce-scatter each move half an all-reduce's bytes
@@ -350,6 +358,8 @@ class Simulator:
         scatter = ring_time(S.scatter, ru[:, 0], ru[:, 1], ru[:, 2]) / 2
         optimizer = (np.bincount(L, weights=states.update, minlength=len(keys)) / mem
                      + OPTIMIZER_LAUNCHES * rates[:, _LAUNCH])
+        if self._cpu is not None:
+            optimizer = cpu_optimizer(L, states.update, tensors, mem, self._cpu)
         if strategy.stage.max() > 0:
             whole = graph_arrays(self.graph)      # the weights as the graph has them, once
             optimizer += tied_allreduce(whole, stage_copies(whole, strategy.stage), L, keys,
@@ -429,8 +439,12 @@ class Simulator:
         fixed = {"host_scale": scale}
         if sel.any():
             fixed["recompute"] = np.where(sel, P.timing.cheap_forward, P.timing.forward)
+        hooked = np.isin(POLICIES.mechanism_codes[strategy.policy], (M_HOST, M_COMPRESSED))
+        if self._cpu is not None and hooked.any():     # export's hooks, on the CPU's thread
+            fixed["forward"] = P.timing.forward + cpu_hooks(
+                plan.offloaded, hooked, saved_tensors(self.graph), self._cpu)
         if not len(units):
-            if (scale == 1.0).all() and not sel.any():
+            if len(fixed) == 1 and (scale == 1.0).all():
                 return P.timing
             return Timing(**{**P.timing.__dict__, **fixed})
         comp, decomp = np.ones(self.ga.n), np.ones(self.ga.n)

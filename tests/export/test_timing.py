@@ -30,7 +30,8 @@ def test_validate_time_adds_the_step_time_row(cached, monkeypatch):
     from memflow.export import timing
 
     # the script itself runs in test_step_time_keeps_every_timed_step: one launch is enough
-    monkeypatch.setattr(timing, "measured_step_times", lambda *a, **k: [0.25, 0.5, 0.75])
+    monkeypatch.setattr(timing, "measured_step_times",
+                        lambda *a, **k: {"wall": [0.25, 0.5, 0.75], "cpu": [0.2, 0.4, 0.6]})
     g, s = _chain()
     model, inputs = memflow.zoo.get("chain", 8, n=2, width=16, device="cpu")
     df = validate(model, inputs, s, g, devices={"gpu0": "cpu"}, time=True,
