@@ -11,11 +11,15 @@ Every process runs one thread (``OMP_NUM_THREADS=1``, set here for the scripts t
 about ten times slower than a one-thread one (OpenMP threads wait for each other on busy
 cores), which would measure the other jobs rather than memflow.
 
-The machine is shared: another process's load changes the measured time but not the
-prediction. So the compute figures (matmul, convolution, copy bandwidth, dispatch) are
-measured again right before each row (the gloo all-reduce figures come from the cache), and
-each row is run ``--repeat`` times; the table gives the median ratio measured / predicted and
-the spread. The load average is printed with each row.
+The machine is shared: another process's load changes a step's wall time but not the
+prediction. So a one-process row is compared by CPU time: the exported script records each
+step's ``time.process_time`` beside its wall time, and the prediction runs on
+``Cluster.local(clock="cpu")``, whose micro-benchmark figures are timed by CPU time too. The
+wall-clock comparison is printed beside it. The figures are measured again before each
+model's rows (the gloo all-reduce figures come from the cache). Several processes (gloo)
+wait for each other, so those rows are compared by wall time only, in their own table: they
+follow the load. Each row is run ``--repeat`` times; the table gives the median ratio
+measured / predicted, the spread and the load average.
 
 Run: ``python benchmarks/bench_time.py`` (``--quick``: two models, single process and 2
 processes only; ``--repeat 3`` to repeat every row).
@@ -155,31 +159,36 @@ def main(argv: list[str] | None = None) -> None:
     if "allreduce" not in cached or cached.get("format") != FORMAT:
         local(2, remeasure=True)              # measures (and caches) the all-reduce
         cached = read_json(cache_file())
-    figures = measure(collectives=False) | {"allreduce": cached["allreduce"]}
-    write_json(cache_file(), figures)          # this run's figures, for Cluster.local()
-    rows = []
+    rows, first = [], None
     for model in models:
+        # the figures again before each model's rows: the load moves CPU time too (the two
+        # cores share caches), less than wall time
+        figures = measure(collectives=False) | {"allreduce": cached["allreduce"]}
+        write_json(cache_file(), figures)      # this run's figures, for Cluster.local()
+        first = first or figures
         cases = [(k, 1) for k in SINGLE] + [("keep", 2)] + ([] if args.quick else [("keep", 4)])
         for kind, n in cases:
             rows.append(row(model, kind, n, args.repeat, figures, args.calibrate))
     df = pd.DataFrame(rows)
     one, several = df[df["processes"] == 1], df[df["processes"] > 1].dropna(axis=1)
-    cpu = {k: v["cpu"] for k, v in figures.items() if isinstance(v, dict) and "cpu" in v}
+    cpu = {k: v["cpu"] for k, v in first.items() if isinstance(v, dict) and "cpu" in v}
     body = (
         f"Predicted (`memflow.simulate` on `Cluster.local`) against measured (the exported "
         f"script's median step after {memflow.export.timing.WARMUP} warm-up steps, "
         f"{memflow.export.timing.STEPS} timed) step time; every process runs one thread "
         f"(`OMP_NUM_THREADS=1`); {args.repeat} run(s) per row, ratio = median of measured / "
-        f"predicted. The figures were measured once, at the start (load {load0:.1f}); "
-        f"one-thread CPU-time figures: matmul {cpu['matmul_flops'] / 1e9:.3g} GFLOP/s "
+        f"predicted. The figures were measured before each model's rows; the first model's "
+        f"(load {load0:.1f}), one-thread CPU-time figures: matmul {cpu['matmul_flops'] / 1e9:.3g} GFLOP/s "
         f"(backward {cpu['matmul_backward_flops'] / 1e9:.3g}), convolution "
         f"{cpu['conv_flops'] / 1e9:.3g} (backward {cpu['conv_backward_flops'] / 1e9:.3g}), "
         f"element-wise {cpu['elementwise_bandwidth'] / 1e9:.3g} GB/s, copy "
         f"{cpu['copy_bandwidth'] / 1e9:.3g} GB/s, {cpu['op_overhead'] * 1e6:.2g} µs per op "
         f"forward, {cpu['backward_op_overhead'] * 1e6:.2g} µs per autograd node, "
-        f"{cpu['optimizer_overhead'] * 1e6:.2g} µs per parameter tensor in the optimizer; "
-        f"all-reduce (cached) {figures['allreduce']['bandwidth'] / 1e9:.3g} GB/s, "
-        f"{figures['allreduce']['latency'] * 1e6:.0f} µs. Ran in "
+        f"{cpu['optimizer_overhead'] * 1e6:.2g} µs per parameter tensor in the optimizer, "
+        f"{cpu['hook_overhead'] * 1e6:.2g} µs per saved tensor through a Python hook, "
+        f"{cpu['offload_bandwidth'] / 1e9:.3g} GB/s into new host images; "
+        f"all-reduce (cached) {first['allreduce']['bandwidth'] / 1e9:.3g} GB/s, "
+        f"{first['allreduce']['latency'] * 1e6:.0f} µs. Ran in "
         f"{time.time() - started:.0f} s.\n\n"
         f"**One process, by CPU time: {summary(one, 'CPU time')}.** The prediction on "
         f"`Cluster.local(clock=\"cpu\")` (figures timed by the process's CPU time) against "

@@ -382,8 +382,8 @@ def cpu_hooks(offloaded: np.ndarray, hooked: np.ndarray, saved: np.ndarray,
               cpu: dict[str, float]) -> np.ndarray:
     """Seconds per unit that export's saved-tensor hooks add to a CPU step, on the compute
     thread (a CPU has no copy engine to overlap them): the Python pack and unpack of each
-    tensor a unit with hooks (``hooked``: offload, compress) saves, and the copy of its
-    ``offloaded`` bytes into new host images."""
+    tensor a unit with hooks (``hooked``: offload, compress, and recompute's checkpoint)
+    saves, and the copy of its ``offloaded`` bytes into new host images."""
     return np.where(hooked, saved * cpu["hook_overhead"], 0.0) + offloaded / cpu[
         "offload_bandwidth"]
 

@@ -30,7 +30,7 @@ from ..memory.arrays import GraphArrays, graph_arrays
 from ..memory.blocks import BlockTable, StepBlocks
 from ..memory.records import Placed, placements
 from ..memory.states import stage_arrays, stage_copies
-from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
+from ..strategy.policies import M_COMPRESSED, M_HOST, M_RECOMPUTE, M_SELECTIVE, POLICIES
 from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
 from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, compress_model, compression_ratios,
@@ -439,7 +439,9 @@ class Simulator:
         fixed = {"host_scale": scale}
         if sel.any():
             fixed["recompute"] = np.where(sel, P.timing.cheap_forward, P.timing.forward)
-        hooked = np.isin(POLICIES.mechanism_codes[strategy.policy], (M_HOST, M_COMPRESSED))
+        # offload and compress hooks, and recompute's checkpoint: a Python pack and unpack
+        hooked = np.isin(POLICIES.mechanism_codes[strategy.policy],
+                         (M_HOST, M_COMPRESSED, M_RECOMPUTE, M_SELECTIVE))
         if self._cpu is not None and hooked.any():     # export's hooks, on the CPU's thread
             fixed["forward"] = P.timing.forward + cpu_hooks(
                 plan.offloaded, hooked, saved_tensors(self.graph), self._cpu)
