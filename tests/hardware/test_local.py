@@ -7,6 +7,7 @@ import memflow
 from memflow._jsonio import read_json, write_json
 from memflow.errors import ClusterError
 from memflow.hardware import local as local_mod
+from memflow.hardware import microbench
 from memflow.hardware.local import EXAMPLE_FIGURES, cache_dir, cache_file, local_cluster
 
 
@@ -48,7 +49,7 @@ def test_cache_of_another_format_is_measured_again(cache, monkeypatch):
 
 
 def test_tiny_micro_benchmark_gives_positive_rates():
-    f = local_mod.measure("tiny", collectives=False)
+    f = microbench.measure("tiny", collectives=False)
     for key in ("matmul_flops", "conv_flops", "copy_bandwidth"):
         assert f[key]["all"] > 0 and f[key]["one"] > 0
     assert 0 < f["launch_overhead"] < 1e-2
@@ -56,13 +57,13 @@ def test_tiny_micro_benchmark_gives_positive_rates():
 
 
 def test_gloo_allreduce_between_two_processes():
-    ar = local_mod._allreduce("tiny")
+    ar = microbench._allreduce("tiny")
     assert ar["processes"] == 2 and ar["bandwidth"] > 0 and ar["latency"] > 0
 
 
 def test_unknown_size_names_the_valid_ones():
     with pytest.raises(ClusterError, match="'default', 'tiny'"):
-        local_mod.measure("huge")
+        microbench.measure("huge")
 
 
 def test_one_process_uses_every_thread_several_share_the_machine(monkeypatch):
@@ -109,8 +110,8 @@ def test_several_processes_need_the_allreduce_figures():
 
 
 def test_step_figures_are_timed_by_both_clocks():
-    f = local_mod.measure("tiny", collectives=False)
-    for key in (*local_mod.STEP_FIGURES, "matmul_flops", "conv_flops", "copy_bandwidth"):
+    f = microbench.measure("tiny", collectives=False)
+    for key in (*microbench.STEP_FIGURES, "matmul_flops", "conv_flops", "copy_bandwidth"):
         assert f[key]["one"] > 0 and f[key]["cpu"] > 0, key
     assert f["op_overhead"]["cpu"] < 1e-2 and f["elementwise_bandwidth"]["cpu"] > 1e6
 
