@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
         for kind, n in cases:
             rows.append(row(model, kind, n, args.repeat, figures, args.calibrate))
     df = pd.DataFrame(rows)
-    one, several = df[df["processes"] == 1], df[df["processes"] > 1].dropna(axis=1)
+    one = df[df["processes"] == 1].reset_index(drop=True)
+    several = df[df["processes"] > 1].dropna(axis=1).reset_index(drop=True)
     cpu = {k: v["cpu"] for k, v in first.items() if isinstance(v, dict) and "cpu" in v}
     body = (
         f"Predicted (`memflow.simulate` on `Cluster.local`) against measured (the exported "
@@ -192,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{time.time() - started:.0f} s.\n\n"
         f"**One process, by CPU time: {summary(one, 'CPU time')}.** The prediction on "
         f"`Cluster.local(clock=\"cpu\")` (figures timed by the process's CPU time) against "
-        f"the step's CPU time (`time.process_time`): another job's load barely moves either. "
+        f"the step's CPU time (`time.process_time`): another job's load moves both less than "
+        f"wall time, not nothing (the cores share caches). "
         f"The same rows by wall time (figures and steps by the wall clock): "
         f"{summary(one, 'wall')}.\n\n" + table(one, ".3g") + "\n\n"
         f"**Several processes (gloo), by wall time: {summary(several, 'wall')}.** A process "
