@@ -11,11 +11,15 @@ Every process runs one thread (``OMP_NUM_THREADS=1``, set here for the scripts t
 about ten times slower than a one-thread one (OpenMP threads wait for each other on busy
 cores), which would measure the other jobs rather than memflow.
 
-The machine is shared: another process's load changes the measured time but not the
-prediction. So the compute figures (matmul, convolution, copy bandwidth, dispatch) are
-measured again right before each row (the gloo all-reduce figures come from the cache), and
-each row is run ``--repeat`` times; the table gives the median ratio measured / predicted and
-the spread. The load average is printed with each row.
+The machine is shared: another process's load changes a step's wall time but not the
+prediction. So a one-process row is compared by CPU time: the exported script records each
+step's ``time.process_time`` beside its wall time, and the prediction runs on
+``Cluster.local(clock="cpu")``, whose micro-benchmark figures are timed by CPU time too. The
+wall-clock comparison is printed beside it. The figures are measured again before each
+model's rows (the gloo all-reduce figures come from the cache). Several processes (gloo)
+wait for each other, so those rows are compared by wall time only, in their own table: they
+follow the load. Each row is run ``--repeat`` times; the table gives the median ratio
+measured / predicted, the spread and the load average.
 
 Run: ``python benchmarks/bench_time.py`` (``--quick``: two models, single process and 2
 processes only; ``--repeat 3`` to repeat every row).
@@ -40,8 +44,8 @@ from _results import table, write_section  # noqa: E402
 import memflow  # noqa: E402
 from memflow.export.timing import step_time  # noqa: E402
 from memflow.hardware import calibrate  # noqa: E402
-from memflow._jsonio import read_json  # noqa: E402
-from memflow.hardware.local import cache_file, local, local_cluster, measure  # noqa: E402
+from memflow._jsonio import read_json, write_json  # noqa: E402
+from memflow.hardware.local import FORMAT, cache_file, local, local_cluster, measure  # noqa: E402
 
 # name -> (zoo options, batch): each a fraction of a second per step on 2 loaded cores
 MODELS = {
@@ -91,35 +95,51 @@ def unit_times(model: str, graph, reps: int = 5) -> pd.DataFrame:
     return rows
 
 
-def row(model: str, kind: str, processes: int, repeat: int, cached: dict,
+def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
         calibrated: bool = False) -> dict:
+    """One table row: ``repeat`` runs of the exported script, against the prediction by CPU
+    time (one process) and by wall time."""
     options, batch = MODELS[model]
-    ratios, predicted, measured, loads, again = [], [], [], [], []
     graph = memflow.zoo.graph(model, batch_size=batch, units="blocks", **options)
+    walls = {"wall": local_cluster(figures, processes, threads=1)}
+    clusters = walls | ({"cpu": local_cluster(figures, 1, threads=1, clock="cpu")}
+                        if processes == 1 else {})
+    runs: dict[str, list[tuple[float, float]]] = {c: [] for c in clusters}
+    loads, again = [], []
     for _ in range(repeat):
-        figures = measure(collectives=False)           # this moment's compute rates
-        figures["allreduce"] = cached["allreduce"]
-        cluster = local_cluster(figures, processes)
-        s = strategy(graph, kind, processes, cluster)
-        r = step_time(s, model, cluster, model_options=options, batch_size=batch, graph=graph)
-        if calibrated:
-            fitted = calibrate(unit_times(model, graph), cluster)
-            again.append(memflow.simulate(graph, s, fitted).iteration_time)
-        predicted.append(float(r["predicted"].iloc[0]))
-        measured.append(float(r["measured"].iloc[0]))
-        ratios.append(measured[-1] / predicted[-1])
+        s = strategy(graph, kind, processes, clusters["wall"])
+        r = step_time(s, model, clusters["wall"], model_options=options, batch_size=batch,
+                      graph=graph)
         loads.append(os.getloadavg()[0])
-    out = {"model": model, "strategy": kind, "processes": processes,
-           "predicted (ms)": 1e3 * statistics.median(predicted),
-           "measured (ms)": 1e3 * statistics.median(measured),
-           "measured / predicted": statistics.median(ratios),
-           "spread": max(ratios) - min(ratios), "load": statistics.median(loads)}
+        for clock, cluster in clusters.items():
+            predicted = memflow.simulate(graph, s, cluster).iteration_time
+            runs[clock].append((predicted, statistics.median(r.attrs[f"{clock}_times"])))
+        if calibrated:
+            fitted = calibrate(unit_times(model, graph), clusters["wall"])
+            again.append(runs["wall"][-1][1] / memflow.simulate(graph, s, fitted).iteration_time)
+    out: dict = {"model": model, "strategy": kind, "processes": processes}
+    for clock, pairs in runs.items():
+        ratios = [m / p for p, m in pairs]
+        name = "CPU time" if clock == "cpu" else "wall"
+        out |= {f"{name}: predicted (ms)": 1e3 * statistics.median(p for p, _ in pairs),
+                f"{name}: measured (ms)": 1e3 * statistics.median(m for _, m in pairs),
+                f"{name}: measured / predicted": statistics.median(ratios),
+                f"{name}: spread": max(ratios) - min(ratios)}
+    out["load"] = statistics.median(loads)
     if calibrated:
-        out["measured / calibrated"] = statistics.median(
-            m / a for m, a in zip(measured, again))
+        out["wall: measured / calibrated"] = statistics.median(again)
     print(", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                     for k, v in out.items()), flush=True)
     return out
+
+
+def summary(df: pd.DataFrame, clock: str) -> str:
+    ratio = df[f"{clock}: measured / predicted"]
+    err = (ratio - 1).abs()
+    worst = df.loc[err.idxmax()]
+    return (f"{int((err <= 0.15).sum())} of {len(df)} rows within 15% by {clock}; worst: "
+            f"{worst['model']} {worst['strategy']} x{worst['processes']}, measured/predicted "
+            f"{ratio[err.idxmax()]:.2f}; median {ratio.median():.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,33 +154,53 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     args = p.parse_args(argv)
     models = args.models or (["mlp", "gpt2"] if args.quick else list(MODELS))
-    local(2)                                  # measures (and caches) once if need be
-    figures = read_json(cache_file())
-    started = time.time()
-    rows = []
+    started, load0 = time.time(), os.getloadavg()[0]
+    cached = read_json(cache_file()) if cache_file().is_file() else {}
+    if "allreduce" not in cached or cached.get("format") != FORMAT:
+        local(2, remeasure=True)              # measures (and caches) the all-reduce
+        cached = read_json(cache_file())
+    rows, first = [], None
     for model in models:
+        # the figures again before each model's rows: the load moves CPU time too (the two
+        # cores share caches), less than wall time
+        figures = measure(collectives=False) | {"allreduce": cached["allreduce"]}
+        write_json(cache_file(), figures)      # this run's figures, for Cluster.local()
+        first = first or figures
         cases = [(k, 1) for k in SINGLE] + [("keep", 2)] + ([] if args.quick else [("keep", 4)])
         for kind, n in cases:
             rows.append(row(model, kind, n, args.repeat, figures, args.calibrate))
     df = pd.DataFrame(rows)
-    err = (df["measured / predicted"] - 1).abs()
-    worst = df.loc[err.idxmax()]
-    within = int((err <= 0.15).sum())
+    one = df[df["processes"] == 1].reset_index(drop=True)
+    several = df[df["processes"] > 1].dropna(axis=1).reset_index(drop=True)
+    cpu = {k: v["cpu"] for k, v in first.items() if isinstance(v, dict) and "cpu" in v}
     body = (
-        f"Predicted (`memflow.simulate` on `Cluster.local(n)`, compute figures re-measured "
-        f"before each row) against measured (the exported script's median step after "
-        f"{memflow.export.timing.WARMUP} warm-up steps, {memflow.export.timing.STEPS} timed) "
-        f"step time; every process runs one thread (`OMP_NUM_THREADS=1`); "
-        f"{args.repeat} run(s) per row, ratio = median of measured / predicted. "
-        f"All-reduce figures from `Cluster.local()`'s cache: "
-        f"{figures['allreduce']['bandwidth'] / 1e9:.3g} GB/s, "
-        f"{figures['allreduce']['latency'] * 1e6:.0f} µs.\n\n"
-        f"**{within} of {len(df)} rows within 15%; worst: {worst['model']} {worst['strategy']} "
-        f"x{worst['processes']}, measured/predicted {worst['measured / predicted']:.2f}.** "
-        f"The machine is shared (load average column: other jobs on its "
-        f"{os.cpu_count()} cores), so measured times swing with it; the figures re-measured "
-        f"before each row follow part of that swing, not all. Ran in "
-        f"{time.time() - started:.0f} s.\n\n" + table(df, ".3g"))
+        f"Predicted (`memflow.simulate` on `Cluster.local`) against measured (the exported "
+        f"script's median step after {memflow.export.timing.WARMUP} warm-up steps, "
+        f"{memflow.export.timing.STEPS} timed) step time; every process runs one thread "
+        f"(`OMP_NUM_THREADS=1`); {args.repeat} run(s) per row, ratio = median of measured / "
+        f"predicted. The figures were measured before each model's rows; the first model's "
+        f"(load {load0:.1f}), one-thread CPU-time figures: matmul {cpu['matmul_flops'] / 1e9:.3g} GFLOP/s "
+        f"(backward {cpu['matmul_backward_flops'] / 1e9:.3g}), convolution "
+        f"{cpu['conv_flops'] / 1e9:.3g} (backward {cpu['conv_backward_flops'] / 1e9:.3g}), "
+        f"element-wise {cpu['elementwise_bandwidth'] / 1e9:.3g} GB/s, copy "
+        f"{cpu['copy_bandwidth'] / 1e9:.3g} GB/s, {cpu['op_overhead'] * 1e6:.2g} µs per op "
+        f"forward, {cpu['backward_op_overhead'] * 1e6:.2g} µs per autograd node, "
+        f"{cpu['optimizer_overhead'] * 1e6:.2g} µs per parameter tensor in the optimizer, "
+        f"{cpu['hook_overhead'] * 1e6:.2g} µs per saved tensor through a Python hook, "
+        f"{cpu['offload_bandwidth'] / 1e9:.3g} GB/s into new host images; "
+        f"all-reduce (cached) {first['allreduce']['bandwidth'] / 1e9:.3g} GB/s, "
+        f"{first['allreduce']['latency'] * 1e6:.0f} µs. Ran in "
+        f"{time.time() - started:.0f} s.\n\n"
+        f"**One process, by CPU time: {summary(one, 'CPU time')}.** The prediction on "
+        f"`Cluster.local(clock=\"cpu\")` (figures timed by the process's CPU time) against "
+        f"the step's CPU time (`time.process_time`): another job's load moves both less than "
+        f"wall time, not nothing (the cores share caches). "
+        f"The same rows by wall time (figures and steps by the wall clock): "
+        f"{summary(one, 'wall')}.\n\n" + table(one, ".3g") + "\n\n"
+        f"**Several processes (gloo), by wall time: {summary(several, 'wall')}.** A process "
+        f"waits for the others at every all-reduce, so only wall time means anything here, "
+        f"and it moves with the other jobs' load on the {os.cpu_count()} shared cores.\n\n"
+        + table(several, ".3g"))
     if not args.no_write:
         write_section("step_time", body, title="Step time: predicted vs measured (CPU)")
     print(body)

@@ -76,9 +76,10 @@ def cpu_devices(cluster) -> dict[str, str] | None:
 def measured_step_times(strategy, model: str, *, model_options: Mapping[str, Any] | None = None,
                         batch_size: int | None = None, graph=None, optimizer: str = "sgd",
                         devices: Mapping[str, str] | None = None, warmup: int = WARMUP,
-                        steps: int = STEPS, timeout: float = 600.0) -> list[float]:
+                        steps: int = STEPS, timeout: float = 600.0) -> dict[str, list[float]]:
     """Seconds of each timed step of the exported script of ``strategy`` on ``model`` (a zoo
-    name or ``file.py:factory``), after ``warmup`` untimed steps."""
+    name or ``file.py:factory``), after ``warmup`` untimed steps, by two clocks: ``{"wall":
+    [...], "cpu": [...]}`` (the CPU time of rank 0's process)."""
     with tempfile.TemporaryDirectory(prefix="memflow-time-") as folder:
         path = script(strategy, Path(folder) / "train.py", model=model,
                       model_options=model_options, batch_size=batch_size, optimizer=optimizer,
@@ -99,7 +100,7 @@ def measured_step_times(strategy, model: str, *, model_options: Mapping[str, Any
             tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
             raise ExportError(f"the exported script of strategy {strategy.name!r} on "
                               f"{model!r} failed (exit {run.returncode}): " + " | ".join(tail))
-        return json.loads(out.read_text())[warmup:]
+        return {clock: times[warmup:] for clock, times in json.loads(out.read_text()).items()}
 
 
 def step_time(strategy, model: str, cluster, *, model_options: Mapping[str, Any] | None = None,
@@ -108,7 +109,13 @@ def step_time(strategy, model: str, cluster, *, model_options: Mapping[str, Any]
               steps: int = STEPS) -> pd.DataFrame:
     """One row ``step_time``: ``predicted`` (simulated on ``cluster``), ``measured`` (median
     of the script's timed steps), ``error`` (measured / predicted - 1). ``attrs`` keeps every
-    timed step (``step_times``) and the GPU reason when the row could not be measured.
+    timed step (``step_times``, by the cluster's clock; ``wall_times`` and ``cpu_times``, the
+    CPU time of rank 0's process), the ``clock`` and the GPU reason when the row could not be
+    measured.
+
+    The clock is the cluster's (:func:`memflow.hardware.local.local_cluster`): a one-process
+    CPU cluster measured by CPU time is compared with the step's CPU time, which another
+    job's load on a shared machine barely moves; every other cluster with wall time.
 
     ``graph`` is the graph of ``strategy`` (captured from the model at ``batch_size`` when
     None). ``devices`` maps device names to torch devices; for a cluster measured here
@@ -125,14 +132,16 @@ def step_time(strategy, model: str, cluster, *, model_options: Mapping[str, Any]
         graph = capture_units(made, inputs, strategy)
     predicted = float(simulate(graph, strategy, cluster, optimizer=optimizer).iteration_time)
     problem = gpu_problem(strategy, devices)
-    times = [] if problem else measured_step_times(
+    clock = str(cluster.devices["clock"].iloc[0]) if "clock" in cluster.devices else "wall"
+    times = {"wall": [], "cpu": []} if problem else measured_step_times(
         strategy, model, model_options=model_options, batch_size=batch_size, graph=graph,
         optimizer=optimizer, devices=devices, warmup=warmup, steps=steps)
-    measured = statistics.median(times) if times else float("nan")
+    measured = statistics.median(times[clock]) if times[clock] else float("nan")
     df = pd.DataFrame({"predicted": [predicted], "measured": [measured],
                        "error": [measured / predicted - 1.0]},
                       index=pd.Index(["step_time"], name="metric"))
-    df.attrs.update(step_times=times, skipped=problem, cluster=cluster.name)
+    df.attrs.update(step_times=times[clock], wall_times=times["wall"], cpu_times=times["cpu"],
+                    clock=clock, skipped=problem, cluster=cluster.name)
     return df
 
 

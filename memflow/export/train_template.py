@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--measure", default=None, help="folder: each rank writes the memory it "
                    "holds after the first step (memflow.export.rank_validation)")
     p.add_argument("--step-times", default=None,
-                   help="JSON file: wall seconds of every step, written by rank 0")
+                   help="JSON file: wall and CPU seconds of every step, written by rank 0")
     return p.parse_args(argv)
 
 
@@ -150,9 +150,9 @@ def main(argv: list[str] | None = None) -> list[float]:
                      (torch.optim.SGD, {"lr": args.lr, "momentum": 0.9 if args.optimizer ==
                                         "momentum" else 0.0}))
     optimizer = sharding.optimizer(kind, **options)
-    losses, target, seconds = [], None, []
+    losses, target, seconds, cpu_seconds = [], None, [], []
     for step in tqdm(range(args.steps), disable=rank != 0, desc="training"):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         inputs, given = next(batches)
         call_args, call_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: t.to(device), sharding.inputs(as_args(inputs)))
@@ -190,10 +190,11 @@ def main(argv: list[str] | None = None) -> list[float]:
             value /= world
         losses.append(float(value))      # waits for the step (a CUDA sync, on GPUs)
         seconds.append(time.perf_counter() - start)
+        cpu_seconds.append(time.process_time() - cpu_start)    # this process's CPU time
         if rank == 0:
             tqdm.write(f"step {step + 1}/{args.steps} loss {losses[-1]:.6f}")
     if args.step_times and rank == 0:
-        Path(args.step_times).write_text(json.dumps(seconds))
+        Path(args.step_times).write_text(json.dumps({"wall": seconds, "cpu": cpu_seconds}))
     if distributed:
         # Every rank leaves together, the DDP reducer first: a rank that tears gloo down while
         # another still finishes its last collective aborts ("terminate called without an

@@ -57,6 +57,17 @@ SOURCES: dict[str, str] = {
     "unified": "assumption: a copy inside one LPDDR pool reaches ~70% of half its bandwidth",
     "measured": "measured on this machine by memflow.Cluster.local(): the achieved rate is "
                 "the figure itself, so its efficiency is 1",
+    "cpu-step": "measured on this machine by memflow.Cluster.local() (one thread; by wall and "
+                "by CPU time): a CPU step's costs besides large matrix products — backward "
+                "and small-kernel FLOP/s, the bandwidth of a mix of memory-bound training ops, "
+                "seconds per op dispatched, per autograd node, per parameter tensor stepped, "
+                "per saved tensor through a Python hook, bytes per second into new host images "
+                "(memflow.hardware.local.STEP_FIGURES); charged at face value, so the "
+                "efficiency is 1, and the time model adds them up on CPU devices only "
+                "(memflow.sim.costs.cpu_compute)",
+    "cpu-compress": "measured in the simulating process by memflow.sim.costs."
+                    "cpu_compressor_rate: export's compressor (SZ3 where pysz is installed) "
+                    "packing and unpacking a ReLU map on one thread",
     "cpu-adam": "assumption after ZeRO-Offload's CPU-Adam (Ren et al., USENIX ATC 2021): ~30 "
                 "bytes of DRAM traffic per parameter, ~1e9 parameters/s on a two-socket server",
 }
@@ -85,6 +96,11 @@ EFFICIENCY: tuple[Efficiency, ...] = (
     *(Efficiency(kind, "efficiency", value, SOURCES[src]) for kind, value, src in _LINK_ROWS),
     *(Efficiency("cpu", figure, 1.0, SOURCES["measured"]) for figure in _FIGURES[:2]),
     Efficiency("cpu", "cpu_adam_rate", 1.0e9, SOURCES["cpu-adam"]),
+    *(Efficiency("cpu", figure, 1.0, SOURCES["cpu-step"])
+      for figure in ("backward_flops", "small_flops", "small_backward_flops",
+                     "elementwise_bandwidth", "op_overhead", "backward_op_overhead",
+                     "optimizer_overhead", "offload_bandwidth", "hook_overhead")),
+    Efficiency("cpu", "compress_rate", 1.0, SOURCES["cpu-compress"]),
 )
 """Every efficiency constant of the time model (see the module doc)."""
 

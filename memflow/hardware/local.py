@@ -1,15 +1,15 @@
 """``Cluster.local()``: this machine's CPU as a device, its figures measured here.
 
-A short micro-benchmark (a few seconds; :func:`measure`) times, with every thread and with one
-(``torchrun`` starts each of several processes with ``OMP_NUM_THREADS=1``):
+A short micro-benchmark (a few seconds; :func:`~memflow.hardware.microbench.measure`) times
+this machine's CPU: matrix product and convolution FLOP/s, copy bandwidth, dispatch, the CPU
+step's other costs (:data:`~memflow.hardware.microbench.STEP_FIGURES`) and the gloo
+all-reduce between two processes.
 
-* ``matmul_flops`` — a square fp32 matrix product, FLOP/s;
-* ``conv_flops`` — a 3x3 fp32 convolution, FLOP/s;
-* ``copy_bandwidth`` — a large tensor copy, bytes read + written per second (what the time
-  model's ``bytes_moved`` counts);
-* ``launch_overhead`` — seconds per tiny eager op (dispatch);
-* ``allreduce`` — gloo all-reduce between 2 processes of this machine: ``bandwidth`` and
-  ``latency`` fitted to the ring formula ``2(n-1)/n · S/B + 2(n-1) · latency``.
+Each one-thread figure is timed by two clocks: the wall clock (``one``) and the process's CPU
+time (``cpu``). The CPU time of a one-thread process moves less with the other jobs' load on
+a shared machine than its wall time does: ``local_cluster(..., clock="cpu")`` predicts the
+CPU time of a one-process step, which :func:`memflow.export.timing.step_time` measures the
+same way.
 
 The figures are cached as JSON in :func:`cache_dir` (``$MEMFLOW_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/memflow``, else ``~/.cache/memflow``), one file per host name, and measured
@@ -30,14 +30,10 @@ is why both figures are measured. The devices' ``figures`` column says ``measure
 """
 from __future__ import annotations
 
-import datetime as _dt
 import os
-import platform
 import socket
-import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -45,27 +41,32 @@ import pandas as pd
 from .._jsonio import read_json, write_json
 from ..errors import ClusterError
 from .cluster import Cluster
+from .microbench import FORMAT, SIZES, SIZES_SMALL, STEP_FIGURES, measure
 
 __all__ = ["local", "local_cluster", "measure", "threads_per_process", "cache_dir", "cache_file",
-           "FORMAT", "EXAMPLE_FIGURES", "SIZES"]
+           "FORMAT", "EXAMPLE_FIGURES", "SIZES", "STEP_FIGURES"]
 
-FORMAT = "memflow.local/1"
 CACHE_ENV = "MEMFLOW_CACHE_DIR"
-
-# problem sizes: "default" takes a few seconds, "tiny" (tests) well under one; each size is
-# (matmul n, conv (batch, channels, side), copy bytes, all-reduce bytes, repetitions,
-# seconds each figure is timed over at least)
-SIZES: dict[str, tuple[int, tuple[int, int, int], int, int, int, float]] = {
-    "default": (512, (8, 64, 28), 64 * 2**20, 8 * 2**20, 7, 0.4),
-    "tiny": (64, (1, 8, 8), 2**20, 2**16, 3, 0.0),
-}
 
 EXAMPLE_FIGURES: dict[str, Any] = {
     "format": FORMAT, "host": "example", "cpu": "example CPU", "cores": 2, "threads": 2,
     "memory_bytes": 16 * 2**30, "torch": "2.x", "measured_at": "2026-01-01T00:00:00+00:00",
     "size": "default",
-    "matmul_flops": {"all": 60e9, "one": 32e9}, "conv_flops": {"all": 40e9, "one": 22e9},
-    "copy_bandwidth": {"all": 12e9, "one": 9e9}, "launch_overhead": 4e-6,
+    "matmul_flops": {"all": 60e9, "one": 32e9, "cpu": 34e9},
+    "conv_flops": {"all": 40e9, "one": 22e9, "cpu": 24e9},
+    "copy_bandwidth": {"all": 12e9, "one": 9e9, "cpu": 10e9}, "launch_overhead": 4e-6,
+    "matmul_backward_flops": {"one": 28e9, "cpu": 30e9},
+    "conv_backward_flops": {"one": 18e9, "cpu": 20e9},
+    "small_matmul_flops": {"one": 16e9, "cpu": 17e9},
+    "small_conv_flops": {"one": 8e9, "cpu": 9e9},
+    "small_matmul_backward_flops": {"one": 6e9, "cpu": 7e9},
+    "small_conv_backward_flops": {"one": 5e9, "cpu": 6e9},
+    "elementwise_bandwidth": {"one": 30e9, "cpu": 32e9},
+    "op_overhead": {"one": 4e-6, "cpu": 3.5e-6},
+    "backward_op_overhead": {"one": 3e-6, "cpu": 2.5e-6},
+    "optimizer_overhead": {"one": 5e-6, "cpu": 4.5e-6},
+    "offload_bandwidth": {"one": 3e9, "cpu": 3.2e9},
+    "hook_overhead": {"one": 2e-6, "cpu": 1.8e-6},
     "allreduce": {"processes": 2, "bandwidth": 1.5e9, "latency": 6e-5},
 }
 """Figures of the shape :func:`measure` returns (for examples and tests)."""
@@ -91,133 +92,6 @@ def cache_file() -> Path:
     return cache_dir() / f"local-{host or 'machine'}.json"
 
 
-def _seconds_per_call(fn: Callable[[], Any], reps: int, window: float) -> float:
-    """Mean seconds per call over ``reps`` calls and at least ``window`` seconds. A mean over
-    a window, not a median of short calls: on a shared machine a call shorter than the
-    scheduler's time slice runs at the full speed of a core that a longer job only gets its
-    share of, so medians of short calls overstate what a training step will see."""
-    fn()                                   # warm-up: first-touch pages, kernel selection
-    calls, t0 = 0, time.perf_counter()
-    while calls < reps or time.perf_counter() - t0 < window:
-        fn()
-        calls += 1
-    return (time.perf_counter() - t0) / calls
-
-
-def _rates(size: str, threads: int) -> dict[str, float]:
-    import torch
-
-    n, (batch, ch, side), copy_bytes, _, reps, window = SIZES[size]
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        x, w = torch.randn(batch, ch, side, side), torch.randn(ch, ch, 3, 3)
-        src = torch.ones(copy_bytes // 4)
-        dst = torch.empty_like(src)
-        conv_flops = 2 * batch * ch * ch * 9 * side * side
-        with torch.no_grad():
-            return {
-                "matmul_flops": 2 * n ** 3 / _seconds_per_call(lambda: torch.mm(a, b), reps,
-                                                               window),
-                "conv_flops": conv_flops / _seconds_per_call(
-                    lambda: torch.nn.functional.conv2d(x, w, padding=1), reps, window),
-                "copy_bandwidth": 2 * copy_bytes / _seconds_per_call(lambda: dst.copy_(src),
-                                                                     reps, window),
-            }
-    finally:
-        torch.set_num_threads(before)
-
-
-def _launch_overhead(reps: int, window: float) -> float:
-    import torch
-
-    x, y = torch.ones(16), torch.ones(16)
-    out = torch.empty(16)
-
-    def many() -> None:
-        for _ in range(reps):
-            torch.add(x, y, out=out)
-    return _seconds_per_call(many, 3, window) / reps
-
-
-def _allreduce_rank(rank: int, port: int, nbytes: int, reps: int, folder: str) -> None:
-    # one rank of the all-reduce benchmark (spawned: module level so it pickles by name)
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    try:
-        small, large = torch.ones(1), torch.ones(nbytes // 4)
-        t_small = _seconds_per_call(lambda: dist.all_reduce(small), 4 * reps, 0.0)
-        t_large = _seconds_per_call(lambda: dist.all_reduce(large), reps, 0.0)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        write_json(Path(folder) / "allreduce.json", {"small": t_small, "large": t_large})
-
-
-def _allreduce(size: str) -> dict[str, float]:
-    import torch.multiprocessing as mp
-
-    _, _, _, nbytes, reps, _ = SIZES[size]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_allreduce_rank, (port, nbytes, reps, folder), nprocs=2)
-        t = read_json(Path(folder) / "allreduce.json")
-    # two processes: the ring moves S once (2(n-1)/n = 1) in 2(n-1) = 2 latency-bound steps
-    latency = t["small"] / 2
-    return {"processes": 2, "latency": latency,
-            "bandwidth": nbytes / max(t["large"] - t["small"], 1e-9)}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any]:
-    """Run the micro-benchmark (see the module doc); the figures as a JSON-ready dict.
-
-    ``size`` is ``"default"`` or ``"tiny"`` (for tests); ``collectives=False`` leaves out the
-    gloo all-reduce (it starts two processes: seconds).
-
-    >>> f = measure("tiny", collectives=False)
-    >>> f["format"], f["matmul_flops"]["all"] > 0, "allreduce" in f
-    ('memflow.local/1', True, False)
-    """
-    import torch
-
-    if size not in SIZES:
-        raise ClusterError(f"micro-benchmark size {size!r} is unknown; valid: {list(SIZES)}")
-    threads = torch.get_num_threads()
-    every, one = _rates(size, threads), _rates(size, 1)
-    figures: dict[str, Any] = {
-        "format": FORMAT, "host": socket.gethostname(), "cpu": _cpu_name(),
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else os.cpu_count() or 1,
-        "threads": threads,
-        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-        "torch": torch.__version__, "size": size,
-        "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        **{k: {"all": every[k], "one": one[k]} for k in every},
-        "launch_overhead": _launch_overhead(200 if size == "tiny" else 2000, SIZES[size][-1]),
-    }
-    if collectives:
-        figures["allreduce"] = _allreduce(size)
-    return figures
-
-
 def threads_per_process(processes: int) -> int | None:
     """Threads each of ``processes`` new processes will run: ``OMP_NUM_THREADS`` when set,
     else 1 for several (``torchrun`` sets it so), else None (every thread)."""
@@ -227,33 +101,64 @@ def threads_per_process(processes: int) -> int | None:
     return 1 if processes > 1 else None
 
 
-def _rates_of(figures: dict[str, Any], processes: int, threads: int | None) -> tuple[float, ...]:
-    """(matmul, conv, copy) rates of one of ``processes`` concurrent processes. Every thread
-    of one process: the all-thread figures. One thread each: the one-thread figures, compute
-    shared when there are more processes than cores, memory bandwidth shared over all of
-    them (the machine's total is the all-thread copy rate)."""
+def _rates_of(figures: dict[str, Any], processes: int, threads: int | None,
+              clock: str = "wall") -> dict[str, float]:
+    """The rates of one of ``processes`` concurrent processes: matmul, conv, copy and the
+    :data:`STEP_FIGURES`. Every thread of one process: the all-thread figures (the step
+    figures are one thread's). One thread each: the one-thread figures, compute shared when
+    there are more processes than cores, memory bandwidth shared over all of them (the
+    machine's total is the all-thread copy rate). ``clock="cpu"``: one process's one-thread
+    figures timed by CPU time."""
+    main = ("matmul_flops", "conv_flops", "copy_bandwidth")
+    if clock == "cpu":
+        return {k: figures[k]["cpu"] for k in (*main, *STEP_FIGURES)}
+    step = {k: figures[k]["one"] for k in STEP_FIGURES}
     if threads is None or (threads > 1 and processes == 1):
-        return tuple(figures[k]["all"] for k in ("matmul_flops", "conv_flops", "copy_bandwidth"))
+        return {**{k: figures[k]["all"] for k in main}, **step}
     share = min(1.0, int(figures["cores"]) / (processes * threads))
     copy = figures["copy_bandwidth"]
-    return (figures["matmul_flops"]["one"] * share, figures["conv_flops"]["one"] * share,
-            copy["one"] if processes == 1 else min(copy["one"], copy["all"] / processes))
+    # sharing a core: rates shrink, seconds per op grow, by the share
+    return {"matmul_flops": figures["matmul_flops"]["one"] * share,
+            "conv_flops": figures["conv_flops"]["one"] * share,
+            "copy_bandwidth": copy["one"] if processes == 1 else min(copy["one"],
+                                                                   copy["all"] / processes),
+            **{k: v / share if k.endswith("overhead") else v * share for k, v in step.items()}}
+
+
+def _op_flops(size: str) -> dict[str, float]:
+    """FLOPs per op of the large and the small kernels (geometric mean of the matrix
+    product's and the convolution's): where the time model places their rates."""
+    n, (batch, ch, side) = SIZES[size][0], SIZES[size][1]
+    m, (sb, sc, ss) = SIZES_SMALL[size]
+    return {"large_op_flops": float(np.sqrt(2 * n ** 3 * 2 * batch * ch * ch * 9 * side * side)),
+            "small_op_flops": float(np.sqrt(2 * m ** 3 * 2 * sb * sc * sc * 9 * ss * ss))}
 
 
 def local_cluster(figures: dict[str, Any], processes: int = 1,
-                  names: list[str] | None = None, threads: int | None = -1) -> Cluster:
+                  names: list[str] | None = None, threads: int | None = -1,
+                  clock: str = "wall") -> Cluster:
     """The cluster of ``processes`` CPU devices that ``figures`` (from :func:`measure`)
     describe (see the module doc); ``names`` renames the devices (to run a strategy made
     for other device names here); ``threads`` per process (None: every thread; default:
-    :func:`threads_per_process`)."""
+    :func:`threads_per_process`); ``clock`` ``"wall"`` or ``"cpu"`` (one process, one
+    thread: its rates timed by CPU time, to predict a step's CPU time).
+
+    Besides the catalogue's columns, the devices carry the CPU step's figures
+    (:data:`STEP_FIGURES`; ``backward_flops`` the mean of the two backward rates), which
+    :mod:`memflow.sim.costs` charges on CPU devices only."""
     n = int(processes)
     threads = threads_per_process(n) if threads == -1 else threads
     if n < 1:
         raise ClusterError(f"processes must be >= 1, got {processes}")
+    if clock not in ("wall", "cpu") or (clock == "cpu" and (n > 1 or (threads or 2) > 1)):
+        raise ClusterError(f"clock {clock!r} with {n} process(es) of {threads or 'every'} "
+                           "thread(s): valid are 'wall', and 'cpu' for one process of one "
+                           "thread (several processes wait for each other: wall time)")
     if n > 1 and "allreduce" not in figures:
         raise ClusterError(f"{n} processes need the gloo all-reduce figures; measure with "
                            "collectives=True (Cluster.local(remeasure=True))")
-    matmul, conv, copy = _rates_of(figures, n, threads)
+    r = _rates_of(figures, n, threads, clock)
+    matmul, conv, copy = r["matmul_flops"], r["conv_flops"], r["copy_bandwidth"]
     peak = max(matmul, conv)
     if names is not None and len(names) != n:
         raise ClusterError(f"{n} processes need {n} device names, got {list(names)}")
@@ -265,8 +170,14 @@ def local_cluster(figures: dict[str, Any], processes: int = 1,
         "peak_flops_fp32": peak, "peak_flops_fp16": np.nan, "mem_bandwidth": copy,
         # a layer is a GEMM or a convolution: the mean of the two achieved rates
         "compute_efficiency": (matmul + conv) / 2 / peak, "memory_efficiency": 1.0,
-        "launch_overhead": float(figures["launch_overhead"]), "host": hosts,
-        "figures": "measured"})
+        "launch_overhead": r["op_overhead"], "host": hosts,
+        "figures": "measured", "clock": clock,
+        "backward_flops": (r["matmul_backward_flops"] + r["conv_backward_flops"]) / 2,
+        "small_flops": (r["small_matmul_flops"] + r["small_conv_flops"]) / 2,
+        "small_backward_flops": (r["small_matmul_backward_flops"]
+                                 + r["small_conv_backward_flops"]) / 2,
+        **_op_flops(figures.get("size", "default")),
+        **{k: r[k] for k in STEP_FIGURES[6:]}})
     links = [(d, h, "memcpy", copy / 2, np.nan) for d, h in zip(names, hosts)]
     links += [(h, d, "memcpy", copy / 2, np.nan) for d, h in zip(names, hosts)]
     switches = None
@@ -283,10 +194,10 @@ def local_cluster(figures: dict[str, Any], processes: int = 1,
 
 
 def local(processes: int = 1, *, remeasure: bool = False, size: str = "default",
-          names: list[str] | None = None) -> Cluster:
+          names: list[str] | None = None, clock: str = "wall") -> Cluster:
     """This machine as a cluster of ``processes`` CPU devices (named ``names``, default
     ``cpu0``, ``cpu1``, …), from cached figures (measured first if there are none, or if
-    ``remeasure``). See the module doc.
+    ``remeasure``); ``clock`` as in :func:`local_cluster`. See the module doc.
 
     >>> import os, tempfile
     >>> os.environ["MEMFLOW_CACHE_DIR"] = tempfile.mkdtemp()
@@ -305,7 +216,7 @@ def local(processes: int = 1, *, remeasure: bool = False, size: str = "default",
     if figures is None:
         figures = measure(size)
         write_json(path, figures)
-    return local_cluster(figures, processes, names)
+    return local_cluster(figures, processes, names, clock=clock)
 
 
 def _attach() -> None:

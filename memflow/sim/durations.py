@@ -9,9 +9,10 @@ from ..memory.arrays import graph_arrays
 from ..memory.jit import njit
 from ..memory.blocks import StepBlocks
 from ..memory.states import stage_copies
-from ..strategy.policies import POLICIES
+from ..strategy.policies import M_COMPRESSED, M_HOST, M_RECOMPUTE, M_SELECTIVE, POLICIES
 from ..strategy.strategy import Strategy
-from .costs import CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, ring_time, tied_allreduce
+from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, cpu_compute, cpu_hooks, cpu_optimizer,
+                    parameter_tensors, ring_time, saved_tensors, tied_allreduce)
 from .expand import Timing
 from .run import ByLayouts, Placement
 from .structure import Structure
@@ -82,11 +83,19 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
                     ga.expensive_fwd_flops, ga.expensive_fwd_bytes_moved, ga.expensive_fwd_ops,
                     ga.bwd_flops, ga.bwd_bytes_moved, ga.bwd_ops, per_unit)
     fwd, cheap, bwd, gather, scatter = per_unit
+    if sim._cpu is not None:              # a CPU measured here: its own time model
+        tensors = parameter_tensors(sim.graph)
+        ring = rates[L, _PARAM_RING:_PARAM_RING + 3]
+        fwd, cheap, bwd = (t + ring_time(w, ring[:, 0], ring[:, 1], ring[:, 2]) for t, w in
+                           zip(cpu_compute(ga, sim._cpu, rate, deg, tensors),
+                               (S.tp_out, S.tp_out, S.tp_in)))
     mem = rates[:, _MEM]
     rr = rates[:, _REPLICA_RING:_REPLICA_RING + 3][S.bucket_layout]
     allreduce = ring_time(S.bucket_bytes, rr[:, 0], rr[:, 1], rr[:, 2])
     optimizer = (np.bincount(L, weights=states.update, minlength=len(keys)) / mem
                  + OPTIMIZER_LAUNCHES * rates[:, _LAUNCH])
+    if sim._cpu is not None:
+        optimizer = cpu_optimizer(L, states.update, tensors, mem, sim._cpu)
     if strategy.stage.max() > 0:
         whole = graph_arrays(sim.graph)      # the weights as the graph has them, once
         optimizer += tied_allreduce(whole, stage_copies(whole, strategy.stage), L, keys,
@@ -126,8 +135,14 @@ def policy_timing(sim, strategy: Strategy, P: Placement,
     fixed = {"host_scale": scale}
     if sel.any():
         fixed["recompute"] = np.where(sel, P.timing.cheap_forward, P.timing.forward)
+    # offload and compress hooks, and recompute's checkpoint: a Python pack and unpack
+    hooked = np.isin(POLICIES.mechanism_codes[strategy.policy],
+                     (M_HOST, M_COMPRESSED, M_RECOMPUTE, M_SELECTIVE))
+    if sim._cpu is not None and hooked.any():     # export's hooks, on the CPU's thread
+        fixed["forward"] = P.timing.forward + cpu_hooks(
+            plan.offloaded, hooked, saved_tensors(sim.graph), sim._cpu)
     if not len(units):
-        if (scale == 1.0).all() and not sel.any():
+        if len(fixed) == 1 and (scale == 1.0).all():
             return P.timing
         return Timing(**{**P.timing.__dict__, **fixed})
     comp, decomp = np.ones(sim.ga.n), np.ones(sim.ga.n)

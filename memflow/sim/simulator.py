@@ -31,7 +31,8 @@ from ..memory.records import Placed, placements
 from ..memory.states import stage_arrays
 from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
-from .costs import compress_model, compression_ratios, copy_cost, copy_times, layout_cost
+from .costs import (compress_model, compression_ratios, copy_cost, copy_times, cpu_figures,
+                    layout_cost)
 from .durations import placement_timing, policy_timing
 from .expand import expand
 from .structure import structure
@@ -74,6 +75,7 @@ class Simulator:
         self.optimizer, self.precision = optimizer, precision
         self.ga: GraphArrays = graph_arrays(graph)
         self.ca = cluster.arrays if cluster is not None else None
+        self._cpu = cpu_figures(cluster)      # a CPU measured here: its own time model
         self._layout_cost: dict[tuple, Any] = {}
         self._rows: dict[tuple, np.ndarray] = {}      # per layout: its rates as one row
         self._copy_cost: dict[tuple, Any] = {}
@@ -92,7 +94,7 @@ class Simulator:
         """``(expected_ratio, throughput, launches)`` of :mod:`memflow.compress`, loaded when
         a strategy first compresses."""
         if self._compress is None:
-            self._compress = compress_model()
+            self._compress = compress_model(self._cpu and self._cpu["clock"])
         return self._compress
 
     # ------------------------------------------------------------------ pieces

@@ -30,7 +30,8 @@ def test_validate_time_adds_the_step_time_row(cached, monkeypatch):
     from memflow.export import timing
 
     # the script itself runs in test_step_time_keeps_every_timed_step: one launch is enough
-    monkeypatch.setattr(timing, "measured_step_times", lambda *a, **k: [0.25, 0.5, 0.75])
+    monkeypatch.setattr(timing, "measured_step_times",
+                        lambda *a, **k: {"wall": [0.25, 0.5, 0.75], "cpu": [0.2, 0.4, 0.6]})
     g, s = _chain()
     model, inputs = memflow.zoo.get("chain", 8, n=2, width=16, device="cpu")
     df = validate(model, inputs, s, g, devices={"gpu0": "cpu"}, time=True,
@@ -48,6 +49,22 @@ def test_step_time_runs_the_exported_script(cached):
                   warmup=1, steps=2)
     assert len(r.attrs["step_times"]) == 2 and r.attrs["skipped"] is None
     assert r.loc["step_time", "measured"] == pytest.approx(sum(r.attrs["step_times"]) / 2)
+    # the script times each step by both clocks; this cluster's is the wall clock
+    assert r.attrs["clock"] == "wall" and r.attrs["step_times"] == r.attrs["wall_times"]
+    assert len(r.attrs["cpu_times"]) == 2 and all(t > 0 for t in r.attrs["cpu_times"])
+
+
+def test_a_cpu_clock_cluster_is_compared_with_the_steps_cpu_time(monkeypatch):
+    from memflow.export import timing
+    from memflow.hardware.local import local_cluster
+
+    monkeypatch.setattr(timing, "measured_step_times",
+                        lambda *a, **k: {"wall": [0.25, 0.5, 0.75], "cpu": [0.2, 0.4, 0.6]})
+    g, s = _chain()
+    cluster = local_cluster(EXAMPLE_FIGURES, 1, names=["gpu0"], threads=1, clock="cpu")
+    r = step_time(s, "chain", cluster, model_options={"n": 2, "width": 16}, graph=g)
+    assert r.attrs["clock"] == "cpu" and r.loc["step_time", "measured"] == 0.4
+    assert r.attrs["wall_times"] == [0.25, 0.5, 0.75]
 
 
 @needs_no_gpu

@@ -7,6 +7,7 @@ import memflow
 from memflow._jsonio import read_json, write_json
 from memflow.errors import ClusterError
 from memflow.hardware import local as local_mod
+from memflow.hardware import microbench
 from memflow.hardware.local import EXAMPLE_FIGURES, cache_dir, cache_file, local_cluster
 
 
@@ -35,7 +36,7 @@ def test_measured_once_then_cached_and_remeasured_on_request(cache, monkeypatch)
     a = memflow.Cluster.local()
     b = memflow.Cluster.local()
     assert calls == ["default"] and a == b
-    assert read_json(cache_file())["format"] == "memflow.local/1"
+    assert read_json(cache_file())["format"] == "memflow.local/2"
     memflow.Cluster.local(remeasure=True)
     assert len(calls) == 2
 
@@ -44,11 +45,11 @@ def test_cache_of_another_format_is_measured_again(cache, monkeypatch):
     write_json(cache_file(), {**EXAMPLE_FIGURES, "format": "memflow.local/0"})
     monkeypatch.setattr(local_mod, "measure", lambda *a, **k: dict(EXAMPLE_FIGURES))
     memflow.Cluster.local()
-    assert read_json(cache_file())["format"] == "memflow.local/1"
+    assert read_json(cache_file())["format"] == "memflow.local/2"
 
 
 def test_tiny_micro_benchmark_gives_positive_rates():
-    f = local_mod.measure("tiny", collectives=False)
+    f = microbench.measure("tiny", collectives=False)
     for key in ("matmul_flops", "conv_flops", "copy_bandwidth"):
         assert f[key]["all"] > 0 and f[key]["one"] > 0
     assert 0 < f["launch_overhead"] < 1e-2
@@ -56,13 +57,13 @@ def test_tiny_micro_benchmark_gives_positive_rates():
 
 
 def test_gloo_allreduce_between_two_processes():
-    ar = local_mod._allreduce("tiny")
+    ar = microbench._allreduce("tiny")
     assert ar["processes"] == 2 and ar["bandwidth"] > 0 and ar["latency"] > 0
 
 
 def test_unknown_size_names_the_valid_ones():
     with pytest.raises(ClusterError, match="'default', 'tiny'"):
-        local_mod.measure("huge")
+        microbench.measure("huge")
 
 
 def test_one_process_uses_every_thread_several_share_the_machine(monkeypatch):
@@ -106,3 +107,40 @@ def test_several_processes_need_the_allreduce_figures():
         local_cluster(figures, 2)
     with pytest.raises(ClusterError, match="2 device names"):
         local_cluster(EXAMPLE_FIGURES, 2, names=["a"])
+
+
+def test_step_figures_are_timed_by_both_clocks():
+    f = microbench.measure("tiny", collectives=False)
+    for key in (*microbench.STEP_FIGURES, "matmul_flops", "conv_flops", "copy_bandwidth"):
+        assert f[key]["one"] > 0 and f[key]["cpu"] > 0, key
+    assert f["op_overhead"]["cpu"] < 1e-2 and f["elementwise_bandwidth"]["cpu"] > 1e6
+
+
+def test_cpu_clock_cluster_takes_the_cpu_time_figures(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    d = local_cluster(EXAMPLE_FIGURES, 1, threads=1, clock="cpu").devices.loc["cpu0"]
+    assert d["peak_flops_fp32"] == 34e9 and d["mem_bandwidth"] == 10e9
+    assert d["clock"] == "cpu" and d["launch_overhead"] == d["op_overhead"] == 3.5e-6
+    assert d["backward_flops"] == (30e9 + 20e9) / 2 and d["small_flops"] == (17e9 + 9e9) / 2
+    # four one-thread processes on two cores: half a core each, overheads twice as long
+    four = local_cluster(EXAMPLE_FIGURES, 4).devices.loc["cpu0"]
+    assert four["op_overhead"] == 2 * 4e-6 and four["elementwise_bandwidth"] == 30e9 / 2
+    for n, threads in ((2, 1), (1, None)):
+        with pytest.raises(ClusterError, match="'cpu' for one process of one thread"):
+            local_cluster(EXAMPLE_FIGURES, n, threads=threads, clock="cpu")
+
+
+def test_cpu_time_model_adds_up_on_local_cpus_only():
+    from memflow.sim.costs import cpu_figures
+
+    g = memflow.zoo.graph("chain", batch_size=8, n=2, width=16)
+    local = local_cluster(EXAMPLE_FIGURES, 1, threads=1, clock="cpu")
+    s = memflow.Strategy.data_parallel(g, ["cpu0"])
+    cpu = cpu_figures(local)
+    assert cpu["clock"] == "cpu" and cpu["op_overhead"] == 3.5e-6
+    r = memflow.simulate(g, s, local)
+    # every op costs at least its dispatch, forward and backward: the sum, not a roofline
+    ops = g.units["fwd_ops"].sum() * 3.5e-6 + g.units["bwd_ops"].sum() * 2.5e-6
+    assert r.iteration_time > ops
+    catalogue = memflow.Cluster.preset("1xV100-16GB")
+    assert cpu_figures(catalogue) is None
