@@ -189,7 +189,8 @@ def train_across_processes(strategy, kind: str, args,
     opt_class, options = ((torch.optim.Adam, {"lr": args.lr}) if args.optimizer == "adam" else
                       (torch.optim.SGD, {"lr": args.lr, "momentum": 0.9 if args.optimizer ==
                                          "momentum" else 0.0}))
-    optimizer = (sharding.optimizer(opt_class, **options) if sharding else
+    optimizer = (run.optimizer(opt_class, **options) if kind == "pipeline" else
+                 sharding.optimizer(opt_class, **options) if sharding else
                  opt_class(list(module.parameters()), **options))
     losses = []
     for step in tqdm(range(args.steps), disable=rank != 0, desc=f"training ({kind})"):
@@ -219,7 +220,9 @@ def train_across_processes(strategy, kind: str, args,
         if getattr(args, "measure", None) and step == args.steps - 1:
             measure_rank(args.measure, rank, kind, module, optimizer,
                          micro_batches(*as_args(inputs), strategy.microbatches)[0]
-                         if accumulates(strategy) else as_args(inputs),
+                         if accumulates(strategy) else
+                         run.sharding.inputs(as_args(inputs)) if kind == "pipeline" else
+                         as_args(inputs),
                          stage=run.stage if kind == "pipeline" else None,
                          microbatches=strategy.microbatches, schedule=strategy.schedule)
         # the loss lives on each replica's last stage (pipeline) or on every rank (tensor)

@@ -51,6 +51,8 @@ from torch import nn
 
 from ..errors import ExportError
 from ..graph.units import LOSS, ROOT
+from ..strategy.shard_levels import S_NONE
+from .fsdp import shard_model
 from .spans import unit_spans
 
 __all__ = ["stages", "stage_ranks", "split_points", "stage_strategy", "trace", "traced_stage",
@@ -130,16 +132,19 @@ def split_points(strategy, graph=None) -> dict[str, str]:
 
 
 def stage_strategy(strategy, stage: int):
-    """The units of ``stage`` with their memory policies, on one device ``"stage"``: what
-    :func:`memflow.export.apply` runs inside the stage's process."""
+    """The units of ``stage`` with their memory policies, shard levels and optimizer place and
+    the strategy's precision, on one device ``"stage"``: what :func:`memflow.export.apply` runs
+    inside the stage's process, and :func:`~memflow.export.fsdp.shard_model` shards over the
+    stage's replicas."""
     from ..strategy import Strategy     # a value object: export builds one for a stage
     keep = np.flatnonzero(strategy.stage == stage)
     units = [strategy.units[i] for i in keep if strategy.units[i] != LOSS]
     keep = np.array([i for i in keep if strategy.units[i] != LOSS], dtype=np.int64)
     return Strategy(units, devices=[("stage",)] * len(units), policy=strategy.policy[keep],
                     error_bound=strategy.error_bound[keep],
-                    segment_break=strategy.segment_break[keep], name=f"{strategy.name} "
-                    f"stage {stage}")
+                    segment_break=strategy.segment_break[keep], shard=strategy.shard[keep],
+                    offload_optimizer=strategy.offload_optimizer[keep],
+                    precision=strategy.precision, name=f"{strategy.name} stage {stage}")
 
 
 @contextlib.contextmanager
@@ -194,14 +199,15 @@ def average_gradients(module: nn.Module, group) -> None:
 @dataclass
 class PipelineRun:
     """This process's stage of a pipelined strategy: ``module`` (the stage, running its memory
-    policies), ``schedule`` and the groups its gradients are reduced over."""
+    policies, its model states as :func:`~memflow.export.fsdp.shard_model` holds them over the
+    stage's replicas: ``sharding``), ``schedule`` and the groups of its tied weights."""
 
     module: nn.Module
     stage: Any
     schedule: Any
     index: int
     replica: int
-    dp_group: Any
+    sharding: Any
     tied: list[tuple[nn.Parameter, Any]]
 
     @property
@@ -211,17 +217,23 @@ class PipelineRun:
     def step(self, args: tuple, kwargs: dict, target: torch.Tensor | None) -> torch.Tensor | None:
         """One training step (forward and backward of every micro-batch); the mean loss of the
         micro-batches on the last stage, None elsewhere. Gradients are then complete: tied
-        weights summed over their stages, every stage averaged over the replicas."""
+        weights summed over their stages, every stage averaged over the replicas (FSDP2
+        reduce-scatters its groups' gradients in each micro-batch's backward; the rest are
+        averaged here)."""
         losses: list[torch.Tensor] = []
+        args, kwargs = self.sharding.inputs((args, kwargs))     # bf16 under a bf16 precision
         self.schedule.step(*(args if self.stage.is_first else ()),
                            **(kwargs if self.stage.is_first else {}),
                            target=target if self.is_last else None, losses=losses)
         for param, group in self.tied:
-            if param.grad is not None:
-                dist.all_reduce(param.grad, group=group)
-        if self.dp_group is not None:
-            average_gradients(self.module, self.dp_group)
+            if param.grad is not None:      # a sharded weight's shards line up on every stage
+                dist.all_reduce(getattr(param.grad, "_local_tensor", param.grad), group=group)
+        self.sharding.after_backward()
         return torch.stack([l.detach() for l in losses]).mean() if losses else None
+
+    def optimizer(self, cls: type, **options: Any):
+        """The stage's optimizer (:meth:`~memflow.export.fsdp.Sharding.optimizer`)."""
+        return self.sharding.optimizer(cls, **options)
 
 
 def trace(model: nn.Module, strategy, example: tuple[tuple, dict], graph=None):
@@ -298,9 +310,12 @@ def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, r
     replica, index = divmod(rank, n)
     exported = modules[index]
     del modules         # the other stages' modules (their weights) are this rank's no more
-    # the process groups: every rank creates every group, in the same order
-    pp_groups = [dist.new_group([r * n + s for s in range(n)]) for r in range(replicas)]
-    dp_groups = [dist.new_group([r * n + s for r in range(replicas)]) for s in range(n)]
+    # the process groups: every rank creates every group, in the same order. Rank
+    # r * n + s is (replica r, stage s) of a replicas × stages mesh, as torchtitan lays out
+    # dp × pp: a stage's replicas are its column, a replica's stages its row
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(torch.device(device).type, (replicas, n),
+                            mesh_dim_names=("dp", "pp"))
     tied = []
     for mapping in replicated:      # stage module name -> the weight's name there
         holders = sorted(int(k.rsplit("_", 1)[1]) for k in mapping)
@@ -308,8 +323,11 @@ def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, r
         own = mapping.get(f"submod_pp_{index}")
         if own is not None:
             tied.append((exported.module.get_parameter(own), groups[replica]))
-    stage = PipelineStage(exported, index, n, torch.device(device), group=pp_groups[replica])
+    # model states over the stage's replicas: FSDP2 for its sharded units, the rest averaged;
+    # bf16 and the optimizer's place as on whole-model replicas (one replica shards nothing)
+    levels = exported.strategy.shard if replicas > 1 else [S_NONE] * len(exported.strategy)
+    sharding = shard_model(exported, levels=levels, mesh=mesh["dp"])
+    stage = PipelineStage(exported, index, n, torch.device(device), group=mesh["pp"].get_group())
     kind = ScheduleGPipe if strategy.schedule == "gpipe" else Schedule1F1B
     schedule = kind(stage, strategy.microbatches, loss_fn=loss_fn)
-    return PipelineRun(exported, stage, schedule, index, replica,
-                       dp_groups[index] if replicas > 1 else None, tied)
+    return PipelineRun(exported, stage, schedule, index, replica, sharding, tied)
