@@ -23,12 +23,25 @@ Rules (each refusal is an :class:`~memflow.errors.ExportError` naming the unit):
   ``attribute`` 1), and every unit has the same sample degree (the replicas);
 * the traced stages have fixed shapes: the micro-batches must divide each replica's batch.
 
-Ranks. The process grid is ``replicas × stages``; rank ``r * stages + s`` runs stage ``s`` of
-replica ``r`` (the strategy's devices of that stage and replica name it; the mapping is
-:func:`stage_ranks`). The stages of a replica form its pipeline group (point-to-point sends);
-stage ``s`` of every replica forms a data-parallel group whose gradients are averaged after
-each step (:meth:`PipelineRun.step`). A weight used by two stages (GPT-2's tied embedding and
+Ranks. The process grid is a ``replicas × stages`` ``DeviceMesh`` (``("dp", "pp")``, as
+torchtitan lays out dp × pp); rank ``r * stages + s`` runs stage ``s`` of replica ``r`` (the
+strategy's devices of that stage and replica name it; the mapping is :func:`stage_ranks`). The
+stages of a replica form its pipeline group (point-to-point sends); stage ``s`` of every
+replica forms a data-parallel group. A weight used by two stages (GPT-2's tied embedding and
 head) is replicated by the tracer; its gradients are summed over the stages that hold it.
+
+Model states. Each stage holds its units' model states over its data-parallel group as a
+whole-model replica does (:func:`memflow.export.fsdp.shard_model` on the ``dp`` sub-mesh):
+units at shard level ``parameters`` or ``gradients`` are FSDP2 ``fully_shard`` groups, ZeRO-1
+partitions optimizer states, the rest are averaged after each step (:meth:`PipelineRun.step`);
+``bf16`` casts (FSDP2's ``MixedPrecisionPolicy``, else bf16 parameters stepped through fp32
+masters), the optimizer steps on the host where the units say. The stage handed to
+``PipelineStage`` is memflow's wrapper around the FSDP2 root (it runs the memory policies),
+so the schedule does not switch FSDP2's gradient sync off between micro-batches as it does
+for torchtitan, whose stage *is* the FSDP2 module: each micro-batch's backward
+reduce-scatters its gradients into the shards and reshards. That is one reduce-scatter per
+micro-batch rather than per step, and no unsharded gradient or gathered weight outlives a
+micro-batch's backward.
 
 >>> from memflow.strategy import Strategy
 >>> s = Strategy(["0", "1", "2"], devices=[("gpu0", "gpu2"), ("gpu1", "gpu3"), ("gpu1", "gpu3")],

@@ -24,20 +24,21 @@ The rules of :data:`RUNNABLE`:
   ``Conv*`` with one group or ``Embedding`` (the graph's ``shard_axis``,
   :mod:`memflow.graph.slicing`), called once, whose weights no other module shares, up to its
   ``max_parameter_degree``;
-* **shard levels over whole-model replicas** — any of ``shard_levels``, written as FSDP2
+* **shard levels over data-parallel replicas** — any of ``shard_levels``, written as FSDP2
   ``fully_shard`` per unit and ZeRO-1's ``ZeroRedundancyOptimizer``
-  (:mod:`memflow.export.fsdp`; over the tensor-parallel shards too, as torchtitan composes
-  FSDP2 with DTensor), but not with pipeline stages (not yet composed). Units
+  (:mod:`memflow.export.fsdp`) over whole-model replicas, over the tensor-parallel shards
+  (as torchtitan composes FSDP2 with DTensor), and over each pipeline stage's replicas (as
+  torchtitan composes dp × pp: a stage process per replica, :func:`pipeline_problem`). Units
   whose parameters cannot be a
   ``fully_shard`` group of their own — glue (their module's own code), a module called more
   than once, tied weights (:func:`root_sharded`) — are sharded together at the model's root,
   so they share one level;
-* **precision and optimizer place on whole-model replicas** — precisions in ``precisions``
-  (``bf16``: FSDP2's ``MixedPrecisionPolicy`` or bf16 parameters with fp32 master copies;
-  ``pure-bf16``; not ``amp``'s autocast yet) and optimizer offload if ``offload_optimizer``
-  (FSDP2's ``CPUOffloadPolicy``, or a host copy stepped there), written by
-  :mod:`memflow.export.model_states` for replicas only, not yet in pipeline stages or
-  tensor-parallel shards; ZeRO-1 (``ZeroRedundancyOptimizer``) partitions the states of the
+* **precision and optimizer place on replicas and pipeline stages** — precisions in
+  ``precisions`` (``bf16``: FSDP2's ``MixedPrecisionPolicy`` or bf16 parameters with fp32
+  master copies; ``pure-bf16``; not ``amp``'s autocast yet) and optimizer offload if
+  ``offload_optimizer`` (FSDP2's ``CPUOffloadPolicy``, or a host copy stepped there), written
+  by :mod:`memflow.export.model_states` on whole-model replicas and on pipeline stages run a
+  process each, not yet on tensor-parallel shards; ZeRO-1 (``ZeroRedundancyOptimizer``) partitions the states of the
   tensors it steps, so it cannot shard master or host copies: no ``optimizer`` level under
   ``bf16`` or with the optimizer on the host; the root ``fully_shard`` group has one offload
   policy, so the units sharded there at ``gradients`` or ``parameters`` share one optimizer
@@ -52,7 +53,9 @@ The rules of :data:`RUNNABLE`:
   (:mod:`memflow.export.pipelining`), so a 1F1B strategy must be what that path runs
   (:func:`pipeline_problem`): two stages or more, at least as many micro-batches as stages
   (torch refuses fewer), each stage of each replica on a device of its own, no parameter or
-  attribute split, and stage boundaries at a module called once (checked with the graph).
+  attribute split, and stage boundaries at a module called once (checked with the graph);
+  so must a GPipe pipeline whose model states are sharded over its replicas, in bf16 or
+  with the optimizer on the host (else its stages would run in one process per replica).
   Stage ``s`` then holds ``min(m, stages - s)`` micro-batches' activations, as memflow's
   schedule (``memflow.sim.pipeline``) charges.
 
@@ -227,6 +230,10 @@ def model_state_problem(strategy, graph=None) -> str | None:
     units = list(strategy.units)
     what = (f"precision {strategy.precision!r}" if strategy.precision in ("bf16", "pure-bf16")
             else f"unit {units[int(offload.argmax())]!r} with its optimizer on the host")
+    if (np.asarray(strategy.stage) > 0).any():     # needs a process per stage and replica
+        problem = pipeline_problem(strategy, graph)
+        if problem is not None:
+            return problem
     if (np.asarray(strategy.parameter) > 1).any():
         return (f"{what} in a strategy with parameter splits: export writes "
                 "mixed precision and optimizer offload on whole-model replicas and pipeline "
