@@ -148,9 +148,6 @@ def train_across_processes(strategy, kind: str, args,
     from .validation import capture_units
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    if kind == "sample" and getattr(args, "measure", None):
-        raise ExportError("--measure: per-rank held bytes are not measured for per-unit sample "
-                          "degrees yet (memflow.export.rank_measure); run without --measure")
     # sample groups: every rank holds the global batch, each group keeps its shares of it
     replicas = 1 if kind == "sample" else int(strategy.sample[0])
     replica = rank // (world // replicas)       # the ranks of a replica are adjacent
@@ -218,7 +215,8 @@ def train_across_processes(strategy, kind: str, args,
                 average_gradients(module, dp_group)
         optimizer.step()
         if getattr(args, "measure", None) and step == args.steps - 1:
-            measure_rank(args.measure, rank, kind, module, optimizer,
+            measure_rank(args.measure, rank, kind,
+                         run.forward_module() if kind == "sample" else module, optimizer,
                          micro_batches(*as_args(inputs), strategy.microbatches)[0]
                          if accumulates(strategy) else
                          run.sharding.inputs(as_args(inputs)) if kind == "pipeline" else
