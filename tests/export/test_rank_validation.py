@@ -26,11 +26,15 @@ def _strategies():
         "pipeline": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2, schedule="1f1b")
         .with_shard("parameters").with_model_states(precision="pure-bf16"),
         "tensor": Strategy.tensor_parallel(g, 2, tp=2),
+        # per-unit degrees: a over 2 processes, b and c on gpu1, b offloading its input
+        "sample": Strategy.data_parallel(g, 2).with_config(
+            {u: {"sample": 1, "devices": ["gpu1"]} for u in (b, c)}).with_policy(
+            offload=[b], recompute=[c]),
     }
 
 
 @pytest.mark.slow       # one torchrun launch of 2 processes per kind (4 for the pipeline)
-@pytest.mark.parametrize("kind", ["ddp", "fsdp", "pipeline", "tensor"])
+@pytest.mark.parametrize("kind", ["ddp", "fsdp", "pipeline", "tensor", "sample"])
 def test_every_rank_holds_what_is_predicted(kind, tmp_path):
     s = _strategies()[kind]
     df = validate_ranks(s, "chain", model_options=OPTIONS, batch_size=BATCH, graph=_graph(),
