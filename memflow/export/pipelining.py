@@ -335,11 +335,13 @@ def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, r
         groups = [dist.new_group([r * n + s for s in holders]) for r in range(replicas)]
         own = mapping.get(f"submod_pp_{index}")
         if own is not None:
-            tied.append((exported.module.get_parameter(own), groups[replica]))
+            tied.append((own, groups[replica]))
     # model states over the stage's replicas: FSDP2 for its sharded units, the rest averaged;
     # bf16 and the optimizer's place as on whole-model replicas (one replica shards nothing)
     levels = exported.strategy.shard if replicas > 1 else [S_NONE] * len(exported.strategy)
     sharding = shard_model(exported, levels=levels, mesh=mesh["dp"])
+    # the tied weights as they are now: fully_shard replaces a parameter by its DTensor
+    tied = [(exported.module.get_parameter(own), group) for own, group in tied]
     stage = PipelineStage(exported, index, n, torch.device(device), group=mesh["pp"].get_group())
     kind = ScheduleGPipe if strategy.schedule == "gpipe" else Schedule1F1B
     schedule = kind(stage, strategy.microbatches, loss_fn=loss_fn)

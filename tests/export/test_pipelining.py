@@ -30,16 +30,17 @@ def _inputs(name, batch, options):
     return model, inputs if isinstance(inputs, tuple) else (inputs,)
 
 
-def _worker(rank, name, options, batch, docs, target, replicas):
+def _worker(rank, cases, replicas):
     """Every case's strategy under both schedules on this rank: {(case, schedule): (loss or
-    None, {name: full gradient})}; a sharded gradient is gathered over the stage's replicas."""
-    model, args = _inputs(name, batch, options)
-    share = batch // replicas
+    None, {name: full gradient})}; a sharded gradient is gathered over the stage's replicas.
+    ``cases``: {case: (model name, options, batch, strategy dict, target)}."""
     replica = rank // (torch.distributed.get_world_size() // replicas)
-    args = tuple(a[replica * share:(replica + 1) * share] for a in args)
-    target = target[replica * share:(replica + 1) * share]
     out = {}
-    for case, doc in docs.items():
+    for case, (name, options, batch, doc, target) in cases.items():
+        model, args = _inputs(name, batch, options)
+        share = batch // replicas
+        args = tuple(a[replica * share:(replica + 1) * share] for a in args)
+        target = target[replica * share:(replica + 1) * share]
         for schedule in ("gpipe", "1f1b"):
             s = Strategy.from_dict(doc).with_schedule(schedule=schedule)
             run = build_pipeline(copy.deepcopy(model), s, (args, {}), rank=rank, loss_fn=mse)
@@ -80,7 +81,7 @@ def test_two_stages_match_one_process(name, options, policies, tmp_path):
     graph = memflow.zoo.graph(name, batch_size=batch, units="blocks", **options)
     s = Strategy.pipeline(graph, 2, stages=2, microbatches=2).with_policy(**policies)
     loss, target, reference = _reference(name, options, batch, s)
-    ranks = run_ranks(_worker, 2, tmp_path, name, options, batch, {"": s.to_dict()}, target, 1)
+    ranks = run_ranks(_worker, 2, tmp_path, {"": (name, options, batch, s.to_dict(), target)}, 1)
     for schedule in ("gpipe", "1f1b"):
         assert ranks[0]["", schedule][0] is None            # the loss lives on the last stage
         torch.testing.assert_close(ranks[1]["", schedule][0], loss, rtol=1e-5, atol=1e-6)
@@ -94,40 +95,53 @@ def test_two_stages_match_one_process(name, options, policies, tmp_path):
 @pytest.mark.slow       # spawns 4 processes, once for every case
 def test_replicas_of_a_pipeline_shard_cast_and_average_their_gradients(tmp_path):
     """dp2 × pp2: each stage replicated over its data-parallel group — averaged by hand, FSDP2
-    ``fully_shard`` (ZeRO-3 and ZeRO-2) beside ZeRO-1, and bf16 with FSDP2's mixed precision
-    and fp32 masters, the optimizer on the host — as torchtitan composes dp × pp."""
+    ``fully_shard`` (ZeRO-3 and ZeRO-2) beside ZeRO-1, bf16 with FSDP2's mixed precision and
+    fp32 masters, the optimizer on the host, and GPT-2's embedding and head, tied across the
+    stages, sharded — as torchtitan composes dp × pp."""
     options, batch = {"n": 4, "width": 16, "kind": "residual"}, 8
     graph = memflow.zoo.graph("chain", batch_size=batch, units="blocks", **options)
     names = graph.names
     s = Strategy.pipeline(graph, 4, stages=2, microbatches=2, dp=2).with_policy(
         recompute=names[:1])
     assert stage_ranks(s) == {"gpu0": 0, "gpu1": 1, "gpu2": 2, "gpu3": 3}
+    gpt2 = memflow.zoo.graph("gpt2", batch_size=batch, units="blocks", **GPT2)
     cases = {
-        "replicated": s,
-        "fsdp": s.with_shard({names[0]: "parameters", names[1]: "optimizer",
-                              names[2]: "gradients", names[3]: "parameters"}),
-        "bf16": s.with_shard({names[0]: "parameters", names[3]: "parameters"}).with_model_states(
-            precision="bf16", offload_optimizer=[names[0], names[2]]),
+        "replicated": ("chain", options, graph, s),
+        "fsdp": ("chain", options, graph, s.with_shard(
+            {names[0]: "parameters", names[1]: "optimizer", names[2]: "gradients",
+             names[3]: "parameters"})),
+        "bf16": ("chain", options, graph, s.with_shard(
+            {names[0]: "parameters", names[3]: "parameters"}).with_model_states(
+            precision="bf16", offload_optimizer=[names[0], names[2]])),
+        "gpt2 fsdp": ("gpt2", GPT2, gpt2, Strategy.pipeline(
+            gpt2, 4, stages=2, microbatches=2, dp=2).with_policy(recompute=["h.0"]).with_shard(
+            "parameters")),
     }
-    for case, strategy in cases.items():
-        assert unrunnable(strategy.with_schedule(schedule="1f1b"), graph) is None, case
-        assert unrunnable(strategy.with_schedule(schedule="gpipe"), graph) is None, case
-    loss, target, reference = _reference("chain", options, batch, s)
-    # bf16's own rounding: the single process in bf16 is as far from fp32 (10% of a
-    # gradient's largest element on layers.2.fc1) as the pipeline is
-    _, _, in_bf16 = _reference("chain", options, batch, s, torch.bfloat16)
-    ranks = run_ranks(_worker, 4, tmp_path, "chain", options, batch,
-                      {k: v.to_dict() for k, v in cases.items()}, target, 2)
+    expected, docs = {}, {}
+    for case, (name, opts, g, strategy) in cases.items():
+        assert unrunnable(strategy.with_schedule(schedule="1f1b"), g) is None, case
+        assert unrunnable(strategy.with_schedule(schedule="gpipe"), g) is None, case
+        loss, target, reference = _reference(name, opts, batch, strategy)
+        if strategy.precision == "bf16":    # bf16's own rounding: the single process in bf16
+            # is as far from fp32 (10% of the largest element on layers.2.fc1) as the pipeline
+            reference = _reference(name, opts, batch, strategy, torch.bfloat16)[2]
+        expected[case] = loss, reference
+        docs[case] = (name, opts, batch, strategy.to_dict(), target)
+    ranks = run_ranks(_worker, 4, tmp_path, docs, 2)
     for case, schedule in ranks[0]:
-        bf16 = case == "bf16"
+        name, opts, _, strategy = cases[case]
+        bf16 = strategy.precision == "bf16"
+        loss, reference = expected[case]
         losses = [r[case, schedule][0] for r in ranks if r[case, schedule][0] is not None]
         torch.testing.assert_close(torch.stack(losses).mean(), loss,
                                    rtol=2e-2 if bf16 else 1e-5, atol=1e-6)
-        for r in ranks:                 # every replica holds the averaged gradients
-            for n, g in r[case, schedule][1].items():
-                want = (in_bf16 if bf16 else reference)[n.removeprefix("module.")]
+        for replica in (ranks[:2], ranks[2:]):     # each holds the averaged gradients
+            grads = gathered([r[case, schedule][1] for r in replica], _inputs(name, batch,
+                                                                            opts)[0])
+            assert grads.keys() == reference.keys(), (case, schedule)
+            for n, want in reference.items():
                 scale = float(want.abs().max()) + 1e-8
-                torch.testing.assert_close(g, want, rtol=0.05 if bf16 else 1e-4,
+                torch.testing.assert_close(grads[n], want, rtol=0.05 if bf16 else 1e-4,
                                            atol=0.05 * scale if bf16 else 1e-6,
                                            msg=f"{case} {schedule} {n}")
 
