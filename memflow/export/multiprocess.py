@@ -10,7 +10,9 @@ path. ``torchrun --nproc_per_node`` :func:`processes` starts:
 * a pipelined strategy (units in stages): ``replicas × stages`` processes; rank
   ``r * stages + s`` runs stage ``s`` of replica ``r``, fed the ``r``-th share of the batch
   (:func:`~memflow.export.pipelining.stage_ranks` maps the strategy's devices to them); a
-  training step is ``schedule.step``;
+  training step is ``schedule.step``, and each stage holds its model states over its
+  replicas as the strategy says (FSDP2, ZeRO-1, bf16, the optimizer on the host:
+  :func:`~memflow.export.pipelining.build_pipeline`);
 * a strategy with parameter splits: ``replicas × p`` processes, rank ``r * p + t`` the ``t``-th
   device of replica ``r``'s tensor-parallel group
   (:func:`~memflow.export.tensor_parallel.tensor_ranks`); every rank of a replica runs that
