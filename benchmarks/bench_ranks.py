@@ -1,8 +1,9 @@
 """Per-rank validation of multi-process exports (issue 14 item 4).
 
 For every kind the exported script runs across processes — DistributedDataParallel with
-memory policies, FSDP2 (ZeRO-3), pipelines (GPipe and 1F1B), tensor parallelism (DTensor) and
-data × pipeline parallelism — on gpt2, a ResNet and the chain (tiny, CPU), the script's ranks
+memory policies, FSDP2 (ZeRO-3), pipelines (GPipe and 1F1B), tensor parallelism (DTensor),
+data × pipeline parallelism (replicated, FSDP2-sharded and bf16 stages) and per-unit sample
+degrees — on gpt2, a ResNet and the chain (tiny, CPU), the script's ranks
 run under ``torchrun`` (gloo) and each rank writes what it holds
 (:func:`memflow.export.rank_validation.validate_ranks`); the table puts each rank's measured
 held-for-backward and model-state bytes beside the prediction. A strategy export refuses is
@@ -99,6 +100,15 @@ def kinds(g) -> dict[str, Strategy]:
             g, 2, tp=2, sequence_parallel=True)).sequence_parallel.any() else {}),
         "dp2 x pp2 1f1b": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2,
                                             schedule="1f1b"),
+        # each stage's units sharded over its replicas (FSDP2), and in bf16 (fp32 masters)
+        "dp2 x pp2 1f1b zero-3": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2,
+                                                   schedule="1f1b").with_shard("parameters"),
+        "dp2 x pp2 1f1b bf16": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2,
+                                                 schedule="1f1b").with_model_states(
+            precision="bf16"),
+        # per-unit sample degrees: the second half of the units on one of the two processes
+        "sample 2 -> 1": Strategy.data_parallel(g, 2).with_config(
+            {u: {"sample": 1, "devices": ["gpu1"]} for u in g.names[len(g) // 2:]}),
     }
 
 

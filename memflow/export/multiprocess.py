@@ -10,7 +10,9 @@ path. ``torchrun --nproc_per_node`` :func:`processes` starts:
 * a pipelined strategy (units in stages): ``replicas × stages`` processes; rank
   ``r * stages + s`` runs stage ``s`` of replica ``r``, fed the ``r``-th share of the batch
   (:func:`~memflow.export.pipelining.stage_ranks` maps the strategy's devices to them); a
-  training step is ``schedule.step``;
+  training step is ``schedule.step``, and each stage holds its model states over its
+  replicas as the strategy says (FSDP2, ZeRO-1, bf16, the optimizer on the host:
+  :func:`~memflow.export.pipelining.build_pipeline`);
 * a strategy with parameter splits: ``replicas × p`` processes, rank ``r * p + t`` the ``t``-th
   device of replica ``r``'s tensor-parallel group
   (:func:`~memflow.export.tensor_parallel.tensor_ranks`); every rank of a replica runs that
@@ -148,9 +150,6 @@ def train_across_processes(strategy, kind: str, args,
     from .validation import capture_units
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    if kind == "sample" and getattr(args, "measure", None):
-        raise ExportError("--measure: per-rank held bytes are not measured for per-unit sample "
-                          "degrees yet (memflow.export.rank_measure); run without --measure")
     # sample groups: every rank holds the global batch, each group keeps its shares of it
     replicas = 1 if kind == "sample" else int(strategy.sample[0])
     replica = rank // (world // replicas)       # the ranks of a replica are adjacent
@@ -189,7 +188,8 @@ def train_across_processes(strategy, kind: str, args,
     opt_class, options = ((torch.optim.Adam, {"lr": args.lr}) if args.optimizer == "adam" else
                       (torch.optim.SGD, {"lr": args.lr, "momentum": 0.9 if args.optimizer ==
                                          "momentum" else 0.0}))
-    optimizer = (sharding.optimizer(opt_class, **options) if sharding else
+    optimizer = (run.optimizer(opt_class, **options) if kind == "pipeline" else
+                 sharding.optimizer(opt_class, **options) if sharding else
                  opt_class(list(module.parameters()), **options))
     losses = []
     for step in tqdm(range(args.steps), disable=rank != 0, desc=f"training ({kind})"):
@@ -217,9 +217,12 @@ def train_across_processes(strategy, kind: str, args,
                 average_gradients(module, dp_group)
         optimizer.step()
         if getattr(args, "measure", None) and step == args.steps - 1:
-            measure_rank(args.measure, rank, kind, module, optimizer,
+            measure_rank(args.measure, rank, kind,
+                         run.forward_module() if kind == "sample" else module, optimizer,
                          micro_batches(*as_args(inputs), strategy.microbatches)[0]
-                         if accumulates(strategy) else as_args(inputs),
+                         if accumulates(strategy) else
+                         run.sharding.inputs(as_args(inputs)) if kind == "pipeline" else
+                         as_args(inputs),
                          stage=run.stage if kind == "pipeline" else None,
                          microbatches=strategy.microbatches, schedule=strategy.schedule)
         # the loss lives on each replica's last stage (pipeline) or on every rank (tensor)

@@ -23,12 +23,25 @@ Rules (each refusal is an :class:`~memflow.errors.ExportError` naming the unit):
   ``attribute`` 1), and every unit has the same sample degree (the replicas);
 * the traced stages have fixed shapes: the micro-batches must divide each replica's batch.
 
-Ranks. The process grid is ``replicas × stages``; rank ``r * stages + s`` runs stage ``s`` of
-replica ``r`` (the strategy's devices of that stage and replica name it; the mapping is
-:func:`stage_ranks`). The stages of a replica form its pipeline group (point-to-point sends);
-stage ``s`` of every replica forms a data-parallel group whose gradients are averaged after
-each step (:meth:`PipelineRun.step`). A weight used by two stages (GPT-2's tied embedding and
+Ranks. The process grid is a ``replicas × stages`` ``DeviceMesh`` (``("dp", "pp")``, as
+torchtitan lays out dp × pp); rank ``r * stages + s`` runs stage ``s`` of replica ``r`` (the
+strategy's devices of that stage and replica name it; the mapping is :func:`stage_ranks`). The
+stages of a replica form its pipeline group (point-to-point sends); stage ``s`` of every
+replica forms a data-parallel group. A weight used by two stages (GPT-2's tied embedding and
 head) is replicated by the tracer; its gradients are summed over the stages that hold it.
+
+Model states. Each stage holds its units' model states over its data-parallel group as a
+whole-model replica does (:func:`memflow.export.fsdp.shard_model` on the ``dp`` sub-mesh):
+units at shard level ``parameters`` or ``gradients`` are FSDP2 ``fully_shard`` groups, ZeRO-1
+partitions optimizer states, the rest are averaged after each step (:meth:`PipelineRun.step`);
+``bf16`` casts (FSDP2's ``MixedPrecisionPolicy``, else bf16 parameters stepped through fp32
+masters), the optimizer steps on the host where the units say. The stage handed to
+``PipelineStage`` is memflow's wrapper around the FSDP2 root (it runs the memory policies),
+so the schedule does not switch FSDP2's gradient sync off between micro-batches as it does
+for torchtitan, whose stage *is* the FSDP2 module: each micro-batch's backward
+reduce-scatters its gradients into the shards and reshards. That is one reduce-scatter per
+micro-batch rather than per step, and no unsharded gradient or gathered weight outlives a
+micro-batch's backward.
 
 >>> from memflow.strategy import Strategy
 >>> s = Strategy(["0", "1", "2"], devices=[("gpu0", "gpu2"), ("gpu1", "gpu3"), ("gpu1", "gpu3")],
@@ -51,6 +64,8 @@ from torch import nn
 
 from ..errors import ExportError
 from ..graph.units import LOSS, ROOT
+from ..strategy.shard_levels import S_NONE
+from .fsdp import shard_model
 from .spans import unit_spans
 
 __all__ = ["stages", "stage_ranks", "split_points", "stage_strategy", "trace", "traced_stage",
@@ -130,16 +145,19 @@ def split_points(strategy, graph=None) -> dict[str, str]:
 
 
 def stage_strategy(strategy, stage: int):
-    """The units of ``stage`` with their memory policies, on one device ``"stage"``: what
-    :func:`memflow.export.apply` runs inside the stage's process."""
+    """The units of ``stage`` with their memory policies, shard levels and optimizer place and
+    the strategy's precision, on one device ``"stage"``: what :func:`memflow.export.apply` runs
+    inside the stage's process, and :func:`~memflow.export.fsdp.shard_model` shards over the
+    stage's replicas."""
     from ..strategy import Strategy     # a value object: export builds one for a stage
     keep = np.flatnonzero(strategy.stage == stage)
     units = [strategy.units[i] for i in keep if strategy.units[i] != LOSS]
     keep = np.array([i for i in keep if strategy.units[i] != LOSS], dtype=np.int64)
     return Strategy(units, devices=[("stage",)] * len(units), policy=strategy.policy[keep],
                     error_bound=strategy.error_bound[keep],
-                    segment_break=strategy.segment_break[keep], name=f"{strategy.name} "
-                    f"stage {stage}")
+                    segment_break=strategy.segment_break[keep], shard=strategy.shard[keep],
+                    offload_optimizer=strategy.offload_optimizer[keep],
+                    precision=strategy.precision, name=f"{strategy.name} stage {stage}")
 
 
 @contextlib.contextmanager
@@ -194,14 +212,15 @@ def average_gradients(module: nn.Module, group) -> None:
 @dataclass
 class PipelineRun:
     """This process's stage of a pipelined strategy: ``module`` (the stage, running its memory
-    policies), ``schedule`` and the groups its gradients are reduced over."""
+    policies, its model states as :func:`~memflow.export.fsdp.shard_model` holds them over the
+    stage's replicas: ``sharding``), ``schedule`` and the groups of its tied weights."""
 
     module: nn.Module
     stage: Any
     schedule: Any
     index: int
     replica: int
-    dp_group: Any
+    sharding: Any
     tied: list[tuple[nn.Parameter, Any]]
 
     @property
@@ -211,17 +230,23 @@ class PipelineRun:
     def step(self, args: tuple, kwargs: dict, target: torch.Tensor | None) -> torch.Tensor | None:
         """One training step (forward and backward of every micro-batch); the mean loss of the
         micro-batches on the last stage, None elsewhere. Gradients are then complete: tied
-        weights summed over their stages, every stage averaged over the replicas."""
+        weights summed over their stages, every stage averaged over the replicas (FSDP2
+        reduce-scatters its groups' gradients in each micro-batch's backward; the rest are
+        averaged here)."""
         losses: list[torch.Tensor] = []
+        args, kwargs = self.sharding.inputs((args, kwargs))     # bf16 under a bf16 precision
         self.schedule.step(*(args if self.stage.is_first else ()),
                            **(kwargs if self.stage.is_first else {}),
                            target=target if self.is_last else None, losses=losses)
         for param, group in self.tied:
-            if param.grad is not None:
-                dist.all_reduce(param.grad, group=group)
-        if self.dp_group is not None:
-            average_gradients(self.module, self.dp_group)
+            if param.grad is not None:      # a sharded weight's shards line up on every stage
+                dist.all_reduce(getattr(param.grad, "_local_tensor", param.grad), group=group)
+        self.sharding.after_backward()
         return torch.stack([l.detach() for l in losses]).mean() if losses else None
+
+    def optimizer(self, cls: type, **options: Any):
+        """The stage's optimizer (:meth:`~memflow.export.fsdp.Sharding.optimizer`)."""
+        return self.sharding.optimizer(cls, **options)
 
 
 def trace(model: nn.Module, strategy, example: tuple[tuple, dict], graph=None):
@@ -298,18 +323,26 @@ def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, r
     replica, index = divmod(rank, n)
     exported = modules[index]
     del modules         # the other stages' modules (their weights) are this rank's no more
-    # the process groups: every rank creates every group, in the same order
-    pp_groups = [dist.new_group([r * n + s for s in range(n)]) for r in range(replicas)]
-    dp_groups = [dist.new_group([r * n + s for r in range(replicas)]) for s in range(n)]
+    # the process groups: every rank creates every group, in the same order. Rank
+    # r * n + s is (replica r, stage s) of a replicas × stages mesh, as torchtitan lays out
+    # dp × pp: a stage's replicas are its column, a replica's stages its row
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(torch.device(device).type, (replicas, n),
+                            mesh_dim_names=("dp", "pp"))
     tied = []
     for mapping in replicated:      # stage module name -> the weight's name there
         holders = sorted(int(k.rsplit("_", 1)[1]) for k in mapping)
         groups = [dist.new_group([r * n + s for s in holders]) for r in range(replicas)]
         own = mapping.get(f"submod_pp_{index}")
         if own is not None:
-            tied.append((exported.module.get_parameter(own), groups[replica]))
-    stage = PipelineStage(exported, index, n, torch.device(device), group=pp_groups[replica])
+            tied.append((own, groups[replica]))
+    # model states over the stage's replicas: FSDP2 for its sharded units, the rest averaged;
+    # bf16 and the optimizer's place as on whole-model replicas (one replica shards nothing)
+    levels = exported.strategy.shard if replicas > 1 else [S_NONE] * len(exported.strategy)
+    sharding = shard_model(exported, levels=levels, mesh=mesh["dp"])
+    # the tied weights as they are now: fully_shard replaces a parameter by its DTensor
+    tied = [(exported.module.get_parameter(own), group) for own, group in tied]
+    stage = PipelineStage(exported, index, n, torch.device(device), group=mesh["pp"].get_group())
     kind = ScheduleGPipe if strategy.schedule == "gpipe" else Schedule1F1B
     schedule = kind(stage, strategy.microbatches, loss_fn=loss_fn)
-    return PipelineRun(exported, stage, schedule, index, replica,
-                       dp_groups[index] if replicas > 1 else None, tied)
+    return PipelineRun(exported, stage, schedule, index, replica, sharding, tied)

@@ -107,7 +107,8 @@ def measure_rank(folder: str | Path, rank: int, path: str | None, module: nn.Mod
             args = tuple(torch.zeros_like(m.to_tensor("cpu").detach()).requires_grad_(
                 m.dtype.is_floating_point) for m in metas)
             inputs = args
-        held = held_bytes(module, inputs, forwards=in_flight(index, n, microbatches, schedule))
+        held = held_bytes(module, inputs, forwards=in_flight(index, n, microbatches, schedule),
+                          skip=lambda: _gathered(module))
     record["held"] = sum(v for k, v in held.items() if k != HOST)
     record["offloaded"] = held.get(HOST, 0)
     write_json(Path(folder) / f"rank{rank}.json", record)

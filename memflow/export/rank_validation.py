@@ -29,6 +29,7 @@ from .._jsonio import read_json
 from ..errors import ExportError
 from .pipelining import stage_ranks, stages
 from .rank_measure import STEPS, in_flight
+from .sample_groups import group_ranks
 from .scripts import _model_graph, script, written_path
 from .tensor_parallel import tensor_ranks
 from .validation import predicted_held
@@ -47,9 +48,13 @@ def rank_devices(strategy, path: str | None) -> list[tuple[str, ...]]:
     ...              stage=[0, 1], microbatches=2)
     >>> rank_devices(s, "pipeline")
     [('gpu0',), ('gpu1',), ('gpu2',), ('gpu3',)]
+    >>> rank_devices(Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu1",)], sample=[2, 1]),
+    ...              "sample")        # a process per device, in whichever groups it runs
+    [('gpu0',), ('gpu1',)]
     """
-    if path in ("pipeline", "tensor"):
-        ranks = stage_ranks(strategy) if path == "pipeline" else tensor_ranks(strategy)
+    if path in ("pipeline", "tensor", "sample"):
+        ranks = {"pipeline": stage_ranks, "tensor": tensor_ranks,
+                 "sample": group_ranks}[path](strategy)
         out: list[list[str]] = [[] for _ in range(max(ranks.values()) + 1)]
         for d, r in ranks.items():
             out[r].append(d)

@@ -181,18 +181,21 @@ class GroupRun:
         pipes: dict[int, Any] = {}
         modules: dict[int, nn.Module] = {}
         # per weight of the model (a tied weight once): the ranks holding it, and this rank's
-        # copies of it (the tracer copies a weight two groups read into each of them)
+        # tensor of it (the tracer copies a weight two groups read into each of them; on one
+        # rank the copies are tied again, so the rank holds the weight once)
         holders: dict[int, set[int]] = {}
-        copies: dict[int, list[nn.Parameter]] = {}
+        copies: dict[int, nn.Parameter] = {}
         for g in self.groups:
             share = self.batch // g.degree
             if share not in pipes:      # one trace per share: traced shapes are fixed
                 pipes[share] = trace(model, seg, _rows(args, kwargs, 0, share), graph)
-            for name, p in pipes[share].get_stage_module(g.index).named_parameters():
+            stage = pipes[share].get_stage_module(g.index)
+            for name, p in list(stage.named_parameters()):
                 weight = id(model.get_parameter(name))
                 holders.setdefault(weight, set()).update(g.ranks)
-                if rank in g.ranks:
-                    copies.setdefault(weight, []).append(p)
+                if rank in g.ranks and copies.setdefault(weight, p) is not p:
+                    owner, _, attr = name.rpartition(".")
+                    setattr(stage.get_submodule(owner), attr, copies[weight])
             if rank in g.ranks:
                 modules[g.index] = traced_stage(pipes[share], seg, g.index)
         self.program = next(iter(pipes.values())).split_gm.graph
@@ -200,15 +203,15 @@ class GroupRun:
         self.module = nn.ModuleDict({str(k): m for k, m in modules.items()})
         self._modules = modules
         self._meta: dict[Any, tuple] = {}
-        by_ranks: dict[tuple[int, ...], list[list[nn.Parameter]]] = {}
+        self._anchor = torch.zeros((), requires_grad=True)     # see _Received
+        by_ranks: dict[tuple[int, ...], list[nn.Parameter]] = {}
         for p in model.parameters():        # one order on every rank
             ranks = tuple(sorted(holders.get(id(p), ())))
-            if len(ranks) > 1 or len(copies.get(id(p), ())) > 1:
-                by_ranks.setdefault(ranks, []).extend(
-                    [copies[id(p)]] if id(p) in copies else [])
+            if len(ranks) > 1:
+                by_ranks.setdefault(ranks, []).extend([copies[id(p)]] if id(p) in copies else [])
         self._reducers = []
         for ranks in sorted(by_ranks):      # every rank makes every group, in one order
-            group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+            group = dist.new_group(list(ranks))
             if rank in ranks:
                 self._reducers.append((group, by_ranks[ranks]))
 
@@ -217,24 +220,7 @@ class GroupRun:
         """One training step on the global batch ``(args, kwargs)`` and its ``target`` (every
         rank passes all of them; each keeps its shares): forward, backward, gradients summed
         over each parameter's holders. Returns the full batch's loss, on every rank."""
-        values: dict[Any, tuple[Any, Any]] = {}     # node -> (layout, this rank's value)
-        ran: list[tuple[int, list, Any]] = []       # (group, [(input node, leaf)], output)
-        positional = iter(args)
-        for node in self.program.nodes:
-            if node.op == "placeholder":
-                values[node] = ("full", kwargs[node.target] if node.target in kwargs
-                                else next(positional))
-            elif node.op == "call_module":
-                k = int(str(node.target).rsplit("_", 1)[1])
-                leaves = [self._input(values, a, k) for a in node.args]
-                out = self._modules[k](*leaves) if k in self._modules else None
-                ran.append((k, list(zip(node.args, leaves)), out))
-                values[node] = (k, out)
-            elif node.op == "call_function" and node.target is operator.getitem:
-                layout, value = values[node.args[0]]
-                values[node] = (layout, None if value is None else value[node.args[1]])
-            elif node.op == "output":
-                layout, output = values[pytree.tree_leaves(node.args)[0]]
+        values, ran, layout, output = self._forward(args, kwargs)
         pending: dict[int, torch.Tensor] = {}       # id of an output tensor -> its gradient
         loss = torch.zeros(())
         g = self.groups[layout]
@@ -246,28 +232,58 @@ class GroupRun:
             pending[id(out)] = torch.autograd.grad(part, out)[0]
             loss = part.detach().float()
         self._backward(values, ran, pending)
-        for group, weights in self._reducers:   # each weight: its copies on this rank
-            bucket = torch.cat([sum(p.grad if p.grad is not None else torch.zeros_like(p)
-                                    for p in held).reshape(-1) for held in weights])
-            if group is not None:
-                dist.all_reduce(bucket, group=group)
-            sizes = [held[0].numel() for held in weights]
-            for held, grad in zip(weights, bucket.split(sizes)):
-                for p in held:
-                    p.grad = grad.view_as(p).clone() if len(held) > 1 else grad.view_as(p)
+        for group, weights in self._reducers:   # each weight: its tensor on this rank
+            bucket = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                                .reshape(-1) for p in weights])
+            dist.all_reduce(bucket, group=group)
+            for p, grad in zip(weights, bucket.split([p.numel() for p in weights])):
+                p.grad = grad.view_as(p)
         dist.all_reduce(loss)
         return loss
 
+    def _forward(self, args: tuple, kwargs: dict) -> tuple[dict, list, Any, Any]:
+        """The forward of this rank's groups on the global batch: per node of the program
+        ``(layout, this rank's value)``; per group run ``(group, [(input node, slot of its
+        gradient)], output)``; the model output's group and value (None off it)."""
+        values: dict[Any, tuple[Any, Any]] = {}
+        ran: list[tuple[int, list, Any]] = []
+        positional = iter(args)
+        for node in self.program.nodes:
+            if node.op == "placeholder":
+                values[node] = ("full", kwargs[node.target] if node.target in kwargs
+                                else next(positional))
+            elif node.op == "call_module":
+                k = int(str(node.target).rsplit("_", 1)[1])
+                fed = [self._input(values, a, k) for a in node.args]
+                out = self._modules[k](*(x for x, _ in fed)) if k in self._modules else None
+                ran.append((k, [(a, slot) for a, (_, slot) in zip(node.args, fed)], out))
+                values[node] = (k, out)
+            elif node.op == "call_function" and node.target is operator.getitem:
+                layout, value = values[node.args[0]]
+                values[node] = (layout, None if value is None else value[node.args[1]])
+            elif node.op == "output":
+                layout, output = values[pytree.tree_leaves(node.args)[0]]
+        return values, ran, layout, output
+
+    def forward_module(self) -> nn.Module:
+        """This rank's groups as one module whose call runs the forward on the global batch
+        and returns the outputs of the groups it ran (their autograd graphs): what per-rank
+        validation measures held bytes of (:func:`~memflow.export.rank_measure.measure_rank`).
+        Every rank calls it together (values cross between groups by collectives)."""
+        return _Forward(self)
+
     def _input(self, values, node, k: int):
-        """``node``'s value as group ``k`` holds it on this rank (None off the group): a leaf
-        of the group's autograd graph."""
+        """``node``'s value as group ``k`` holds it on this rank (None off the group), an
+        input of the group's autograd graph, and the slot its gradient lands in (None where
+        none flows)."""
         layout, value = values[node]
         rows = None
         if self.rank in self.groups[k].ranks:
             share, j = self.batch // self.groups[k].degree, self.groups[k].ranks.index(self.rank)
             rows = slice(j * share, (j + 1) * share)
-        if layout == "full":
-            return None if rows is None or not isinstance(value, torch.Tensor) else value[rows]
+        if layout == "full":    # a copy: the rank holds its share of the batch, not all of it
+            return (None if rows is None or not isinstance(value, torch.Tensor)
+                    else value[rows].clone()), None
         if layout != k:
             if node not in self._meta:      # the share's shape, from the producer's first rank
                 source, i = (node.args if node.op == "call_function" else (node, 0))
@@ -279,9 +295,10 @@ class GroupRun:
                 self._meta[node] = meta[0]
             value = _reshard(value, self._meta[node], self.groups[layout], self.groups[k],
                              self.rank, self.batch)
-        if value is None:
-            return None
-        return value.detach().requires_grad_(value.is_floating_point())
+        if value is None or not value.is_floating_point():
+            return value, None
+        slot: list[torch.Tensor] = []
+        return _Received.apply(value.detach(), self._anchor, slot), slot
 
     def _backward(self, values, ran, pending) -> None:
         """Backward group by group, the last first; the gradients of the values that crossed
@@ -292,11 +309,11 @@ class GroupRun:
                          if isinstance(t, torch.Tensor) and id(t) in pending]
                 if pairs:
                     torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
-            for node, leaf in inputs:
+            for node, slot in inputs:
                 layout, value = values[node]
                 if layout == "full":
                     continue
-                grad = None if leaf is None else leaf.grad
+                grad = slot[0] if slot else None
                 if layout != k:
                     if not self._meta[node][2].is_floating_point:
                         continue
@@ -305,3 +322,45 @@ class GroupRun:
                 if grad is not None and value is not None:
                     pending[id(value)] = pending[id(value)] + grad if id(value) in pending \
                         else grad
+
+
+class _Received(torch.autograd.Function):
+    """A value from another group entering this group's graph; its gradient is put in
+    ``slot``. Not a leaf: autograd keeps a leaf alive until backward (its AccumulateGrad
+    node holds it), so a first unit that offloads or recomputes its input would hold it on
+    the device still. ``anchor`` (a scalar that requires grad) makes autograd record it."""
+
+    @staticmethod
+    def forward(ctx, value, anchor, slot):
+        ctx.slot = slot
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.slot.append(grad)
+        return None, None, None
+
+
+class _Forward(nn.Module):
+    """:meth:`GroupRun.forward_module`: the rank's group modules (``groups``: their
+    parameters are the module's) and a forward over them; ``store`` has the host copies
+    their memory policies made (``host_made``), as an exported module's store has."""
+
+    def __init__(self, run: GroupRun):
+        super().__init__()
+        self.groups = run.module
+        self._run = run
+
+    @property
+    def store(self):
+        from types import SimpleNamespace
+        return SimpleNamespace(host_made=[ref for m in self.groups.values()
+                                          for ref in m.store.host_made])
+
+    def forward(self, *args: Any, **kwargs: Any) -> list:
+        _, ran, _, _ = self._run._forward(args, kwargs)
+        # a rank measured right after its last all-gather once counted three of its share's
+        # buffers still alive (+2304 B on gpt2's rank 0, one run in three; gloo's worker
+        # thread, we think, lets go of them after the call returns); a barrier waits for it
+        dist.barrier()
+        return [out for _, _, out in ran if out is not None]

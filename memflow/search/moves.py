@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from ..strategy import POLICIES, Strategy
-from ..strategy.runnable import RUNNABLE, pipeline_problem, sample_problem, shard_levels_for
+from ..strategy.runnable import RUNNABLE, pipeline_problem, sample_problem
 from .per_op import per_op_choices
 from .space import SearchSpace, policy_label, precision_choices, shard_choices
 
@@ -297,9 +297,9 @@ def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal
     # a uniform pick among the units with another level that runs, checking only the units
     # drawn (whole-space checks were most of a search step on 175 units)
     tried: dict[tuple, list] = {}     # the root group's units share their options
-    # levels export never runs here are left out before the full check (it is no cheaper for
-    # being doomed: 8 ms per shard move on a pipelined Llama, where no level but none runs)
-    runs = shard_levels_for(s) if space.runnable else None
+    # levels export never writes are left out before the full check (it is no cheaper for
+    # being doomed)
+    runs = RUNNABLE.shard_levels if space.runnable else None
     while units:
         i = units[int(rng.integers(len(units)))]
         together, levels = (root if space.root_sharded[i] else [i]), shard_choices(s, i)

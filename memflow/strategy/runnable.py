@@ -24,20 +24,21 @@ The rules of :data:`RUNNABLE`:
   ``Conv*`` with one group or ``Embedding`` (the graph's ``shard_axis``,
   :mod:`memflow.graph.slicing`), called once, whose weights no other module shares, up to its
   ``max_parameter_degree``;
-* **shard levels over whole-model replicas** — any of ``shard_levels``, written as FSDP2
+* **shard levels over data-parallel replicas** — any of ``shard_levels``, written as FSDP2
   ``fully_shard`` per unit and ZeRO-1's ``ZeroRedundancyOptimizer``
-  (:mod:`memflow.export.fsdp`; over the tensor-parallel shards too, as torchtitan composes
-  FSDP2 with DTensor), but not with pipeline stages (not yet composed). Units
+  (:mod:`memflow.export.fsdp`) over whole-model replicas, over the tensor-parallel shards
+  (as torchtitan composes FSDP2 with DTensor), and over each pipeline stage's replicas (as
+  torchtitan composes dp × pp: a stage process per replica, :func:`pipeline_problem`). Units
   whose parameters cannot be a
   ``fully_shard`` group of their own — glue (their module's own code), a module called more
   than once, tied weights (:func:`root_sharded`) — are sharded together at the model's root,
   so they share one level;
-* **precision and optimizer place on whole-model replicas** — precisions in ``precisions``
-  (``bf16``: FSDP2's ``MixedPrecisionPolicy`` or bf16 parameters with fp32 master copies;
-  ``pure-bf16``; not ``amp``'s autocast yet) and optimizer offload if ``offload_optimizer``
-  (FSDP2's ``CPUOffloadPolicy``, or a host copy stepped there), written by
-  :mod:`memflow.export.model_states` for replicas only, not yet in pipeline stages or
-  tensor-parallel shards; ZeRO-1 (``ZeroRedundancyOptimizer``) partitions the states of the
+* **precision and optimizer place on replicas and pipeline stages** — precisions in
+  ``precisions`` (``bf16``: FSDP2's ``MixedPrecisionPolicy`` or bf16 parameters with fp32
+  master copies; ``pure-bf16``; not ``amp``'s autocast yet) and optimizer offload if
+  ``offload_optimizer`` (FSDP2's ``CPUOffloadPolicy``, or a host copy stepped there), written
+  by :mod:`memflow.export.model_states` on whole-model replicas and on pipeline stages run a
+  process each, not yet on tensor-parallel shards; ZeRO-1 (``ZeroRedundancyOptimizer``) partitions the states of the
   tensors it steps, so it cannot shard master or host copies: no ``optimizer`` level under
   ``bf16`` or with the optimizer on the host; the root ``fully_shard`` group has one offload
   policy, so the units sharded there at ``gradients`` or ``parameters`` share one optimizer
@@ -52,7 +53,9 @@ The rules of :data:`RUNNABLE`:
   (:mod:`memflow.export.pipelining`), so a 1F1B strategy must be what that path runs
   (:func:`pipeline_problem`): two stages or more, at least as many micro-batches as stages
   (torch refuses fewer), each stage of each replica on a device of its own, no parameter or
-  attribute split, and stage boundaries at a module called once (checked with the graph).
+  attribute split, and stage boundaries at a module called once (checked with the graph);
+  so must a GPipe pipeline whose model states are sharded over its replicas, in bf16 or
+  with the optimizer on the host (else its stages would run in one process per replica).
   Stage ``s`` then holds ``min(m, stages - s)`` micro-batches' activations, as memflow's
   schedule (``memflow.sim.pipeline``) charges.
 
@@ -73,7 +76,7 @@ from .policies import POLICIES
 from .shard_levels import SHARD_LEVELS, S_GRADIENTS, S_NONE, S_OPTIMIZER
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
-           "root_sharded", "shard_problem", "shard_levels_for", "pipeline_problem",
+           "root_sharded", "shard_problem", "pipeline_problem",
            "model_state_problem", "sample_problem", "sample_groups"]
 
 
@@ -181,48 +184,22 @@ def root_sharded(graph) -> np.ndarray:
     return out
 
 
-def _pipelined_replicas(strategy) -> bool:
-    """Data-parallel replicas of a pipelined strategy: export shards none of their model
-    states (FSDP2 is not yet composed with pipeline stages)."""
-    return int(strategy.sample[0]) >= 2 and bool((np.asarray(strategy.stage) > 0).any())
-
-
-def shard_levels_for(strategy, rules: Runnable = RUNNABLE) -> tuple[str, ...]:
-    """The shard levels export may run for units of ``strategy``, a cheap filter before
-    :func:`unrunnable` (a search move asks it for every unit it draws): those ``rules``
-    write, and only ``'none'`` where :func:`shard_problem` refuses pipelined replicas.
-
-    >>> from memflow.strategy import Strategy
-    >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu2"), ("gpu1", "gpu3")], sample=[2, 2],
-    ...              stage=[0, 1])
-    >>> shard_levels_for(s), len(shard_levels_for(s.with_config("b", stage=0)))
-    (('none',), 4)
-    """
-    if _pipelined_replicas(strategy):
-        return tuple(lv for lv in rules.shard_levels if lv == SHARD_LEVELS[S_NONE])
-    return rules.shard_levels
-
-
 def shard_problem(strategy, graph) -> str | None:
     """Why export cannot shard ``strategy``'s model states as it asks (None: it can); the
     root-group rule is checked only with ``graph``.
 
+    >>> import memflow
     >>> from memflow.strategy import Strategy
-    >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu2"), ("gpu1", "gpu3")], sample=[2, 2],
-    ...              stage=[0, 1], shard="parameters")
-    >>> shard_problem(s, None)[:61]
-    "unit 'a' shards its model states ('parameters') in a pipeline"
+    >>> g = memflow.zoo.graph("gpt2", batch_size=2, vocab=40, max_positions=16, hidden=16,
+    ...                       n_layer=1, n_head=2, seq_len=6)
+    >>> s = Strategy.data_parallel(g, 2)
+    >>> shard_problem(s.with_shard({"wte": "parameters"}), g)[:60]
+    "unit 'lm_head' has shard level 'none' but unit 'wte' has 'pa"
     """
     levels = strategy.shard
     if int(strategy.sample[0]) < 2 or not (levels != S_NONE).any():
         return None     # one replica: a level shards nothing, the model runs as it is
     units = list(strategy.units)     # the messages below only: this runs on every proposal
-    if _pipelined_replicas(strategy):
-        k = int(np.flatnonzero(levels != S_NONE)[0])
-        return (f"unit {units[k]!r} shards its model states ({SHARD_LEVELS[levels[k]]!r}) "
-                "in a pipelined strategy; export shards model states with FSDP2 "
-                "over data-parallel replicas, not yet composed with pipeline stages. Valid: shard "
-                "level 'none' for every unit, or one stage")
     if graph is not None:
         root = np.flatnonzero(root_sharded(graph))
         odd = [i for i in root if levels[i] != levels[root[0]]]
@@ -253,12 +230,16 @@ def model_state_problem(strategy, graph=None) -> str | None:
     units = list(strategy.units)
     what = (f"precision {strategy.precision!r}" if strategy.precision in ("bf16", "pure-bf16")
             else f"unit {units[int(offload.argmax())]!r} with its optimizer on the host")
-    if (np.asarray(strategy.stage) > 0).any() or (np.asarray(strategy.parameter) > 1).any():
-        return (f"{what} in a strategy with pipeline stages or parameter splits: export writes "
-                "mixed precision and optimizer offload on whole-model replicas "
-                "(DistributedDataParallel, FSDP2), not yet across pipeline or tensor-parallel "
+    if (np.asarray(strategy.stage) > 0).any():     # needs a process per stage and replica
+        problem = pipeline_problem(strategy, graph)
+        if problem is not None:
+            return problem
+    if (np.asarray(strategy.parameter) > 1).any():
+        return (f"{what} in a strategy with parameter splits: export writes "
+                "mixed precision and optimizer offload on whole-model replicas and pipeline "
+                "stages (DistributedDataParallel, FSDP2), not yet across tensor-parallel "
                 "processes. Valid: precision None or 'fp32' and the optimizer on the device, or "
-                "one stage without parameter splits")
+                "no parameter splits")
     sample = np.asarray(strategy.sample)
     if (sample != sample[0]).any():     # the sample-group path never applies shard_model
         return (f"{what} in a strategy with per-unit sample degrees: export writes mixed "
@@ -362,11 +343,14 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
 
 
 def pipeline_problem(strategy, graph=None) -> str | None:
-    """Why export cannot run ``strategy``'s 1F1B schedule (None: it can, or the strategy is
-    no 1F1B pipeline). With stages, 1F1B runs across processes, one per stage and replica
-    (``Schedule1F1B``); the stage-boundary rule is checked only with ``graph``. With one
-    stage it is gradient accumulation — each micro-batch's forward, then its backward —,
-    which the training loop runs in each replica's process (memflow.export.accumulation).
+    """Why export cannot run ``strategy``'s pipeline across processes where it must (None: it
+    can, or it need not). With stages, 1F1B runs across processes, one per stage and replica
+    (``Schedule1F1B``), and so do stages whose model states are sharded over their replicas,
+    in bf16 or with the optimizer on the host (FSDP2 and the model-state policies on each
+    stage's data-parallel group, :mod:`memflow.export.pipelining`); the stage-boundary rule is
+    checked only with ``graph``. With one stage, 1F1B is gradient accumulation — each
+    micro-batch's forward, then its backward —, which the training loop runs in each replica's
+    process (memflow.export.accumulation).
 
     >>> from memflow.strategy import Strategy
     >>> s = Strategy(["a", "b"], devices=[("gpu0",), ("gpu1",)], stage=[0, 1],
@@ -377,33 +361,44 @@ def pipeline_problem(strategy, graph=None) -> str | None:
     '2 stages under 1F1B need at least 2 micro-batches (torch.dis'
     >>> pipeline_problem(s.with_config("b", devices=["gpu0"], stage=0)) is None  # accumulation
     True
+    >>> gpipe = s.with_config("b", devices=["gpu0"]).with_schedule(schedule="gpipe")
+    >>> pipeline_problem(gpipe) is None, pipeline_problem(gpipe.with_model_states(precision="bf16"))[:56]
+    (True, "unit 'b': device 'gpu0' runs stage 1 of replica 0 and an")
     """
     stage = np.asarray(strategy.stage)
     n = int(stage.max()) + 1 if (stage >= 0).any() else 1
-    if strategy.schedule != "1f1b" or n == 1:
+    states = ((int(strategy.sample[0]) > 1 and bool((strategy.shard != S_NONE).any()))
+              or strategy.precision in ("bf16", "pure-bf16")
+              or bool(np.asarray(strategy.offload_optimizer).any()))
+    if n == 1 or not (strategy.schedule == "1f1b" or states):
         return None
-    valid = "Valid: schedule 'gpipe'"
-    if strategy.microbatches < n:
-        return (f"{n} stages under 1F1B need at least {n} micro-batches "
-                f"(torch.distributed.pipelining's Schedule1F1B); the strategy has "
-                f"{strategy.microbatches}. {valid}, or microbatches >= {n}")
+    if strategy.schedule == "1f1b":
+        what, valid = "1F1B", "Valid: schedule 'gpipe'"
+        if strategy.microbatches < n:
+            return (f"{n} stages under 1F1B need at least {n} micro-batches "
+                    f"(torch.distributed.pipelining's Schedule1F1B); the strategy has "
+                    f"{strategy.microbatches}. {valid}, or microbatches >= {n}")
+    else:
+        what = "a pipeline with sharded, bf16 or host-stepped model states"
+        valid = ("Valid: shard level 'none', precision 'fp32' and the optimizer on the device "
+                 "(stages then run in one process per replica)")
     units = list(strategy.units)
     held = sorted(set(stage.tolist()))
     if held != list(range(n)):
-        return (f"the 1F1B pipeline's stages are {held}: every stage 0..{n - 1} must hold a "
-                f"unit (a process runs each). {valid}, or renumber the stages")
+        return (f"the pipeline's stages are {held}: {what} needs every stage 0..{n - 1} to "
+                f"hold a unit (a process runs each). {valid}, or renumber the stages")
     split = np.flatnonzero((np.asarray(strategy.parameter) > 1)
                            | (np.asarray(strategy.attribute) > 1))
     if len(split):
-        return (f"unit {units[int(split[0])]!r} is split inside a 1F1B pipeline stage; export "
-                f"runs a stage on one device per replica. {valid}, or parameter=1")
+        return (f"unit {units[int(split[0])]!r} is split inside a pipeline stage; export runs "
+                f"{what} with a stage on one device per replica. {valid}, or parameter=1")
     owner: dict[str, tuple[int, int]] = {}
     for i, u in enumerate(units):
         for r, device in enumerate(strategy.devices[i]):
             if owner.setdefault(device, (r, int(stage[i]))) != (r, int(stage[i])):
                 return (f"unit {u!r}: device {device!r} runs stage {int(stage[i])} of replica "
-                        f"{r} and another stage or replica; 1F1B runs each stage of each "
-                        f"replica in its own process. {valid}, or a device per stage")
+                        f"{r} and another stage or replica; export runs {what} with each stage "
+                        f"of each replica in its own process. {valid}, or a device per stage")
     if graph is not None:
         return _uncut(units, stage, graph, valid)
     return None

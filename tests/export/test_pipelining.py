@@ -13,6 +13,7 @@ from memflow.errors import ExportError
 from memflow.export import apply, held_bytes
 from memflow.export.pipelining import build_pipeline, split_points, stage_modules, stage_ranks
 from memflow.strategy import Strategy
+from memflow.strategy.runnable import unrunnable
 
 from gloo_ranks import gathered, run_ranks
 
@@ -29,27 +30,35 @@ def _inputs(name, batch, options):
     return model, inputs if isinstance(inputs, tuple) else (inputs,)
 
 
-def _worker(rank, name, options, batch, doc, target, replicas):
-    """Both schedules on this rank: {schedule: (loss or None, {name: grad})}."""
-    model, args = _inputs(name, batch, options)
-    share = batch // replicas
+def _worker(rank, cases, replicas):
+    """Every case's strategy under both schedules on this rank: {(case, schedule): (loss or
+    None, {name: full gradient})}; a sharded gradient is gathered over the stage's replicas.
+    ``cases``: {case: (model name, options, batch, strategy dict, target[, schedules])}."""
     replica = rank // (torch.distributed.get_world_size() // replicas)
-    args = tuple(a[replica * share:(replica + 1) * share] for a in args)
-    target = target[replica * share:(replica + 1) * share]
     out = {}
-    for schedule in ("gpipe", "1f1b"):
-        s = Strategy.from_dict(doc).with_schedule(schedule=schedule)
-        run = build_pipeline(model, s, (args, {}), rank=rank, loss_fn=mse)
-        loss = run.step(args, {}, target)
-        out[schedule] = (loss, {n: p.grad.clone() for n, p in run.module.named_parameters()})
-        model.zero_grad(set_to_none=True)
+    for case, (name, options, batch, doc, target, *schedules) in cases.items():
+        model, args = _inputs(name, batch, options)
+        share = batch // replicas
+        args = tuple(a[replica * share:(replica + 1) * share] for a in args)
+        target = target[replica * share:(replica + 1) * share]
+        for schedule in (schedules or [("gpipe", "1f1b")])[0]:
+            s = Strategy.from_dict(doc).with_schedule(schedule=schedule)
+            run = build_pipeline(copy.deepcopy(model), s, (args, {}), rank=rank, loss_fn=mse)
+            loss = run.step(args, {}, target)
+            grads = {n: getattr(p.grad, "full_tensor", p.grad.clone)().float()
+                     for n, p in run.module.named_parameters()}
+            out[case, schedule] = (loss, grads)
     return out
 
 
-def _reference(name, options, batch, strategy):
+def _reference(name, options, batch, strategy, dtype=None):
     """Loss and gradients of the single-process original: ``apply`` runs the same
-    micro-batches (GPipe in one process) and memory policies."""
+    micro-batches (GPipe in one process) and memory policies; in ``dtype``, parameters and
+    floating inputs are cast to it."""
     model, args = _inputs(name, batch, options)
+    if dtype is not None:
+        model.to(dtype)
+        args = tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
     one = Strategy(strategy.units, devices=[("gpu0",)] * len(strategy), policy=strategy.policy,
                    microbatches=strategy.microbatches, schedule="gpipe")
     exported = apply(model, one, devices={"gpu0": "cpu"})
@@ -58,7 +67,7 @@ def _reference(name, options, batch, strategy):
     target = torch.randn(out.shape)
     loss = mse(out, target)
     loss.backward()
-    return loss.detach(), target, {n.removeprefix("module."): p.grad
+    return loss.detach(), target, {n.removeprefix("module."): p.grad.float()
                                    for n, p in exported.named_parameters()}
 
 
@@ -72,33 +81,71 @@ def test_two_stages_match_one_process(name, options, policies, tmp_path):
     graph = memflow.zoo.graph(name, batch_size=batch, units="blocks", **options)
     s = Strategy.pipeline(graph, 2, stages=2, microbatches=2).with_policy(**policies)
     loss, target, reference = _reference(name, options, batch, s)
-    ranks = run_ranks(_worker, 2, tmp_path, name, options, batch, s.to_dict(), target, 1)
+    ranks = run_ranks(_worker, 2, tmp_path, {"": (name, options, batch, s.to_dict(), target)}, 1)
     for schedule in ("gpipe", "1f1b"):
-        assert ranks[0][schedule][0] is None            # the loss lives on the last stage
-        torch.testing.assert_close(ranks[1][schedule][0], loss, rtol=1e-5, atol=1e-6)
-        grads = gathered([r[schedule][1] for r in ranks], _inputs(name, batch, options)[0])
+        assert ranks[0]["", schedule][0] is None            # the loss lives on the last stage
+        torch.testing.assert_close(ranks[1]["", schedule][0], loss, rtol=1e-5, atol=1e-6)
+        grads = gathered([r["", schedule][1] for r in ranks], _inputs(name, batch, options)[0])
         assert grads.keys() == reference.keys(), schedule
         for n in reference:
             torch.testing.assert_close(grads[n], reference[n], rtol=1e-4, atol=1e-6,
                                        msg=f"{schedule} {n}")
 
 
-@pytest.mark.slow       # spawns 4 processes
-def test_replicas_of_a_pipeline_average_their_gradients(tmp_path):
+@pytest.mark.slow       # spawns 4 processes, once for every case
+def test_replicas_of_a_pipeline_shard_cast_and_average_their_gradients(tmp_path):
+    """dp2 × pp2: each stage replicated over its data-parallel group — averaged by hand, FSDP2
+    ``fully_shard`` (ZeRO-3 and ZeRO-2) beside ZeRO-1, bf16 with FSDP2's mixed precision and
+    fp32 masters, the optimizer on the host, and GPT-2's embedding and head, tied across the
+    stages, sharded — as torchtitan composes dp × pp."""
     options, batch = {"n": 4, "width": 16, "kind": "residual"}, 8
     graph = memflow.zoo.graph("chain", batch_size=batch, units="blocks", **options)
+    names = graph.names
     s = Strategy.pipeline(graph, 4, stages=2, microbatches=2, dp=2).with_policy(
-        recompute=graph.names[:1])
+        recompute=names[:1])
     assert stage_ranks(s) == {"gpu0": 0, "gpu1": 1, "gpu2": 2, "gpu3": 3}
-    loss, target, reference = _reference("chain", options, batch, s)
-    ranks = run_ranks(_worker, 4, tmp_path, "chain", options, batch, s.to_dict(), target, 2)
-    for schedule in ("gpipe", "1f1b"):
-        losses = [r[schedule][0] for r in ranks if r[schedule][0] is not None]
-        torch.testing.assert_close(torch.stack(losses).mean(), loss, rtol=1e-5, atol=1e-6)
-        for r in ranks:                 # every replica holds the averaged gradients
-            for n, g in r[schedule][1].items():
-                torch.testing.assert_close(g, reference[n.removeprefix("module.")],
-                                           rtol=1e-4, atol=1e-6, msg=f"{schedule} {n}")
+    gpt2 = memflow.zoo.graph("gpt2", batch_size=batch, units="blocks", **GPT2)
+    cases = {
+        "replicated": ("chain", options, graph, s),
+        "fsdp": ("chain", options, graph, s.with_shard(
+            {names[0]: "parameters", names[1]: "optimizer", names[2]: "gradients",
+             names[3]: "parameters"})),
+        "bf16": ("chain", options, graph, s.with_shard(
+            {names[0]: "parameters", names[3]: "parameters"}).with_model_states(
+            precision="bf16", offload_optimizer=[names[0], names[2]])),
+        "gpt2 fsdp": ("gpt2", GPT2, gpt2, Strategy.pipeline(
+            gpt2, 4, stages=2, microbatches=2, dp=2).with_policy(recompute=["h.0"]).with_shard(
+            "parameters")),
+    }
+    expected, docs = {}, {}
+    for case, (name, opts, g, strategy) in cases.items():
+        assert unrunnable(strategy.with_schedule(schedule="1f1b"), g) is None, case
+        assert unrunnable(strategy.with_schedule(schedule="gpipe"), g) is None, case
+        loss, target, reference = _reference(name, opts, batch, strategy)
+        if strategy.precision == "bf16":    # bf16's own rounding: the single process in bf16
+            # is as far from fp32 (10% of the largest element on layers.2.fc1) as the pipeline
+            reference = _reference(name, opts, batch, strategy, torch.bfloat16)[2]
+        expected[case] = loss, reference
+        # each trace costs seconds: bf16 and GPT-2 under one schedule each
+        docs[case] = (name, opts, batch, strategy.to_dict(), target,
+                      {"bf16": ("gpipe",), "gpt2 fsdp": ("1f1b",)}.get(case, ("gpipe", "1f1b")))
+    ranks = run_ranks(_worker, 4, tmp_path, docs, 2)
+    for case, schedule in ranks[0]:
+        name, opts, _, strategy = cases[case]
+        bf16 = strategy.precision == "bf16"
+        loss, reference = expected[case]
+        losses = [r[case, schedule][0] for r in ranks if r[case, schedule][0] is not None]
+        torch.testing.assert_close(torch.stack(losses).mean(), loss,
+                                   rtol=2e-2 if bf16 else 1e-5, atol=1e-6)
+        for replica in (ranks[:2], ranks[2:]):     # each holds the averaged gradients
+            grads = gathered([r[case, schedule][1] for r in replica], _inputs(name, batch,
+                                                                            opts)[0])
+            assert grads.keys() == reference.keys(), (case, schedule)
+            for n, want in reference.items():
+                scale = float(want.abs().max()) + 1e-8
+                torch.testing.assert_close(grads[n], want, rtol=0.05 if bf16 else 1e-4,
+                                           atol=0.05 * scale if bf16 else 1e-6,
+                                           msg=f"{case} {schedule} {n}")
 
 
 def test_stages_chain_to_the_model_and_run_their_memory_policies():

@@ -22,18 +22,24 @@ def _strategies():
     return {
         "ddp": Strategy.data_parallel(g, 2).with_policy(recompute=[b], offload=[a]),
         "fsdp": Strategy.data_parallel(g, 2).with_shard({a: "parameters", c: "parameters"}),
-        "pipeline": Strategy.pipeline(g, 2, stages=2, microbatches=2, schedule="1f1b"),
+        # dp2 × pp2: each stage's replicas shard its units (FSDP2) in bf16
+        "pipeline": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2, schedule="1f1b")
+        .with_shard("parameters").with_model_states(precision="pure-bf16"),
         "tensor": Strategy.tensor_parallel(g, 2, tp=2),
+        # per-unit degrees: a over 2 processes, b and c on gpu1, b offloading its input
+        "sample": Strategy.data_parallel(g, 2).with_config(
+            {u: {"sample": 1, "devices": ["gpu1"]} for u in (b, c)}).with_policy(
+            offload=[b], recompute=[c]),
     }
 
 
-@pytest.mark.slow       # one torchrun launch of 2 processes per kind
-@pytest.mark.parametrize("kind", ["ddp", "fsdp", "pipeline", "tensor"])
+@pytest.mark.slow       # one torchrun launch of 2 processes per kind (4 for the pipeline)
+@pytest.mark.parametrize("kind", ["ddp", "fsdp", "pipeline", "tensor", "sample"])
 def test_every_rank_holds_what_is_predicted(kind, tmp_path):
     s = _strategies()[kind]
     df = validate_ranks(s, "chain", model_options=OPTIONS, batch_size=BATCH, graph=_graph(),
                         folder=tmp_path)
-    assert list(df.index) == [0, 1]
+    assert list(df.index) == list(range(len(s.device_names)))
     assert set(df["path"]) == {"replicas" if kind in ("ddp", "fsdp") else kind}
     for metric in METRICS:
         assert (df[f"{metric}_predicted"] > 0).all() or metric == "optimizer"
@@ -43,7 +49,7 @@ def test_every_rank_holds_what_is_predicted(kind, tmp_path):
 
 def test_ranks_and_micro_batches_in_flight():
     s = _strategies()["pipeline"]
-    assert rank_devices(s, "pipeline") == [("gpu0",), ("gpu1",)]
+    assert rank_devices(s, "pipeline") == [("gpu0",), ("gpu1",), ("gpu2",), ("gpu3",)]
     assert rank_devices(_strategies()["ddp"], None) == [("gpu0",), ("gpu1",)]
     # torch's Schedule1F1B: stage s runs stages - s forwards before its first backward
     assert [in_flight(k, 4, 8, "1f1b") for k in range(4)] == [4, 3, 2, 1]

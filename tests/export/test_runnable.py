@@ -84,18 +84,26 @@ def test_every_proposal_exports(model, cluster, seed, steps, pins, pipeline):
     exported = apply(meta_model(model), s, g,       # refuses with ExportError otherwise
                      devices={d: "meta" for d in s.device_names})
     assert len(exported.devices) == len(g)
-    if s.schedule == "1f1b" and s.microbatches > 1 and not accumulates(s):
-        # 1F1B with stages runs across processes; with one stage, in each replica's loop
+    if (s.schedule == "1f1b" and s.microbatches > 1 and not accumulates(s)) or (
+            s.stage.max() > 0 and _stage_states(s)):
+        # 1F1B with stages runs across processes (with one stage, in each replica's loop),
+        # and so do stages that shard, cast or offload their model states
         assert process_path(s, meta_model(model), g) == "pipeline"
     if (s.sample != s.sample[0]).any():     # per-unit degrees: a process per device
         assert process_path(s, meta_model(model), g) == "sample"
+
+
+def _stage_states(s) -> bool:
+    """Whether ``s``'s model states are sharded over replicas, bf16 or stepped on the host."""
+    return bool((s.sample[0] > 1 and (s.shard > 0).any()) or s.precision in ("bf16", "pure-bf16")
+                or s.offload_optimizer.any())
 
 
 def test_walks_reach_every_feature():
     """The walks above do split parameters and change the data-parallel degree (else the
     property would hold vacuously)."""
     seen = {"parameter": set(), "replicas": set(), "1f1b stages": set(), "mixed": set(),
-            "accumulation": set()}
+            "accumulation": set(), "stage states": set()}
     for seed in range(30):
         for model in MODELS:
             _, s = walk(model, "4xV100-16GB", seed, 40, 0)
@@ -108,10 +116,13 @@ def test_walks_reach_every_feature():
             _, s = walk(model, "4xV100-16GB", seed, 40, 0, pipeline=True)
             if s.schedule == "1f1b" and s.microbatches > 1:
                 seen["1f1b stages"].add(int(s.stage.max()) + 1)
+            if s.stage.max() > 0:
+                seen["stage states"].add(_stage_states(s))
     assert seen["parameter"] >= {1, 2, 4} and seen["replicas"] == {1, 2, 4}
     assert seen["1f1b stages"] >= {2}       # 1F1B pipelines are walked, not only projected
     assert seen["mixed"] == {False, True}   # per-unit sample degrees are walked too
     assert seen["accumulation"] == {False, True}    # and gradient accumulation
+    assert True in seen["stage states"]     # and stages sharding, casting or offloading
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
