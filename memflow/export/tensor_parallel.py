@@ -23,7 +23,15 @@ unit sees the whole tensor — unless two adjacent linears allow Megatron's pair
 * a unit that is a container (a block, an MLP, an attention): each ``Linear`` and
   ``Embedding`` inside it as above, gathered, but a Megatron pair inside it (a module of
   leaves: ``Linear``, element-wise modules, ``Linear``, element-wise modules — an MLP) runs
-  column- then row-parallel (its hidden activations split);
+  column- then row-parallel (its hidden activations split), and so does a **Megatron
+  attention**: a module that declares ``tp_plan`` (its children's styles, as Hugging Face's
+  ``base_model_tp_plan`` does; the zoo's GPT-2, BERT and Llama attentions) and whose heads
+  (``n_head``, ``n_kv_head``) divide among the ranks. Each rank runs attention on its heads:
+  separate q, k, v projections column-parallel (whole heads are contiguous rows), a fused
+  ``qkv`` (``colwise-qkv``) with its rows regrouped first — q, k, v of rank 0's heads, then
+  rank 1's — the output projection row-parallel. The module's forward must read its head
+  count from the widths it gets (torchtitan's ``view(b, s, -1, head_dim)``). A regrouped
+  weight's full tensor is in the regrouped order: :func:`full_gradients` puts it back;
 * a normalization (``LayerNorm``, ``RMSNorm``, ``GroupNorm``): replicated, as an unsplit unit
   (its weights are one vector; sharding its features would need its statistics all-reduced).
 
@@ -77,12 +85,15 @@ from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
 from .spans import check_modules, unit_spans
 
-__all__ = ["tensor_groups", "tensor_ranks", "tensor_plan", "parallelize", "STYLES"]
+__all__ = ["tensor_groups", "tensor_ranks", "tensor_plan", "parallelize", "full_gradients",
+           "STYLES"]
 
-STYLES = ("colwise", "colwise-sharded", "rowwise", "sequence", "sequence-gathered")
+STYLES = ("colwise", "colwise-sharded", "colwise-qkv", "rowwise", "sequence",
+          "sequence-gathered")
 """Plan entries: column-parallel gathered, column-parallel left sharded (first of a pair),
-row-parallel (second of a pair), a normalization on its rank's part of the sequence, a
-container's child run on the whole sequence (sequence parallelism)."""
+the same for a fused q, k, v projection regrouped by heads, row-parallel (second of a pair),
+a normalization on its rank's part of the sequence, a container's child run on the whole
+sequence (sequence parallelism)."""
 SEQUENCE_DIM = 1
 
 # A split normalization runs replicated: its weights are a vector, and sharding its hidden
@@ -184,7 +195,9 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
                                   "tensor parallelism (parallelize_module) cannot shard; use "
                                   "parameter=1 for it")
             plan[path] = "colwise"
-        plan.update(_inner_pairs(s.module, module) if inside else {})
+        if inside:
+            plan.update(_inner_pairs(s.module, module))
+            plan.update(_attention(s.module, module, int(strategy.parameter[s.index])))
         if strategy.sequence_parallel[s.index]:
             plan.update(_sequence_plan(s, module, bool(inside)))
         if s.index in pairs:
@@ -245,6 +258,26 @@ def _inner_pairs(prefix: str, module: nn.Module) -> dict[str, str]:
     return out
 
 
+def _attention(prefix: str, module: nn.Module, ranks: int) -> dict[str, str]:
+    """The Megatron attentions inside a split container (module docstring): the ``tp_plan``
+    of each module declaring one whose head counts ``ranks`` divides; others stay gathered."""
+    out = {}
+    for path, m in module.named_modules():
+        declared = getattr(m, "tp_plan", None)
+        if not isinstance(declared, dict):
+            continue
+        heads = [int(getattr(m, k)) for k in ("n_head", "n_kv_head") if hasattr(m, k)]
+        base = f"{prefix}.{path}" if path else prefix
+        kids = dict(m.named_children())
+        for child, style in declared.items():
+            if style not in STYLES or not isinstance(kids.get(child), nn.Linear):
+                raise ExportError(f"{type(m).__name__}.tp_plan at {base!r}: {child!r} -> "
+                                  f"{style!r}; valid: a Linear child -> one of {STYLES}")
+        if heads and all(h % ranks == 0 for h in heads):
+            out.update({f"{base}.{child}": style for child, style in declared.items()})
+    return out
+
+
 def _sequence_plan(span, module: nn.Module, container: bool) -> dict[str, str]:
     """The sequence-parallel entries of a split unit (module docstring)."""
     if isinstance(module, _NORMS):
@@ -275,12 +308,57 @@ def _relayout(mesh, source, target):
     return move
 
 
+def _regroup(rows: torch.Tensor, ranks: int, inverse: bool = False) -> torch.Tensor:
+    """A fused projection's rows ``[q | k | v]`` (each in head order) regrouped
+    ``[q_0 k_0 v_0 | q_1 k_1 v_1 | ...]``, ``x_r`` the rows of rank ``r``'s heads; ``inverse``
+    undoes it.
+
+    >>> rows = _regroup(torch.arange(6), 2)
+    >>> rows.tolist(), _regroup(rows, 2, inverse=True).tolist()
+    ([0, 2, 4, 1, 3, 5], [0, 1, 2, 3, 4, 5])
+    """
+    shape = (ranks, 3, -1) if inverse else (3, ranks, -1)
+    return rows.unflatten(0, shape).transpose(0, 1).flatten(0, 2)
+
+
+def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient as one full tensor in the model's own layout (a DTensor
+    shard gathered, a regrouped ``qkv`` put back in order), by parameter name.
+
+    >>> full_gradients(nn.Linear(2, 1))     # no gradient yet
+    {}
+    """
+    out = {}
+    for path, m in model.named_modules():
+        for name, p in m.named_parameters(recurse=False):
+            if p.grad is None:
+                continue
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            ranks = getattr(m, "_qkv_ranks", None)
+            out[f"{path}.{name}" if path else name] = _regroup(g, ranks, True) if ranks else g
+    return out
+
+
 def _styles():
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    SequenceParallel)
+
+    class QKVColwise(ColwiseParallel):
+        """``ColwiseParallel`` left sharded on a fused q, k, v projection, its rows regrouped
+        (:func:`_regroup`) so that each rank's shard holds the q, k and v of its heads."""
+
+        def _partition_linear_fn(self, name, module, device_mesh):
+            ranks = device_mesh.size()
+            for n, p in module.named_parameters():
+                regrouped = distribute_tensor(_regroup(p.detach(), ranks), device_mesh,
+                                              [Shard(0)], src_data_rank=self.src_data_rank)
+                module.register_parameter(n, nn.Parameter(regrouped, p.requires_grad))
+            module._qkv_ranks = ranks
+
     return {"colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
-            "colwise-sharded": ColwiseParallel, "rowwise": RowwiseParallel,
+            "colwise-sharded": ColwiseParallel, "colwise-qkv": QKVColwise,
+            "rowwise": RowwiseParallel,
             "sequence": lambda: SequenceParallel(sequence_dim=SEQUENCE_DIM,
                                                  use_local_output=True)}
 

@@ -11,7 +11,7 @@ import memflow
 from memflow import zoo
 from memflow.errors import ExportError
 from memflow.export.pipelining import average_gradients
-from memflow.export.tensor_parallel import parallelize, tensor_plan, tensor_ranks
+from memflow.export.tensor_parallel import full_gradients, parallelize, tensor_plan, tensor_ranks
 from memflow.strategy import Strategy
 
 from gloo_ranks import gathered, run_ranks
@@ -52,9 +52,7 @@ def _worker(rank, name, options, strategies, target):
             model.h[1].register_forward_pre_hook(lambda m, a: widths.append(a[0].shape[1]))
         loss = mse(exported(*args), target)
         loss.backward()
-        out.append((loss.detach(), {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
-                                        else p.grad) for n, p in exported.named_parameters()},
-                    widths))
+        out.append((loss.detach(), full_gradients(exported), widths))
     return out
 
 
@@ -118,8 +116,7 @@ def _replica_worker(rank, options, doc, target):
     loss = mse(exported(x[replica * 4:(replica + 1) * 4]), target[replica * 4:(replica + 1) * 4])
     loss.backward()
     average_gradients(exported, mesh["dp"].get_group())
-    return loss.detach(), {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
-                               else p.grad) for n, p in exported.named_parameters()}
+    return loss.detach(), full_gradients(exported)
 
 
 @pytest.mark.slow       # spawns 4 processes
@@ -155,9 +152,15 @@ def test_the_plan_pairs_megatron_linears_and_gathers_the_rest():
     assert set(tensor_plan(model, s).values()) == {"colwise"}
     blocks = _graph("gpt2", GPT2, "blocks")
     plan = tensor_plan(model, Strategy.tensor_parallel(blocks, 2, tp=2), blocks)
-    # inside a split block the MLP is a Megatron pair; the attention's linears are gathered
+    # inside a split block the MLP is a Megatron pair, and so is the attention (by heads)
     assert plan["h.1.mlp.fc"] == "colwise-sharded" and plan["h.1.mlp.proj"] == "rowwise"
-    assert plan["h.1.attn.qkv"] == "colwise" and "ln_f" not in plan
+    assert plan["h.1.attn.qkv"] == "colwise-qkv" and plan["h.1.attn.proj"] == "rowwise"
+    assert "ln_f" not in plan
+    # heads that do not divide among the ranks: the attention's linears stay gathered
+    odd = dict(GPT2, hidden=18, n_head=3)
+    three = _graph("gpt2", odd, "blocks")
+    plan = tensor_plan(_model("gpt2", odd)[0], Strategy.tensor_parallel(three, 2, tp=2), three)
+    assert plan["h.1.attn.qkv"] == plan["h.1.attn.proj"] == "colwise"
     sp = tensor_plan(model, Strategy.tensor_parallel(blocks, 2, tp=2, sequence_parallel=True),
                      blocks)
     assert {k: v for k, v in sp.items() if k.startswith(("h.1.", "ln_f")) and "." not in k[4:]} \
