@@ -391,9 +391,12 @@ def _sequence_hooks(model, strategy, graph, mesh, plan, after: bool) -> None:
 
 def _read_full(module: nn.Module, name: str) -> None:
     """``module`` reads parameter ``name`` (a DTensor shard) as the full tensor while it runs:
-    an instance attribute shadows the parameter for the call."""
+    an instance attribute shadows the parameter for the call. The gathered weight's storage
+    is noted in ``module._tp_gathered``: a weight, not an activation, though its matmul saves
+    it (FSDP2's gathered parameters are alike)."""
     def gather(mod, args):
-        mod.__dict__[name] = mod._parameters[name].full_tensor()
+        full = mod.__dict__[name] = mod._parameters[name].full_tensor()
+        mod._tp_gathered = {full.untyped_storage()._cdata}
 
     def drop(mod, args, output):
         mod.__dict__.pop(name, None)
