@@ -55,8 +55,8 @@ Why rows differ, and what was fixed:
   on stage 0 as a plain tensor attribute of `h.0.attn` (not a registered buffer), so the rank's
   `module.buffers()` does not count it; the bytes are there.
 - gpt2 tensor (was held +88% to +98%, then +10% / +15%; now 0.0% on both ranks), and tensor +
-  sequence (was +22% / +29%; now +7.8% on both): which side was wrong? Each, in turn,
-  measured against PyTorch.
+  sequence (was +22% / +29%; now 0.0%): which side was wrong? Each, in turn, measured
+  against PyTorch.
   1. The export ran every Linear of a split block column-parallel with its output gathered
      (FlexFlow's per-unit meaning), so a rank held more than the whole model on one process.
      A split block's MLP runs as a Megatron pair, and its attention by heads: the fused qkv's
@@ -75,11 +75,15 @@ Why rows differ, and what was fixed:
   4. Units left unsplit (glue, `lm_head`) run on every rank of the group (SPMD), where the
      strategy places them, and the simulator charges them, on one device: a rank's
      prediction adds its group's unsplit placements (rank 1 was +4.4%).
-  Left, under sequence parallelism (+7.8%): PyTorch's matmul saves the all-gathered input of
-  `qkv` and of the MLP's first linear whole; Megatron's own linear saves its part and gathers
-  it again in backward, which is what Korthikanti's formula and the simulator count. Weights
-  +3.8%: the norms inside split blocks stay replicated. On the chain, where the split units
-  are the Linears, every byte agrees.
+  5. Sequence parallelism (+7.8% after 1-4): PyTorch's matmul saves the all-gathered input of
+     `qkv` and of the MLP's first linear whole. The export now saves as Megatron does (a
+     saved-tensor hook keeps the rank's part and all-gathers it again in backward), which
+     is what Korthikanti's `sbh(34 + 5as/h)/t` and the simulator count (-2.6% then). The
+     simulator held the block input whole where the stream enters the sequence-parallel run
+     from unsplit glue; it is scattered there (each rank keeps its part), as the export does
+     (`memflow.memory.records.placements`).
+  Weights +3.8%: the norms inside split blocks stay replicated. On the chain, where the split
+  units are the Linears, every byte agrees.
 - Launch-to-launch variation (the same code, 2 loaded cores): single launches have measured a
   rank some KB above its usual bytes (chain tensor rank 0 +1 KB, chain fsdp zero-3 rank 0
   +4 KB, resnet50 fsdp zero-3 rank 0 +1.3%), each exact again when rerun: something the rank

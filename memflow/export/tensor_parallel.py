@@ -375,7 +375,9 @@ def _sequence_hooks(model, strategy, graph, mesh, plan, after: bool) -> None:
         if style == "sequence-gathered":
             m = model.get_submodule(path)
             if not after:
-                m.register_forward_pre_hook(lambda mod, args: tuple(map(gather, args)))
+                saves = _PartSaved(gather)
+                m.register_forward_pre_hook(saves.enter)
+                m.register_forward_hook(saves.exit)
             else:
                 m.register_forward_hook(lambda mod, args, out: scatter(out))
     seq = [bool(strategy.sequence_parallel[s.index]) and s.module in modules for s in spans]
@@ -387,6 +389,44 @@ def _sequence_hooks(model, strategy, graph, mesh, plan, after: bool) -> None:
             m.register_forward_pre_hook(lambda mod, args: tuple(map(scatter, args)))
         if after and (k + 1 == len(spans) or not seq[k + 1]):
             m.register_forward_hook(lambda mod, args, out: gather(out))
+
+
+class _PartSaved:
+    """A sequence-gathered child's entry (its inputs all-gathered) saving as Megatron does
+    (Korthikanti et al. 2022): what autograd saves of a gathered input (a linear's input)
+    keeps the rank's part, gathered again when backward needs it — PyTorch would save the
+    whole sequence. The saved-tensor hooks hold while the child runs."""
+
+    def __init__(self, gather):
+        self.gather, self.parts, self.hooks = gather, {}, None
+
+    def enter(self, module, args):
+        full = tuple(map(self.gather, args))
+        self.parts = {f.untyped_storage()._cdata: a for a, f in zip(args, full)
+                      if isinstance(f, torch.Tensor)}
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+        self.hooks.__enter__()
+        return full
+
+    def exit(self, module, args, out):
+        self.hooks.__exit__(None, None, None)
+        self.parts = {}
+
+    def pack(self, t):
+        local = getattr(t, "_local_tensor", t)      # a DTensor's (a parallel linear's input)
+        part = self.parts.get(local.untyped_storage()._cdata)
+        if part is None:
+            return t
+        return (_PartSaved, part, local.size(), local.stride(), local.storage_offset(),
+                getattr(t, "_spec", None), t.requires_grad)
+
+    def unpack(self, saved):
+        if not (isinstance(saved, tuple) and saved[0] is _PartSaved):
+            return saved
+        from torch.distributed.tensor import DTensor
+        _, part, size, stride, offset, spec, grad = saved
+        local = self.gather(part).as_strided(size, stride, offset)
+        return local if spec is None else DTensor(local, spec, requires_grad=grad)
 
 
 def _read_full(module: nn.Module, name: str) -> None:
