@@ -489,7 +489,8 @@ def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
             modules[s.module].register_forward_hook(lambda m, a, out: out.clone())
     one = type(strategy)(strategy.units, devices=[("tp",)] * len(strategy),
                          policy=strategy.policy, error_bound=strategy.error_bound,
-                         segment_break=strategy.segment_break, name=strategy.name)
+                         segment_break=strategy.segment_break, precision=strategy.precision,
+                         offload_optimizer=strategy.offload_optimizer, name=strategy.name)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     return apply(model, one, graph, inplace=True, devices={"tp": device})
 
