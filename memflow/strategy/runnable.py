@@ -36,8 +36,8 @@ The rules of :data:`RUNNABLE`:
   (``bf16``: FSDP2's ``MixedPrecisionPolicy`` or bf16 parameters with fp32 master copies;
   ``pure-bf16``; not ``amp``'s autocast yet) and optimizer offload if ``offload_optimizer``
   (FSDP2's ``CPUOffloadPolicy``, or a host copy stepped there), written by
-  :mod:`memflow.export.model_states` for replicas only, not yet in pipeline stages or
-  tensor-parallel shards; ZeRO-1 (``ZeroRedundancyOptimizer``) partitions the states of the
+  :mod:`memflow.export.model_states` for replicas, and ``bf16`` on tensor-parallel shards
+  too (not ``pure-bf16`` or optimizer offload there yet), not yet in pipeline stages; ZeRO-1 (``ZeroRedundancyOptimizer``) partitions the states of the
   tensors it steps, so it cannot shard master or host copies: no ``optimizer`` level under
   ``bf16`` or with the optimizer on the host; the root ``fully_shard`` group has one offload
   policy, so the units sharded there at ``gradients`` or ``parameters`` share one optimizer
@@ -253,12 +253,18 @@ def model_state_problem(strategy, graph=None) -> str | None:
     units = list(strategy.units)
     what = (f"precision {strategy.precision!r}" if strategy.precision in ("bf16", "pure-bf16")
             else f"unit {units[int(offload.argmax())]!r} with its optimizer on the host")
-    if (np.asarray(strategy.stage) > 0).any() or (np.asarray(strategy.parameter) > 1).any():
+    # parameter splits: bf16 runs on tensor-parallel processes (fp32 masters or FSDP2's
+    # MixedPrecisionPolicy over the shards, memflow.export.multiprocess); pure-bf16 and
+    # optimizer offload there are not tested yet
+    split = (np.asarray(strategy.parameter) > 1).any() and not (
+        masters and not offload.any())
+    if (np.asarray(strategy.stage) > 0).any() or split:
         return (f"{what} in a strategy with pipeline stages or parameter splits: export writes "
                 "mixed precision and optimizer offload on whole-model replicas "
-                "(DistributedDataParallel, FSDP2), not yet across pipeline or tensor-parallel "
-                "processes. Valid: precision None or 'fp32' and the optimizer on the device, or "
-                "one stage without parameter splits")
+                "(DistributedDataParallel, FSDP2), and precision 'bf16' on tensor-parallel "
+                "processes, not yet across pipeline processes. Valid: precision None, 'fp32' "
+                "or (with parameter splits) 'bf16' and the optimizer on the device, or one "
+                "stage without parameter splits")
     sample = np.asarray(strategy.sample)
     if (sample != sample[0]).any():     # the sample-group path never applies shard_model
         return (f"{what} in a strategy with per-unit sample degrees: export writes mixed "
