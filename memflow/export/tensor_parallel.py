@@ -84,6 +84,7 @@ from ..errors import ExportError
 from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
 from .spans import check_modules, unit_spans
+from .tp_styles import SEQUENCE_DIM, PartSaved, full_gradients, read_full, relayout, styles
 
 __all__ = ["tensor_groups", "tensor_ranks", "tensor_plan", "parallelize", "full_gradients",
            "STYLES"]
@@ -94,7 +95,6 @@ STYLES = ("colwise", "colwise-sharded", "colwise-qkv", "rowwise", "sequence",
 the same for a fused q, k, v projection regrouped by heads, row-parallel (second of a pair),
 a normalization on its rank's part of the sequence, a container's child run on the whole
 sequence (sequence parallelism)."""
-SEQUENCE_DIM = 1
 
 # A split normalization runs replicated: its weights are a vector, and sharding its hidden
 # dimension would need the statistics all-reduced (no parallelize_module style does that).
@@ -295,87 +295,19 @@ def _sequence_plan(span, module: nn.Module, container: bool) -> dict[str, str]:
     return plan
 
 
-def _relayout(mesh, source, target):
-    """A function moving a local tensor laid out ``source`` on ``mesh`` to ``target``,
-    differentiably (DTensor redistributes the gradient back)."""
-    from torch.distributed.tensor import DTensor
-
-    def move(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        return DTensor.from_local(x, mesh, [source], run_check=False).redistribute(
-            mesh, [target]).to_local()
-    return move
-
-
-def _regroup(rows: torch.Tensor, ranks: int, inverse: bool = False) -> torch.Tensor:
-    """A fused projection's rows ``[q | k | v]`` (each in head order) regrouped
-    ``[q_0 k_0 v_0 | q_1 k_1 v_1 | ...]``, ``x_r`` the rows of rank ``r``'s heads; ``inverse``
-    undoes it.
-
-    >>> rows = _regroup(torch.arange(6), 2)
-    >>> rows.tolist(), _regroup(rows, 2, inverse=True).tolist()
-    ([0, 2, 4, 1, 3, 5], [0, 1, 2, 3, 4, 5])
-    """
-    shape = (ranks, 3, -1) if inverse else (3, ranks, -1)
-    return rows.unflatten(0, shape).transpose(0, 1).flatten(0, 2)
-
-
-def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter's gradient as one full tensor in the model's own layout (a DTensor
-    shard gathered, a regrouped ``qkv`` put back in order), by parameter name.
-
-    >>> full_gradients(nn.Linear(2, 1))     # no gradient yet
-    {}
-    """
-    out = {}
-    for path, m in model.named_modules():
-        for name, p in m.named_parameters(recurse=False):
-            if p.grad is None:
-                continue
-            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            ranks = getattr(m, "_qkv_ranks", None)
-            out[f"{path}.{name}" if path else name] = _regroup(g, ranks, True) if ranks else g
-    return out
-
-
-def _styles():
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   SequenceParallel)
-
-    class QKVColwise(ColwiseParallel):
-        """``ColwiseParallel`` left sharded on a fused q, k, v projection, its rows regrouped
-        (:func:`_regroup`) so that each rank's shard holds the q, k and v of its heads."""
-
-        def _partition_linear_fn(self, name, module, device_mesh):
-            ranks = device_mesh.size()
-            for n, p in module.named_parameters():
-                regrouped = distribute_tensor(_regroup(p.detach(), ranks), device_mesh,
-                                              [Shard(0)], src_data_rank=self.src_data_rank)
-                module.register_parameter(n, nn.Parameter(regrouped, p.requires_grad))
-            module._qkv_ranks = ranks
-
-    return {"colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
-            "colwise-sharded": ColwiseParallel, "colwise-qkv": QKVColwise,
-            "rowwise": RowwiseParallel,
-            "sequence": lambda: SequenceParallel(sequence_dim=SEQUENCE_DIM,
-                                                 use_local_output=True)}
-
-
 def _sequence_hooks(model, strategy, graph, mesh, plan, after: bool) -> None:
     """The stream's relayouts (module docstring): before ``parallelize_module`` (``after``
     False) the entries, so they run before its own input hooks; after it the exits."""
     from torch.distributed.tensor import Replicate, Shard
     whole, part = Replicate(), Shard(SEQUENCE_DIM)
-    gather, scatter = _relayout(mesh, part, whole), _relayout(mesh, whole, part)
+    gather, scatter = relayout(mesh, part, whole), relayout(mesh, whole, part)
     spans = unit_spans(strategy.units, graph)
     modules = check_modules(model, spans)
     for path, style in plan.items():
         if style == "sequence-gathered":
             m = model.get_submodule(path)
             if not after:
-                saves = _PartSaved(gather)
+                saves = PartSaved(gather)
                 m.register_forward_pre_hook(saves.enter)
                 m.register_forward_hook(saves.exit)
             else:
@@ -389,59 +321,6 @@ def _sequence_hooks(model, strategy, graph, mesh, plan, after: bool) -> None:
             m.register_forward_pre_hook(lambda mod, args: tuple(map(scatter, args)))
         if after and (k + 1 == len(spans) or not seq[k + 1]):
             m.register_forward_hook(lambda mod, args, out: gather(out))
-
-
-class _PartSaved:
-    """A sequence-gathered child's entry (its inputs all-gathered) saving as Megatron does
-    (Korthikanti et al. 2022): what autograd saves of a gathered input (a linear's input)
-    keeps the rank's part, gathered again when backward needs it — PyTorch would save the
-    whole sequence. The saved-tensor hooks hold while the child runs."""
-
-    def __init__(self, gather):
-        self.gather, self.parts, self.hooks = gather, {}, None
-
-    def enter(self, module, args):
-        full = tuple(map(self.gather, args))
-        self.parts = {f.untyped_storage()._cdata: a for a, f in zip(args, full)
-                      if isinstance(f, torch.Tensor)}
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-        self.hooks.__enter__()
-        return full
-
-    def exit(self, module, args, out):
-        self.hooks.__exit__(None, None, None)
-        self.parts = {}
-
-    def pack(self, t):
-        local = getattr(t, "_local_tensor", t)      # a DTensor's (a parallel linear's input)
-        part = self.parts.get(local.untyped_storage()._cdata)
-        if part is None:
-            return t
-        return (_PartSaved, part, local.size(), local.stride(), local.storage_offset(),
-                getattr(t, "_spec", None), t.requires_grad)
-
-    def unpack(self, saved):
-        if not (isinstance(saved, tuple) and saved[0] is _PartSaved):
-            return saved
-        from torch.distributed.tensor import DTensor
-        _, part, size, stride, offset, spec, grad = saved
-        local = self.gather(part).as_strided(size, stride, offset)
-        return local if spec is None else DTensor(local, spec, requires_grad=grad)
-
-
-def _read_full(module: nn.Module, name: str) -> None:
-    """``module`` reads parameter ``name`` (a DTensor shard) as the full tensor while it runs:
-    an instance attribute shadows the parameter for the call. The gathered weight's storage
-    is noted in ``module._tp_gathered``: a weight, not an activation, though its matmul saves
-    it (FSDP2's gathered parameters are alike)."""
-    def gather(mod, args):
-        full = mod.__dict__[name] = mod._parameters[name].full_tensor()
-        mod._tp_gathered = {full.untyped_storage()._cdata}
-
-    def drop(mod, args, output):
-        mod.__dict__.pop(name, None)
-    module.register_forward_pre_hook(gather)
-    module.register_forward_hook(drop)
 
 
 def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
@@ -463,10 +342,10 @@ def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
         for name, p in m._parameters.items():
             if p is not None:
                 holders.setdefault(id(p), []).append((m, name))
-    styles = _styles()
+    made = styles()
     _sequence_hooks(model, strategy, graph, mesh, plan, after=False)
-    parallelize_module(model, mesh, {path: styles[style]() for path, style in plan.items()
-                                     if style in styles})
+    parallelize_module(model, mesh, {path: made[style]() for path, style in plan.items()
+                                     if style in made})
     _sequence_hooks(model, strategy, graph, mesh, plan, after=True)
     for uses in holders.values():
         sharded = [(m, n) for m, n in uses if isinstance(m._parameters[n], DTensor)]
@@ -479,7 +358,7 @@ def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
         for m, n in uses:
             if (m, n) != (owner, name):
                 m._parameters[n] = owner._parameters[name]
-                _read_full(m, n)
+                read_full(m, n)
     spans = unit_spans(strategy.units, graph)
     modules = check_modules(model, spans)
     for s, after in zip(spans, spans[1:]):
