@@ -9,8 +9,8 @@ run under ``torchrun`` (gloo) and each rank writes what it holds
 held-for-backward and model-state bytes beside the prediction. A strategy export refuses is
 listed with its reason.
 
-Run: ``python benchmarks/bench_ranks.py`` (``--quick``: the chain only; ``--models gpt2 ...``: those
-only, printed, the RESULTS.md section left as it is).
+Run: ``python benchmarks/bench_ranks.py`` (``--quick``: the chain only; ``--models gpt2 ...``,
+``--kinds tensor ...``: those only, printed, the RESULTS.md section left as it is).
 """
 from __future__ import annotations
 
@@ -55,23 +55,36 @@ Why rows differ, and what was fixed:
   optimizer step. Left: stage 0's weights -1.5% is the mask's 256 bytes, which the tracer leaves
   on stage 0 as a plain tensor attribute of `h.0.attn` (not a registered buffer), so the rank's
   `module.buffers()` does not count it; the bytes are there.
-- gpt2 tensor (was held +88% to +98%; now +10% to +15%), and tensor + sequence (+22% to +29%):
-  which side was wrong? Both, measured against PyTorch. The export: each rank held more than
-  the whole model does on one process (58 KB against 56 KB), because a split block ran every
-  Linear column-parallel with its output gathered (FlexFlow's per-unit meaning), keeping the
-  MLP's hidden activations whole; a split block's MLP now runs as a Megatron pair (column- then
-  row-parallel, `memflow.export.tensor_parallel`), 58 KB -> 40 KB. The simulator: it charged a
-  split block's residual stream (LayerNorm inputs and outputs, dropout masks) at 1/t, where
-  Megatron replicates it (`sbh(10 + 24/t + 5as/(ht))`, `tests/zoo/test_gpt_tensor_parallel.py`);
-  it now holds them whole, and at 1/t under sequence parallelism (`Strategy.sequence_parallel`).
-  Left: the attention's linears still run gathered (its fused qkv needs its rows regrouped per
-  head and its head count made local, as torchtitan's model code does), so each rank keeps
-  q, k, v and the scores whole; under sequence parallelism PyTorch's matmul saves the
-  all-gathered input of a block's linears (Megatron's own linear saves its part and gathers it
-  again in backward); units left unsplit (glue, `lm_head`) run on every rank, but the strategy
-  places them, and the simulator charges them, on one device. Weights +3%: the norms inside
-  split blocks stay replicated. On the chain, where the split units are the Linears, every byte
-  agrees.
+- gpt2 tensor (was held +88% to +98%, then +10% / +15%; now 0.0% on both ranks), and tensor +
+  sequence (was +22% / +29%; now 0.0%): which side was wrong? Each, in turn, measured
+  against PyTorch.
+  1. The export ran every Linear of a split block column-parallel with its output gathered
+     (FlexFlow's per-unit meaning), so a rank held more than the whole model on one process.
+     A split block's MLP runs as a Megatron pair, and its attention by heads: the fused qkv's
+     rows regrouped so that each rank holds q, k and v of its heads (the zoo attentions
+     declare `tp_plan` and read their head count from the widths they get, as torchtitan's
+     do), the output projection row-parallel (`memflow.export.tensor_parallel`).
+  2. The simulator charged a split block's residual stream (LayerNorm inputs and outputs,
+     dropout masks) at 1/t, where Megatron replicates it (`sbh(10 + 24/t + 5as/(ht))`); it
+     holds them whole now, and at 1/t under sequence parallelism.
+  3. The measurement missed what DTensor allocates: a `TorchDispatchMode` sees the op on the
+     DTensor, never the local op it runs, so `held_bytes` counted neither the column-parallel
+     outputs nor the all-gathered inputs (both ranks read -23% / -19% once 1 was fixed). It
+     now counts the local tensors of a tensor subclass's outputs; the head's tied weight,
+     gathered whole for the unsplit `lm_head`, is a weight (skipped, as FSDP2's gathered
+     parameters).
+  4. Units left unsplit (glue, `lm_head`) run on every rank of the group (SPMD), where the
+     strategy places them, and the simulator charges them, on one device: a rank's
+     prediction adds its group's unsplit placements (rank 1 was +4.4%).
+  5. Sequence parallelism (+7.8% after 1-4): PyTorch's matmul saves the all-gathered input of
+     `qkv` and of the MLP's first linear whole. The export now saves as Megatron does (a
+     saved-tensor hook keeps the rank's part and all-gathers it again in backward), which
+     is what Korthikanti's `sbh(34 + 5as/h)/t` and the simulator count (-2.6% then). The
+     simulator held the block input whole where the stream enters the sequence-parallel run
+     from unsplit glue; it is scattered there (each rank keeps its part), as the export does
+     (`memflow.memory.records.placements`).
+  Weights +3.8%: the norms inside split blocks stay replicated. On the chain, where the split
+  units are the Linears, every byte agrees.
 - Launch-to-launch variation (the same code, 2 loaded cores): single launches have measured a
   rank some KB above its usual bytes (chain tensor rank 0 +1 KB, chain fsdp zero-3 rank 0
   +4 KB, resnet50 fsdp zero-3 rank 0 +1.3%), each exact again when rerun: something the rank
@@ -112,11 +125,13 @@ def kinds(g) -> dict[str, Strategy]:
     }
 
 
-def rows(model: str) -> tuple[list[dict], list[str]]:
+def rows(model: str, only=None) -> tuple[list[dict], list[str]]:
     batch, options = MODELS[model]
     g = memflow.zoo.graph(model, batch_size=batch, units="blocks", **options)
     out, refused = [], []
     for kind, s in kinds(g).items():
+        if only and kind not in only:
+            continue
         t0 = time.perf_counter()
         try:
             df = validate_ranks(s, model, model_options=options, batch_size=batch, graph=g)
@@ -140,10 +155,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the chain only")
     parser.add_argument("--models", nargs="+", choices=list(MODELS),
                         help="these models only, printed, not written to RESULTS.md")
+    parser.add_argument("--kinds", nargs="+", help="these kinds only (as the table names "
+                        "them), printed, not written to RESULTS.md")
     args = parser.parse_args()
     found, refused = [], []
     for model in (["chain"] if args.quick else args.models or list(MODELS)):
-        r, x = rows(model)
+        r, x = rows(model, args.kinds)
         found += r
         refused += x
     df = pd.DataFrame(found).set_index(["model", "kind", "rank"])
@@ -155,7 +172,7 @@ def main() -> None:
     if refused:
         body += "\nRefused by export:\n\n" + "\n".join(f"- {x}" for x in refused) + "\n"
     print(body)
-    if args.models:
+    if args.models or args.kinds:
         return
     write_section("rank_validation", body, title="Per-rank validation of multi-process exports")
 

@@ -101,9 +101,12 @@ class Sharding:
         ``ZeroRedundancyOptimizer`` (their states partitioned over the replicas), fp32 master
         copies of bf16 parameters and host copies of offloaded ones stepped in their place
         (:class:`~memflow.export.model_states.Steps`)."""
+        left = {id(p) for p in self.replicated}     # a DTensor among them: a TP shard
         return Steps.build(list(self.module.parameters()), cls, options,
                            precision=self.precision, host=self.host, zero=self.zero,
-                           group=self.group)
+                           group=self.group, fsdp={id(p) for p in self.module.parameters()
+                                                   if hasattr(p, "device_mesh")
+                                                   and id(p) not in left})
 
 
 def _groups(exported) -> tuple[list[tuple[Any, nn.Module]], list[Any], list[nn.Parameter]]:

@@ -7,7 +7,9 @@ a compressing one packed bytes — and those policies install their own ``saved_
 which hide the saves from an outer hook. So :func:`held_bytes` measures the result instead:
 
 * a ``TorchDispatchMode`` notes every storage an op allocates during the forward (a storage
-  that none of the op's inputs had), by weak reference;
+  that none of the op's inputs had), by weak reference. A tensor subclass (a DTensor) is seen
+  through: the mode sees the op on the DTensor, never the local op it runs, so the storages
+  counted are those of its inner (local) tensors;
 * then everything but the autograd graph is dropped — the outputs, and the inputs, which are
   copies made here — and the storages still alive are the ones the graph holds: exactly
   "bytes held for backward at the end of forward, each storage once" of the memory model.
@@ -31,7 +33,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from ..graph.capture import split_inputs
 from .segment import storage_key
@@ -42,6 +44,20 @@ HOST = "host"
 """Key of offloaded bytes in :func:`held_bytes`'s result."""
 
 
+def _plain(tree) -> list[torch.Tensor]:
+    """The plain tensors of ``tree``, a tensor subclass (DTensor) replaced by its inner ones."""
+    out = []
+    todo = list(pytree.tree_leaves(tree))
+    while todo:
+        t = todo.pop()
+        if is_traceable_wrapper_subclass(t):
+            todo += [x for x in map(t.__getattribute__, t.__tensor_flatten__()[0])
+                     if isinstance(x, torch.Tensor)]
+        elif isinstance(t, torch.Tensor):
+            out.append(t)
+    return out
+
+
 class _Allocations(TorchDispatchMode):
     """Weak references to every storage an op allocates while the mode is on."""
 
@@ -50,16 +66,17 @@ class _Allocations(TorchDispatchMode):
         self.made: dict[int, tuple[StorageWeakRef, int, str]] = {}
 
     def note(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        if storage._cdata not in self.made:
-            self.made[storage._cdata] = (StorageWeakRef(storage), storage.nbytes(), str(t.device))
+        for t in _plain(t):
+            storage = t.untyped_storage()
+            if storage._cdata not in self.made:
+                self.made[storage._cdata] = (StorageWeakRef(storage), storage.nbytes(),
+                                             str(t.device))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        seen = {storage_key(t) for t in pytree.tree_leaves((args, kwargs))
-                if isinstance(t, torch.Tensor)}
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and storage_key(t) not in seen:
+        seen = {storage_key(t) for t in _plain((args, kwargs))}
+        for t in _plain(out):
+            if storage_key(t) not in seen:
                 self.note(t)
         return out
 
@@ -85,7 +102,7 @@ def held_bytes(model: nn.Module, example_inputs: Any, *, forwards: int = 1,
     through every graph (so that DistributedDataParallel or FSDP2 finish their step). Storages
     a hook resized to nothing (FSDP2 frees a gathered weight so) are not counted.
     """
-    weights = {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
+    weights = {storage_key(t) for t in _plain([*model.parameters(), *model.buffers()])}
     mode = _Allocations()
     outs, probes = [], []
     for _ in range(forwards):

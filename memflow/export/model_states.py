@@ -72,11 +72,14 @@ def offload_policy(offload: bool):
 
 
 def cast_parameters(params: Iterable[nn.Parameter], precision: str | None) -> None:
-    """Cast floating ``params`` in place to ``precision``'s compute dtype."""
+    """Cast floating ``params`` in place to ``precision``'s compute dtype (a DTensor swapped
+    whole, as ``nn.Module.to`` does: setting its ``.data`` would leave its local shard)."""
     dtype = compute_dtype(precision)
     if dtype is not None:
         for p in params:
-            if p.is_floating_point():
+            if p.is_floating_point() and hasattr(p, "_local_tensor"):
+                torch.utils.swap_tensors(p, nn.Parameter(p.detach().to(dtype), p.requires_grad))
+            elif p.is_floating_point():
                 p.data = p.data.to(dtype)
 
 
@@ -125,18 +128,19 @@ class Steps:
     @classmethod
     def build(cls, params: list[nn.Parameter], opt_class: type, options: dict, *,
               precision: str | None = None, host: set[int] = frozenset(),
-              zero: list | None = None, group=None) -> "Steps":
+              zero: list | None = None, group=None, fsdp: set[int] | None = None) -> "Steps":
         """The optimizer of ``params``: masters for bf16 parameters under ``bf16`` and for
         those whose ids are in ``host``; ``zero`` (ZeRO-1's parameters) under
-        ``ZeroRedundancyOptimizer`` over ``group``. FSDP2's parameters are stepped as they are
-        (its policies already hold them as the precision and place say)."""
+        ``ZeroRedundancyOptimizer`` over ``group``. FSDP2's parameters (ids ``fsdp``; by
+        default every DTensor) are stepped as they are (its policies already hold them as
+        the precision and place say); a tensor-parallel shard FSDP2 leaves is not one."""
         wide = precision == "bf16"
         zero_ids = {id(p) for p in zero or []}
         plain, links, masters, on_host = [], [], [], set()
         for p in params:
             if id(p) in zero_ids:
                 continue
-            if hasattr(p, "device_mesh") or not (
+            if (id(p) in fsdp if fsdp is not None else hasattr(p, "device_mesh")) or not (
                     id(p) in host or (wide and p.dtype == torch.bfloat16)):
                 plain.append(p)
                 continue

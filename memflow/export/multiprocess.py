@@ -49,8 +49,10 @@ from torch.utils import _pytree as pytree
 from ..errors import ExportError
 from ..strategy import Strategy
 from ..strategy.runnable import sample_problem, shard_problem, unrunnable
+from ..strategy.shard_levels import S_NONE
 from .accumulation import accumulate, accumulates, micro_batches
 from .fsdp import shard_model, sharded
+from .model_states import compute_dtype
 from .pipelining import average_gradients, build_pipeline, split_points, stage_ranks, stages
 from .rank_measure import measure_rank
 from .sample_groups import GroupRun, group_ranks
@@ -178,8 +180,11 @@ def train_across_processes(strategy, kind: str, args,
                                 mesh_dim_names=("dp", "tp"))
         module = parallelize(model, strategy, mesh["tp"], graph)
         dp_group = mesh["dp"].get_group() if replicas > 1 else None
-        if dp_group is not None and sharded(strategy):     # FSDP2 over the replicas
-            sharding = shard_model(module, levels=strategy.shard, mesh=mesh["dp"])
+        if (dp_group is not None and sharded(strategy)) or compute_dtype(
+                strategy.precision) is not None or strategy.offload_optimizer.any():
+            # FSDP2 over the replicas, precision and optimizer place (one replica: no FSDP2)
+            sharding = shard_model(module, levels=strategy.shard if dp_group is not None
+                                   else [S_NONE] * len(strategy), mesh=mesh["dp"])
         target = None
         if accumulates(strategy):   # drawn for the whole batch, sliced per micro-batch
             _, target = loss_of(args.loss, torch.zeros(_output_shape(model, *call)), None, seed)
@@ -194,6 +199,8 @@ def train_across_processes(strategy, kind: str, args,
     losses = []
     for step in tqdm(range(args.steps), disable=rank != 0, desc=f"training ({kind})"):
         inputs, given = next(batches)
+        if sharding is not None and kind == "tensor":     # bf16 under a bf16 precision
+            inputs = sharding.inputs(inputs)
         target = given if given is not None else target
         optimizer.zero_grad(set_to_none=True)
         if kind == "pipeline":

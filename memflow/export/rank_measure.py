@@ -61,12 +61,13 @@ def state_bytes(module: nn.Module, optimizer) -> dict[str, int]:
 
 
 def _gathered(module: nn.Module) -> set[int]:
-    """Storage keys of FSDP2's gathered (unsharded) parameters in ``module`` and of its flat
-    all-gather buffers: communication buffers of the model states, not activations, though a
+    """Storage keys of FSDP2's gathered (unsharded) parameters in ``module``, of its flat
+    all-gather buffers and of tied weights tensor parallelism gathers: communication buffers of the model states, not activations, though a
     forward leaves them alive (``reshard_after_forward=False``, or the last group's buffer
     until the next all-gather) and a matmul saves them. Read from FSDP2's private state."""
     keys = set()
     for m in module.modules():
+        keys.update(getattr(m, "_tp_gathered", ()))     # a tied weight gathered (tensor_parallel)
         state = getattr(m, "_get_fsdp_state", None)
         group = getattr(state(), "_fsdp_param_group", None) if state else None
         if group is None:

@@ -8,7 +8,8 @@ the ranks alone (:mod:`memflow.export.rank_measure`: held-for-backward bytes, an
 weights, gradients and optimizer states).
 
 The predicted side, per rank, sums over the strategy's devices that rank runs
-(:func:`rank_devices`): held bytes from the memory model the simulator charges
+(:func:`rank_devices`; a tensor-parallel rank also runs its group's unsplit units, SPMD):
+held bytes from the memory model the simulator charges
 (:func:`~memflow.export.validation.predicted_held`, scaled to the micro-batches a 1F1B stage
 holds at once), model states from ``SimResult.model_states``. Columns are in
 ``docs/data-model.md`` ("Per-rank validation").
@@ -31,7 +32,7 @@ from .pipelining import stage_ranks, stages
 from .rank_measure import STEPS, in_flight
 from .sample_groups import group_ranks
 from .scripts import _model_graph, script, written_path
-from .tensor_parallel import tensor_ranks
+from .tensor_parallel import tensor_groups, tensor_ranks
 from .validation import predicted_held
 
 __all__ = ["validate_ranks", "rank_devices", "METRICS"]
@@ -72,13 +73,25 @@ def _predicted(graph, strategy, cluster, optimizer: str, path, devices) -> list[
     n, m = stages(strategy), strategy.microbatches
     rows = []
     for rank, names in enumerate(devices):
-        row = {"held": sum(held.get(d, 0.0) for d in names)}
+        row = {"held": (sum(held.get(d, 0.0) for d in names) if path != "tensor" else
+                        _tensor_rank_held(graph, strategy, names))}
         if path == "pipeline":      # the memory model holds every micro-batch (GPipe)
             row["held"] *= in_flight(rank % n, n, m, strategy.schedule) / m
         for k in METRICS[1:]:
             row[k] = float(sum(states.at[d, k] for d in names if d in states.index))
         rows.append(row)
     return rows
+
+
+def _tensor_rank_held(graph, strategy, names: tuple[str, ...]) -> float:
+    """Held bytes of a tensor-parallel rank running device ``names[0]``: its part of every
+    split placement, and every unsplit placement of its replica's group whole, since the
+    export runs unsplit units on every rank of the group (SPMD,
+    :mod:`~memflow.export.tensor_parallel`) where the strategy places them on one device."""
+    group = next(g for g in tensor_groups(strategy) if names[0] in g)
+    held = predicted_held(graph, strategy, by_layout=True)
+    return float(sum(b for (s, p, a, devs), b in zip(strategy.layouts, held)
+                     if names[0] in devs or (int(p) == 1 and not set(devs).isdisjoint(group))))
 
 
 def validate_ranks(strategy, model: str, *, model_options: Mapping[str, Any] | None = None,

@@ -23,7 +23,15 @@ unit sees the whole tensor — unless two adjacent linears allow Megatron's pair
 * a unit that is a container (a block, an MLP, an attention): each ``Linear`` and
   ``Embedding`` inside it as above, gathered, but a Megatron pair inside it (a module of
   leaves: ``Linear``, element-wise modules, ``Linear``, element-wise modules — an MLP) runs
-  column- then row-parallel (its hidden activations split);
+  column- then row-parallel (its hidden activations split), and so does a **Megatron
+  attention**: a module that declares ``tp_plan`` (its children's styles, as Hugging Face's
+  ``base_model_tp_plan`` does; the zoo's GPT-2, BERT and Llama attentions) and whose heads
+  (``n_head``, ``n_kv_head``) divide among the ranks. Each rank runs attention on its heads:
+  separate q, k, v projections column-parallel (whole heads are contiguous rows), a fused
+  ``qkv`` (``colwise-qkv``) with its rows regrouped first — q, k, v of rank 0's heads, then
+  rank 1's — the output projection row-parallel. The module's forward must read its head
+  count from the widths it gets (torchtitan's ``view(b, s, -1, head_dim)``). A regrouped
+  weight's full tensor is in the regrouped order: :func:`full_gradients` puts it back;
 * a normalization (``LayerNorm``, ``RMSNorm``, ``GroupNorm``): replicated, as an unsplit unit
   (its weights are one vector; sharding its features would need its statistics all-reduced).
 
@@ -76,14 +84,17 @@ from ..errors import ExportError
 from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
 from .spans import check_modules, unit_spans
+from .tp_styles import SEQUENCE_DIM, PartSaved, full_gradients, read_full, relayout, styles
 
-__all__ = ["tensor_groups", "tensor_ranks", "tensor_plan", "parallelize", "STYLES"]
+__all__ = ["tensor_groups", "tensor_ranks", "tensor_plan", "parallelize", "full_gradients",
+           "STYLES"]
 
-STYLES = ("colwise", "colwise-sharded", "rowwise", "sequence", "sequence-gathered")
+STYLES = ("colwise", "colwise-sharded", "colwise-qkv", "rowwise", "sequence",
+          "sequence-gathered")
 """Plan entries: column-parallel gathered, column-parallel left sharded (first of a pair),
-row-parallel (second of a pair), a normalization on its rank's part of the sequence, a
-container's child run on the whole sequence (sequence parallelism)."""
-SEQUENCE_DIM = 1
+the same for a fused q, k, v projection regrouped by heads, row-parallel (second of a pair),
+a normalization on its rank's part of the sequence, a container's child run on the whole
+sequence (sequence parallelism)."""
 
 # A split normalization runs replicated: its weights are a vector, and sharding its hidden
 # dimension would need the statistics all-reduced (no parallelize_module style does that).
@@ -184,7 +195,9 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
                                   "tensor parallelism (parallelize_module) cannot shard; use "
                                   "parameter=1 for it")
             plan[path] = "colwise"
-        plan.update(_inner_pairs(s.module, module) if inside else {})
+        if inside:
+            plan.update(_inner_pairs(s.module, module))
+            plan.update(_attention(s.module, module, int(strategy.parameter[s.index])))
         if strategy.sequence_parallel[s.index]:
             plan.update(_sequence_plan(s, module, bool(inside)))
         if s.index in pairs:
@@ -245,6 +258,26 @@ def _inner_pairs(prefix: str, module: nn.Module) -> dict[str, str]:
     return out
 
 
+def _attention(prefix: str, module: nn.Module, ranks: int) -> dict[str, str]:
+    """The Megatron attentions inside a split container (module docstring): the ``tp_plan``
+    of each module declaring one whose head counts ``ranks`` divides; others stay gathered."""
+    out = {}
+    for path, m in module.named_modules():
+        declared = getattr(m, "tp_plan", None)
+        if not isinstance(declared, dict):
+            continue
+        heads = [int(getattr(m, k)) for k in ("n_head", "n_kv_head") if hasattr(m, k)]
+        base = f"{prefix}.{path}" if path else prefix
+        kids = dict(m.named_children())
+        for child, style in declared.items():
+            if style not in STYLES or not isinstance(kids.get(child), nn.Linear):
+                raise ExportError(f"{type(m).__name__}.tp_plan at {base!r}: {child!r} -> "
+                                  f"{style!r}; valid: a Linear child -> one of {STYLES}")
+        if heads and all(h % ranks == 0 for h in heads):
+            out.update({f"{base}.{child}": style for child, style in declared.items()})
+    return out
+
+
 def _sequence_plan(span, module: nn.Module, container: bool) -> dict[str, str]:
     """The sequence-parallel entries of a split unit (module docstring)."""
     if isinstance(module, _NORMS):
@@ -262,42 +295,21 @@ def _sequence_plan(span, module: nn.Module, container: bool) -> dict[str, str]:
     return plan
 
 
-def _relayout(mesh, source, target):
-    """A function moving a local tensor laid out ``source`` on ``mesh`` to ``target``,
-    differentiably (DTensor redistributes the gradient back)."""
-    from torch.distributed.tensor import DTensor
-
-    def move(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        return DTensor.from_local(x, mesh, [source], run_check=False).redistribute(
-            mesh, [target]).to_local()
-    return move
-
-
-def _styles():
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   SequenceParallel)
-    return {"colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
-            "colwise-sharded": ColwiseParallel, "rowwise": RowwiseParallel,
-            "sequence": lambda: SequenceParallel(sequence_dim=SEQUENCE_DIM,
-                                                 use_local_output=True)}
-
-
 def _sequence_hooks(model, strategy, graph, mesh, plan, after: bool) -> None:
     """The stream's relayouts (module docstring): before ``parallelize_module`` (``after``
     False) the entries, so they run before its own input hooks; after it the exits."""
     from torch.distributed.tensor import Replicate, Shard
     whole, part = Replicate(), Shard(SEQUENCE_DIM)
-    gather, scatter = _relayout(mesh, part, whole), _relayout(mesh, whole, part)
+    gather, scatter = relayout(mesh, part, whole), relayout(mesh, whole, part)
     spans = unit_spans(strategy.units, graph)
     modules = check_modules(model, spans)
     for path, style in plan.items():
         if style == "sequence-gathered":
             m = model.get_submodule(path)
             if not after:
-                m.register_forward_pre_hook(lambda mod, args: tuple(map(gather, args)))
+                saves = PartSaved(gather)
+                m.register_forward_pre_hook(saves.enter)
+                m.register_forward_hook(saves.exit)
             else:
                 m.register_forward_hook(lambda mod, args, out: scatter(out))
     seq = [bool(strategy.sequence_parallel[s.index]) and s.module in modules for s in spans]
@@ -309,18 +321,6 @@ def _sequence_hooks(model, strategy, graph, mesh, plan, after: bool) -> None:
             m.register_forward_pre_hook(lambda mod, args: tuple(map(scatter, args)))
         if after and (k + 1 == len(spans) or not seq[k + 1]):
             m.register_forward_hook(lambda mod, args, out: gather(out))
-
-
-def _read_full(module: nn.Module, name: str) -> None:
-    """``module`` reads parameter ``name`` (a DTensor shard) as the full tensor while it runs:
-    an instance attribute shadows the parameter for the call."""
-    def gather(mod, args):
-        mod.__dict__[name] = mod._parameters[name].full_tensor()
-
-    def drop(mod, args, output):
-        mod.__dict__.pop(name, None)
-    module.register_forward_pre_hook(gather)
-    module.register_forward_hook(drop)
 
 
 def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
@@ -342,10 +342,10 @@ def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
         for name, p in m._parameters.items():
             if p is not None:
                 holders.setdefault(id(p), []).append((m, name))
-    styles = _styles()
+    made = styles()
     _sequence_hooks(model, strategy, graph, mesh, plan, after=False)
-    parallelize_module(model, mesh, {path: styles[style]() for path, style in plan.items()
-                                     if style in styles})
+    parallelize_module(model, mesh, {path: made[style]() for path, style in plan.items()
+                                     if style in made})
     _sequence_hooks(model, strategy, graph, mesh, plan, after=True)
     for uses in holders.values():
         sharded = [(m, n) for m, n in uses if isinstance(m._parameters[n], DTensor)]
@@ -358,7 +358,7 @@ def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
         for m, n in uses:
             if (m, n) != (owner, name):
                 m._parameters[n] = owner._parameters[name]
-                _read_full(m, n)
+                read_full(m, n)
     spans = unit_spans(strategy.units, graph)
     modules = check_modules(model, spans)
     for s, after in zip(spans, spans[1:]):
@@ -368,7 +368,8 @@ def parallelize(model: nn.Module, strategy, mesh, graph=None) -> nn.Module:
             modules[s.module].register_forward_hook(lambda m, a, out: out.clone())
     one = type(strategy)(strategy.units, devices=[("tp",)] * len(strategy),
                          policy=strategy.policy, error_bound=strategy.error_bound,
-                         segment_break=strategy.segment_break, name=strategy.name)
+                         segment_break=strategy.segment_break, precision=strategy.precision,
+                         offload_optimizer=strategy.offload_optimizer, name=strategy.name)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     return apply(model, one, graph, inplace=True, devices={"tp": device})
 

@@ -68,9 +68,10 @@ def local_strategy(strategy: Strategy, replica: int = 0,
                     name=strategy.name)
 
 
-def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
+def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False):
     """Bytes the memory model holds for backward at the end of the forward, by device name,
-    offloaded bytes under ``"host"`` (summed over the parts of each placement).
+    offloaded bytes under ``"host"`` (summed over the parts of each placement); with
+    ``by_layout``, on the device per part of each of ``strategy.layouts`` (an array).
 
     What :meth:`~memflow.memory.blocks.StepBlocks.held_for_backward` counts, per part of each
     placement. Micro-batches add up (GPipe holds them all; gradient accumulation — 1F1B with
@@ -90,6 +91,8 @@ def predicted_held(graph, strategy: Strategy) -> dict[str, float]:
     device, host = plan.held_for_backward()
     if accumulates(strategy):      # activations are per micro-batch; one is held at a time
         device, host = device / strategy.microbatches, host / strategy.microbatches
+    if by_layout:
+        return device
     out: dict[str, float] = {}
     for layout, on_device, on_host in zip(strategy.layouts, device, host):
         for name in layout[3]:

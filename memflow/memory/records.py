@@ -167,7 +167,8 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     A tensor internal to a split unit is held at ``1/p`` per part, but for its residual-stream
     tensors (``ga.stream``: Megatron's replicated LayerNorm and dropout tensors), unless the
     unit is ``sequence`` parallel (per unit, bool); under sequence parallelism a stream tensor
-    passed between sequence-parallel units only is held at ``1/p`` too (Korthikanti et al.
+    passed between sequence-parallel units only, or copied into them (scattered), is held at
+    ``1/p`` too (Korthikanti et al.
     2022: ``sbh(10 + 24/t + 5as/(ht))`` per block, ``sbh(34 + 5as/h)/t`` with sequence
     parallelism)."""
     n, last, M = ga.n, ga.n - 1, int(microbatches)
@@ -230,7 +231,13 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
         | (seq[prod] & stream & ~ga.is_output[rec_t]
            & (np.bincount(pair_rec, ~seq[pv], minlength=R) == 0)))  # sequence-split stream
     share = np.where(split, share / p[prod], share)
-    nbytes = allocated_bytes(size * share, allocator)
+    moved = allocated_bytes(size * share, allocator)
+    # a stream tensor copied into a run of sequence-parallel units arrives whole and is
+    # scattered there: each part keeps its share of the sequence
+    entry = ~rec_home & stream & (rec_min >= 0) & seq[np.maximum(rec_min, 0)] & (
+        np.bincount(pair_rec, ~seq[pv], minlength=R) == 0)
+    nbytes = np.where(entry, allocated_bytes(size * share / p[np.maximum(rec_min, 0)],
+                                             allocator), moved)
 
     # copies: every record off the producer's placement
     is_copy = ~rec_home
@@ -240,7 +247,7 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     rg = ga.requires_grad[rec_t]
     cp = np.flatnonzero(is_copy)
     copies = Copies(tensor=rec_t[cp], src_layout=home_t[rec_t[cp]], dst_layout=rec_lay[cp],
-                    bytes=nbytes[cp], first_reader=rec_min[cp], last_reader=m_max[cp],
+                    bytes=moved[cp], first_reader=rec_min[cp], last_reader=m_max[cp],
                     grad=rg[cp] & (r_max[cp] >= 0))
     alloc = np.where(rec_home[:, None], anchors(A_FWD, np.where(rec_prod >= 0, rec_prod, rec_min),
                                                 START), anchors(A_XFER, copy_id, START))

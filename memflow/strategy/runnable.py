@@ -33,12 +33,13 @@ The rules of :data:`RUNNABLE`:
   ``fully_shard`` group of their own — glue (their module's own code), a module called more
   than once, tied weights (:func:`root_sharded`) — are sharded together at the model's root,
   so they share one level;
-* **precision and optimizer place on replicas and pipeline stages** — precisions in
-  ``precisions`` (``bf16``: FSDP2's ``MixedPrecisionPolicy`` or bf16 parameters with fp32
-  master copies; ``pure-bf16``; not ``amp``'s autocast yet) and optimizer offload if
-  ``offload_optimizer`` (FSDP2's ``CPUOffloadPolicy``, or a host copy stepped there), written
-  by :mod:`memflow.export.model_states` on whole-model replicas and on pipeline stages run a
-  process each, not yet on tensor-parallel shards; ZeRO-1 (``ZeroRedundancyOptimizer``) partitions the states of the
+* **precision and optimizer place on replicas, pipeline stages and tensor-parallel shards** —
+  precisions in ``precisions`` (``bf16``: FSDP2's ``MixedPrecisionPolicy`` or bf16
+  parameters with fp32 master copies; ``pure-bf16``; not ``amp``'s autocast yet) and
+  optimizer offload if ``offload_optimizer`` (FSDP2's ``CPUOffloadPolicy``, or a host copy
+  stepped there), written by :mod:`memflow.export.model_states` on whole-model replicas and on
+  pipeline stages run a process each, and ``bf16`` on tensor-parallel shards too (not
+  ``pure-bf16`` or optimizer offload there yet); ZeRO-1 (``ZeroRedundancyOptimizer``) partitions the states of the
   tensors it steps, so it cannot shard master or host copies: no ``optimizer`` level under
   ``bf16`` or with the optimizer on the host; the root ``fully_shard`` group has one offload
   policy, so the units sharded there at ``gradients`` or ``parameters`` share one optimizer
@@ -234,12 +235,15 @@ def model_state_problem(strategy, graph=None) -> str | None:
         problem = pipeline_problem(strategy, graph)
         if problem is not None:
             return problem
-    if (np.asarray(strategy.parameter) > 1).any():
-        return (f"{what} in a strategy with parameter splits: export writes "
-                "mixed precision and optimizer offload on whole-model replicas and pipeline "
-                "stages (DistributedDataParallel, FSDP2), not yet across tensor-parallel "
-                "processes. Valid: precision None or 'fp32' and the optimizer on the device, or "
-                "no parameter splits")
+    # parameter splits: bf16 runs on tensor-parallel processes (fp32 masters or FSDP2's
+    # MixedPrecisionPolicy over the shards, memflow.export.multiprocess); pure-bf16 and
+    # optimizer offload there are not tested yet
+    if (np.asarray(strategy.parameter) > 1).any() and not (masters and not offload.any()):
+        return (f"{what} in a strategy with parameter splits: export writes mixed precision "
+                "and optimizer offload on whole-model replicas and pipeline stages "
+                "(DistributedDataParallel, FSDP2), and precision 'bf16' on tensor-parallel "
+                "processes. Valid: precision None, 'fp32' or 'bf16' with the optimizer on the "
+                "device, or no parameter splits")
     sample = np.asarray(strategy.sample)
     if (sample != sample[0]).any():     # the sample-group path never applies shard_model
         return (f"{what} in a strategy with per-unit sample degrees: export writes mixed "

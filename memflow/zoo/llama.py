@@ -111,11 +111,16 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(n_head * self.head_dim, hidden, bias=False)
 
+    # Tensor parallelism by heads (memflow.export.tensor_parallel, Megatron): the forward
+    # reads the head counts from the widths the projections return, as torchtitan's does.
+    tp_plan = {"q_proj": "colwise-sharded", "k_proj": "colwise-sharded",
+               "v_proj": "colwise-sharded", "o_proj": "rowwise"}
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            enable_gqa=self.n_kv_head != self.n_head)

@@ -71,15 +71,20 @@ class SelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
         self.register_buffer("mask", mask, persistent=False)
 
+    # Tensor parallelism by heads (memflow.export.tensor_parallel, Megatron): each rank's
+    # ``qkv`` holds the q, k and v rows of its heads, ``proj`` the matching input columns. The
+    # forward reads the head count from the width ``qkv`` returns, as torchtitan's does.
+    tp_plan = {"qkv": "colwise-qkv", "proj": "rowwise"}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = (t.view(b, s, self.n_head, h // self.n_head).transpose(1, 2)
-                   for t in self.qkv(x).split(h, dim=2))
+        q, k, v = (t.view(b, s, -1, h // self.n_head).transpose(1, 2)
+                   for t in self.qkv(x).chunk(3, dim=2))
         att = (q @ k.transpose(-2, -1)) * self.scale
         if self.mask is not None:
             att = att.masked_fill(self.mask[:s, :s], float("-inf"))
         att = self.attn_dropout(att.softmax(dim=-1))
-        y = (att @ v).transpose(1, 2).reshape(b, s, h)
+        y = (att @ v).transpose(1, 2).reshape(b, s, -1)
         return self.resid_dropout(self.proj(y))
 
 

@@ -145,8 +145,12 @@ def test_what_export_does_not_write_is_refused_with_its_reason():
                     (zero1.with_model_states(offload_optimizer=True), "on the host")):
         assert word in unrunnable(s, g) and "ZeroRedundancyOptimizer" in unrunnable(s, g)
     assert unrunnable(zero1.with_model_states(precision="pure-bf16"), g) is None
-    tp = Strategy.tensor_parallel(_graph("chain"), 2, tp=2).with_model_states(precision="bf16")
-    assert "parameter splits" in model_state_problem(tp)
+    tp = Strategy.tensor_parallel(_graph("chain"), 2, tp=2)
+    # bf16 runs on tensor-parallel processes (tests/export/test_tensor_parallel.py); pure-bf16
+    # and optimizer offload there are not written yet
+    assert model_state_problem(tp.with_model_states(precision="bf16")) is None
+    for untested in (dict(precision="pure-bf16"), dict(offload_optimizer=True)):
+        assert "parameter splits" in model_state_problem(tp.with_model_states(**untested))
     root = [n for n, r in zip(g.names, root_sharded(g)) if r]
     mixed = dp.with_shard("parameters").with_model_states(offload_optimizer=root[:1])
     assert "one offload policy" in unrunnable(mixed, g)

@@ -11,7 +11,7 @@ import memflow
 from memflow import zoo
 from memflow.errors import ExportError
 from memflow.export.pipelining import average_gradients
-from memflow.export.tensor_parallel import parallelize, tensor_plan, tensor_ranks
+from memflow.export.tensor_parallel import full_gradients, parallelize, tensor_plan, tensor_ranks
 from memflow.strategy import Strategy
 
 from gloo_ranks import gathered, run_ranks
@@ -52,9 +52,7 @@ def _worker(rank, name, options, strategies, target):
             model.h[1].register_forward_pre_hook(lambda m, a: widths.append(a[0].shape[1]))
         loss = mse(exported(*args), target)
         loss.backward()
-        out.append((loss.detach(), {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
-                                        else p.grad) for n, p in exported.named_parameters()},
-                    widths))
+        out.append((loss.detach(), full_gradients(exported), widths))
     return out
 
 
@@ -107,40 +105,68 @@ def test_parameter_splits_match_one_process(name, tmp_path):
                                            msg=f"{units} {n}")
 
 
-def _replica_worker(rank, options, doc, target):
-    """A replica's share of the batch on its 2-rank group; gradients averaged over the 2
-    replicas, returned whole."""
+def _replica_worker(rank, options, docs, target):
+    """Per strategy document: a replica's share of the batch on its 2-rank group, model
+    states as the strategy says over the 2 replicas (``shard_model`` on the dp mesh: gradients
+    averaged, FSDP2, bf16), returned whole, with the dtypes after an optimizer step."""
     from torch.distributed.device_mesh import init_device_mesh
+    from memflow.export.fsdp import shard_model
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    model, (x,) = _model("chain", options, batch=8)
-    replica = rank // 2
-    exported = parallelize(model, Strategy.from_dict(doc), mesh["tp"])
-    loss = mse(exported(x[replica * 4:(replica + 1) * 4]), target[replica * 4:(replica + 1) * 4])
-    loss.backward()
-    average_gradients(exported, mesh["dp"].get_group())
-    return loss.detach(), {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
-                               else p.grad) for n, p in exported.named_parameters()}
+    replica, out = rank // 2, []
+    for doc in docs:
+        s = Strategy.from_dict(doc)
+        model, (x,) = _model("chain", options, batch=8)
+        exported = parallelize(model, s, mesh["tp"])
+        sharding = shard_model(exported, levels=s.shard, mesh=mesh["dp"])
+        rows = slice(replica * 4, (replica + 1) * 4)
+        loss = mse(sharding.module(sharding.inputs(x[rows])), target[rows])
+        loss.backward()
+        sharding.after_backward()
+        grads = {n: g.float() for n, g in full_gradients(sharding.module).items()}
+        optimizer = sharding.optimizer(torch.optim.Adam, lr=1e-3)
+        optimizer.step()
+        dtypes = {str(p.dtype) for p in sharding.module.parameters()}
+        out.append((loss.detach().float(), grads, dtypes, len(optimizer.masters)))
+    return out
 
 
 @pytest.mark.slow       # spawns 4 processes
 def test_replicas_of_a_tensor_parallel_group_average_their_gradients(tmp_path):
+    """2 replicas x 2 tensor-parallel ranks, in fp32 (exact), in bf16 (bf16 parameters
+    stepped through fp32 master copies) and in bf16 with the split units' shards sharded by
+    FSDP2 over the replicas (MixedPrecisionPolicy, as torchtitan composes them)."""
     options = {"n": 3, "width": 16, "kind": "residual"}
     graph = memflow.zoo.graph("chain", batch_size=8, units="blocks", **options)
     s = Strategy.tensor_parallel(graph, 4, tp=2, dp=2)
     assert tensor_ranks(s) == {"gpu0": 0, "gpu1": 1, "gpu2": 2, "gpu3": 3}
+    split = [n for n, p in zip(graph.names, s.parameter) if p > 1]
+    bf16 = s.with_model_states(precision="bf16")
+    cases = [s, bf16, bf16.with_shard(dict.fromkeys(split, "parameters"))]
     model, (x,) = _model("chain", options, batch=8)
     out = model(x)
     torch.manual_seed(1)
     target = torch.randn(out.shape)
     loss = mse(out, target)
     loss.backward()
-    ranks = run_ranks(_replica_worker, 4, tmp_path, options, s.to_dict(), target)
-    torch.testing.assert_close(torch.stack([r[0] for r in ranks]).mean(), loss.detach(),
-                               rtol=1e-5, atol=1e-6)
-    for _, grads in ranks:
-        for n, p in model.named_parameters():
-            torch.testing.assert_close(grads[f"module.{n}"], p.grad, rtol=1e-4, atol=1e-6,
-                                       msg=n)
+    half, _ = _model("chain", options, batch=8)      # the bf16 reference: one process in bf16
+    mse(half.to(torch.bfloat16)(x.to(torch.bfloat16)), target).backward()
+    ranks = run_ranks(_replica_worker, 4, tmp_path, options, [c.to_dict() for c in cases],
+                      target)
+    for k, case in enumerate(cases):
+        wide = case.precision in (None, "fp32")
+        reference = dict(model.named_parameters() if wide else half.named_parameters())
+        torch.testing.assert_close(torch.stack([r[k][0] for r in ranks]).mean(), loss.detach(),
+                                   rtol=1e-5 if wide else 2e-2, atol=1e-6 if wide else 0.0)
+        for _, grads, dtypes, masters in (r[k] for r in ranks):
+            assert dtypes == ({"torch.float32"} if wide or case.shard.any() else
+                              {"torch.bfloat16"}), k
+            # every unit is split: FSDP2 holds them all in fp32, or each has an fp32 master
+            assert masters == (0 if wide or case.shard.any() else len(list(model.parameters())))
+            for n, p in reference.items():
+                scale = 1e-6 if wide else 0.05 * float(p.grad.abs().max())
+                torch.testing.assert_close(grads[f"module.{n}"], p.grad.float(),
+                                           rtol=1e-4 if wide else 0.1, atol=scale,
+                                           msg=lambda m, k=k, n=n: f"{k} {n}: {m}")
 
 
 def test_the_plan_pairs_megatron_linears_and_gathers_the_rest():
@@ -155,9 +181,15 @@ def test_the_plan_pairs_megatron_linears_and_gathers_the_rest():
     assert set(tensor_plan(model, s).values()) == {"colwise"}
     blocks = _graph("gpt2", GPT2, "blocks")
     plan = tensor_plan(model, Strategy.tensor_parallel(blocks, 2, tp=2), blocks)
-    # inside a split block the MLP is a Megatron pair; the attention's linears are gathered
+    # inside a split block the MLP is a Megatron pair, and so is the attention (by heads)
     assert plan["h.1.mlp.fc"] == "colwise-sharded" and plan["h.1.mlp.proj"] == "rowwise"
-    assert plan["h.1.attn.qkv"] == "colwise" and "ln_f" not in plan
+    assert plan["h.1.attn.qkv"] == "colwise-qkv" and plan["h.1.attn.proj"] == "rowwise"
+    assert "ln_f" not in plan
+    # heads that do not divide among the ranks: the attention's linears stay gathered
+    odd = dict(GPT2, hidden=18, n_head=3)
+    three = _graph("gpt2", odd, "blocks")
+    plan = tensor_plan(_model("gpt2", odd)[0], Strategy.tensor_parallel(three, 2, tp=2), three)
+    assert plan["h.1.attn.qkv"] == plan["h.1.attn.proj"] == "colwise"
     sp = tensor_plan(model, Strategy.tensor_parallel(blocks, 2, tp=2, sequence_parallel=True),
                      blocks)
     assert {k: v for k, v in sp.items() if k.startswith(("h.1.", "ln_f")) and "." not in k[4:]} \
