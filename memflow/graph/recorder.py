@@ -65,6 +65,8 @@ class Span:
     bwd_ops: int = 0
     fwd_tmp: int = 0
     bwd_tmp: int = 0
+    unpack_tmp: int = 0            # … the same were what it saved decompressed node by node,
+    unpack_done: int = 0           # and the bytes the nodes run before that peak had unpacked
     # the forward cost of its expensive ops (selective recomputation does not re-run them)
     expensive_flops: float = 0.0
     expensive_bytes: int = 0
@@ -115,19 +117,30 @@ class Window:
     span's backward starts (what the span saved, the gradients it consumes): PyTorch frees
     them node by node as the span runs, so from the moment one dies its bytes make room for
     the span's allocations. ``live`` is the span's allocations alive minus the credits freed.
+
+    *Saved* credits are what the span saved; ``unpacked`` is the peak of the live bytes as they
+    would be were they compressed: their freeing makes no room, and the autograd node running
+    holds what it saved decompressed (``unpacking``) — PyTorch's unpack hooks run node by node;
+    ``done`` is what the nodes run before had unpacked (at the peak: ``done_at_peak``), whose
+    compressed packs are gone.
     """
 
-    __slots__ = ("items", "live", "peak", "credits")
+    __slots__ = ("items", "live", "peak", "credits", "saved", "saved_gone", "node", "unpacking",
+                 "unpacked", "done", "done_at_peak")
 
-    def __init__(self, credits: Iterable[tuple[StorageWeakRef, int]] = ()) -> None:
+    def __init__(self, credits: Iterable[tuple[StorageWeakRef, int]] = (),
+                 saved: Iterable[tuple[StorageWeakRef, int]] = ()) -> None:
         self.items: list[tuple[StorageWeakRef, int]] = []
         self.live = 0
         self.peak = 0
         self.credits = [c for c in credits if not c[0].expired()]
+        self.saved = [c for c in saved if not c[0].expired()]
+        self.saved_gone = self.unpacking = self.unpacked = self.done = self.done_at_peak = 0
+        self.node = -1
 
     def poll(self) -> None:
         """Forget storages that were freed since the last poll."""
-        for name in ("items", "credits"):
+        for name in ("items", "credits", "saved"):
             items = getattr(self, name)
             if items:
                 kept = [item for item in items if not item[0].expired()]
@@ -135,11 +148,26 @@ class Window:
                     setattr(self, name, kept)
                     gone = sum(n for _, n in items) - sum(n for _, n in kept)
                     self.live -= gone
+                    if name == "saved":
+                        self.saved_gone += gone
+
+    def unpack(self, node: int, nbytes: int) -> None:
+        """Autograd node ``node`` runs; it saved ``nbytes`` (decompressed, they are alive)."""
+        self.poll()
+        if node != self.node:
+            self.node, self.done, self.unpacking = node, self.done + self.unpacking, nbytes
+        self._unpacked()
+
+    def _unpacked(self) -> None:
+        level = self.live + self.saved_gone + self.unpacking
+        if level > self.unpacked:
+            self.unpacked, self.done_at_peak = level, self.done
 
     def add(self, ref: StorageWeakRef, nbytes: int) -> None:
         self.items.append((ref, nbytes))
         self.live += nbytes
         self.peak = max(self.peak, self.live)
+        self._unpacked()
 
     def credit(self, nbytes: int) -> None:
         """A storage the memory model counted before the span was freed during it."""
@@ -156,6 +184,10 @@ class Window:
         goes, to its end, when the gradients it made appear (``docs/data-model.md``)."""
         self.poll()
         return self.peak - max(0, self.live)
+
+    def close_unpacked(self) -> int:
+        """:meth:`close_backward` were what the span saved compressed (after it)."""
+        return self.unpacked - max(0, self.live + self.saved_gone)
 
 
 @dataclass(eq=False)
@@ -200,6 +232,9 @@ class Recorder(TorchDispatchMode):
         # … and the gradients earlier backward windows left alive (it consumes its own)
         self._grads: dict[StorageWeakRef, int] = {}
         self._param_grads: dict[int, tuple[StorageWeakRef, int]] = {}   # by parameter: never a credit
+        # floating bytes each autograd node saved, by the sequence counter while it packs
+        # (its number + 1): what its backward unpacks at once
+        self._unpacks: dict[int, int] = {}
 
     # ------------------------------------------------------------------ module stack
     def _frame(self, path: str, kind: str, role: str) -> _Frame:
@@ -299,6 +334,9 @@ class Recorder(TorchDispatchMode):
                 if not rec.savers or rec.savers[-1] != span.index:
                     rec.savers.append(span.index)
                 rec.requires_grad |= t.requires_grad
+                if t.is_floating_point():       # what a compress unit packs, view by view
+                    seq = torch._C._autograd._get_sequence_nr()
+                    self._unpacks[seq] = self._unpacks.get(seq, 0) + t.numel() * t.element_size()
         return t
 
     # ------------------------------------------------------------------ spans
@@ -358,7 +396,8 @@ class Recorder(TorchDispatchMode):
             self.finish_backward()
             self._bwd_span = span
             if span is not None:
-                self._window = Window([*self._held.get(span.index, ()), *self._grads.items()])
+                self._window = Window(self._grads.items(), self._held.get(span.index, ()))
+        self._window.unpack(seq, 0 if seq == _ACCUMULATE else self._unpacks.get(seq + 1, 0))
         return span
 
     def finish_backward(self) -> None:
@@ -366,6 +405,10 @@ class Recorder(TorchDispatchMode):
         outlive it (but parameter gradients) are credits of the windows after it."""
         if self._bwd_span is not None:
             self._bwd_span.bwd_tmp = max(self._bwd_span.bwd_tmp, self._window.close_backward())
+            unpack_tmp = self._window.close_unpacked()
+            if unpack_tmp > self._bwd_span.unpack_tmp:
+                self._bwd_span.unpack_tmp = unpack_tmp
+                self._bwd_span.unpack_done = self._window.done_at_peak
             params = {ref for ref, _ in self._param_grads.values()}
             self._grads = {ref: n for ref, n in self._grads.items() if not ref.expired()}
             self._grads.update((ref, n) for ref, n in self._window.items
