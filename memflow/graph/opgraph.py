@@ -87,7 +87,8 @@ TENSOR_COLUMNS: dict[str, Any] = {
 
 _INT_COLUMNS = ("fwd_bytes_moved", "bwd_bytes_moved", "fwd_ops", "bwd_ops", "fwd_tmp_bytes",
                 "bwd_tmp_bytes", "max_parameter_degree", "max_attribute_degree", "call",
-                "expensive_fwd_bytes_moved", "expensive_fwd_ops", "cached_bytes", "unpack_done_bytes")
+                "expensive_fwd_bytes_moved", "expensive_fwd_ops", "cached_bytes",
+                "unpack_done_bytes")
 _FLOAT_COLUMNS = ("fwd_flops", "bwd_flops", "expensive_fwd_flops")
 
 

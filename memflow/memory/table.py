@@ -240,7 +240,8 @@ class BlockTable:
                 *P.readers, P.prod, P.home, P.nbytes, P.kept_output, P.alloc, P.fwd_free,
                 P.last_xfer, self.expensive, self.n, self.unit_row, self.recompute_tmp,
                 self.cached, self.bwd_tmp, self.unpack_tmp, self.unpack_done, self.bytes,
-                self.host, self.alloc, self.free, self.carrier, self.compress, self._mark, offloaded, compressed)
+                self.host, self.alloc, self.free, self.carrier, self.compress, self._mark,
+                offloaded, compressed)
         self._key = (pol, start, ratio)
         # gathered parameters for a recomputation: only where the unit is recomputed
         self.bytes[self.state_row + GATHER_REC:self.state_row + NM * self.n:NM] = np.where(
