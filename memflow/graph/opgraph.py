@@ -63,6 +63,11 @@ UNIT_COLUMNS: dict[str, Any] = {
     "expensive_fwd_bytes_moved": 0,
     "expensive_fwd_ops": 0,
     "cached_bytes": 0,
+    # bwd_tmp_bytes were what the unit saved compressed, decompressed node by node by the
+    # unpack hooks; -1: not recorded (a graph saved before the column): the memory model
+    # decompresses all the unit saves before its backward
+    "unpack_tmp_bytes": -1,
+    "unpack_done_bytes": 0,      # … what the nodes run before its peak unpacked (packs gone)
     "selective_replays": True,   # no expensive output it keeps is written in place (export runs it)
 }
 DERIVED_UNIT_COLUMNS = ("input_bytes", "output_bytes", "saved_bytes")
@@ -82,7 +87,8 @@ TENSOR_COLUMNS: dict[str, Any] = {
 
 _INT_COLUMNS = ("fwd_bytes_moved", "bwd_bytes_moved", "fwd_ops", "bwd_ops", "fwd_tmp_bytes",
                 "bwd_tmp_bytes", "max_parameter_degree", "max_attribute_degree", "call",
-                "expensive_fwd_bytes_moved", "expensive_fwd_ops", "cached_bytes")
+                "expensive_fwd_bytes_moved", "expensive_fwd_ops", "cached_bytes",
+                "unpack_done_bytes")
 _FLOAT_COLUMNS = ("fwd_flops", "bwd_flops", "expensive_fwd_flops")
 
 
@@ -163,7 +169,8 @@ class OpGraph:
             units[col] = pd.to_numeric(units[col], errors="raise").astype(np.int64)
         for col in _FLOAT_COLUMNS:
             units[col] = pd.to_numeric(units[col], errors="raise").astype(np.float64)
-        units["shard_axis"] = pd.to_numeric(units["shard_axis"], errors="raise").astype(np.int64)
+        for col in ("shard_axis", "unpack_tmp_bytes"):        # -1: none, not recorded
+            units[col] = pd.to_numeric(units[col], errors="raise").astype(np.int64)
         units["selective_replays"] = units["selective_replays"].astype(bool)
         for col in _INT_COLUMNS + _FLOAT_COLUMNS:
             bad = units.index[units[col] < 0].tolist()

@@ -13,8 +13,9 @@ autograd, so the same ops a real backend launches) plus the hooks capture instal
 * storages are identified by their ``StorageImpl`` (views share it); parameters and buffers
   are :class:`Weight` records (every name of a tied weight, the spans that read it), never
   activations;
-* a :class:`Window` follows the bytes a span allocates and frees (weak references to
-  storages), for the transient peaks ``fwd_tmp_bytes`` and ``bwd_tmp_bytes``;
+* a :class:`~memflow.graph.window.Window` follows the bytes a span allocates and frees (weak
+  references to storages), for the transient peaks ``fwd_tmp_bytes``, ``bwd_tmp_bytes`` and
+  ``unpack_tmp_bytes``;
 * autograd nodes are tied to spans by sequence number (a node is numbered when its forward op
   runs), so backward ops land in the span whose forward made their node.
 """
@@ -35,6 +36,7 @@ from .batchdim import keeps_batch
 from .opcost import OpCounter, tensors_in
 from .selective import EXPENSIVE_OPS, is_expensive, unreplayable_write
 from .units import LOSS, ROOT
+from .window import Window
 
 __all__ = ["Recorder", "Span", "Storage", "Weight", "Window"]
 
@@ -65,6 +67,8 @@ class Span:
     bwd_ops: int = 0
     fwd_tmp: int = 0
     bwd_tmp: int = 0
+    unpack_tmp: int = 0            # … the same were what it saved decompressed node by node,
+    unpack_done: int = 0           # and the bytes the nodes run before that peak had unpacked
     # the forward cost of its expensive ops (selective recomputation does not re-run them)
     expensive_flops: float = 0.0
     expensive_bytes: int = 0
@@ -106,56 +110,6 @@ class Weight:
     is_buffer: bool
     module: str                    # module of its first name
     readers: list[int] = field(default_factory=list)
-
-
-class Window:
-    """Bytes allocated during one span and still alive, and their peak.
-
-    *Credits* are storages alive before the span that the memory model lets go when the
-    span's backward starts (what the span saved, the gradients it consumes): PyTorch frees
-    them node by node as the span runs, so from the moment one dies its bytes make room for
-    the span's allocations. ``live`` is the span's allocations alive minus the credits freed.
-    """
-
-    __slots__ = ("items", "live", "peak", "credits")
-
-    def __init__(self, credits: Iterable[tuple[StorageWeakRef, int]] = ()) -> None:
-        self.items: list[tuple[StorageWeakRef, int]] = []
-        self.live = 0
-        self.peak = 0
-        self.credits = [c for c in credits if not c[0].expired()]
-
-    def poll(self) -> None:
-        """Forget storages that were freed since the last poll."""
-        for name in ("items", "credits"):
-            items = getattr(self, name)
-            if items:
-                kept = [item for item in items if not item[0].expired()]
-                if len(kept) != len(items):
-                    setattr(self, name, kept)
-                    gone = sum(n for _, n in items) - sum(n for _, n in kept)
-                    self.live -= gone
-
-    def add(self, ref: StorageWeakRef, nbytes: int) -> None:
-        self.items.append((ref, nbytes))
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-
-    def credit(self, nbytes: int) -> None:
-        """A storage the memory model counted before the span was freed during it."""
-        self.live -= nbytes
-
-    def close(self) -> int:
-        """Forward: peak minus what survives the span (its outputs, what it saves)."""
-        self.poll()
-        return self.peak - sum(n for _, n in self.items)
-
-    def close_backward(self) -> int:
-        """Backward: peak above the larger of the bytes held at the span's start and at its
-        end. The memory model charges it from the backward's start, when what the span held
-        goes, to its end, when the gradients it made appear (``docs/data-model.md``)."""
-        self.poll()
-        return self.peak - max(0, self.live)
 
 
 @dataclass(eq=False)
@@ -200,6 +154,9 @@ class Recorder(TorchDispatchMode):
         # … and the gradients earlier backward windows left alive (it consumes its own)
         self._grads: dict[StorageWeakRef, int] = {}
         self._param_grads: dict[int, tuple[StorageWeakRef, int]] = {}   # by parameter: never a credit
+        # floating bytes each autograd node saved, by the sequence counter while it packs
+        # (its number + 1): what its backward unpacks at once
+        self._unpacks: dict[int, int] = {}
 
     # ------------------------------------------------------------------ module stack
     def _frame(self, path: str, kind: str, role: str) -> _Frame:
@@ -299,6 +256,9 @@ class Recorder(TorchDispatchMode):
                 if not rec.savers or rec.savers[-1] != span.index:
                     rec.savers.append(span.index)
                 rec.requires_grad |= t.requires_grad
+                if t.is_floating_point():       # what a compress unit packs, view by view
+                    seq = torch._C._autograd._get_sequence_nr()
+                    self._unpacks[seq] = self._unpacks.get(seq, 0) + t.numel() * t.element_size()
         return t
 
     # ------------------------------------------------------------------ spans
@@ -358,7 +318,8 @@ class Recorder(TorchDispatchMode):
             self.finish_backward()
             self._bwd_span = span
             if span is not None:
-                self._window = Window([*self._held.get(span.index, ()), *self._grads.items()])
+                self._window = Window(self._grads.items(), self._held.get(span.index, ()))
+        self._window.unpack(seq, 0 if seq == _ACCUMULATE else self._unpacks.get(seq + 1, 0))
         return span
 
     def finish_backward(self) -> None:
@@ -366,6 +327,10 @@ class Recorder(TorchDispatchMode):
         outlive it (but parameter gradients) are credits of the windows after it."""
         if self._bwd_span is not None:
             self._bwd_span.bwd_tmp = max(self._bwd_span.bwd_tmp, self._window.close_backward())
+            unpack_tmp = self._window.close_unpacked()
+            if unpack_tmp > self._bwd_span.unpack_tmp:
+                self._bwd_span.unpack_tmp = unpack_tmp
+                self._bwd_span.unpack_done = self._window.done_at_peak
             params = {ref for ref, _ in self._param_grads.values()}
             self._grads = {ref: n for ref, n in self._grads.items() if not ref.expired()}
             self._grads.update((ref, n) for ref, n in self._window.items

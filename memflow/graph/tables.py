@@ -118,6 +118,8 @@ def unit_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFram
             "expensive_fwd_flops": s.expensive_flops,
             "expensive_fwd_bytes_moved": s.expensive_bytes,
             "expensive_fwd_ops": s.expensive_ops, "cached_bytes": cached[s.index],
+            "unpack_tmp_bytes": s.unpack_tmp,
+            "unpack_done_bytes": s.unpack_done,
             "selective_replays": s.selective_replays,
             "max_parameter_degree": parameter, "max_attribute_degree": attribute,
             "shard_axis": (shard_axis(modules.get(s.module))

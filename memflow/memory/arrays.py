@@ -41,6 +41,8 @@ class GraphArrays:
     expensive_fwd_bytes_moved: np.ndarray
     expensive_fwd_ops: np.ndarray
     cached: np.ndarray
+    unpack_tmp: np.ndarray      # bwd_tmp were what it saved compressed (node by node); -1: unknown
+    unpack_done: np.ndarray     # … unpacked by the nodes run before that peak
     # tensors
     bytes: np.ndarray
     producer: np.ndarray        # unit position, -1 for the model's inputs
@@ -162,6 +164,8 @@ def graph_arrays(graph) -> GraphArrays:
         expensive_fwd_flops=col("expensive_fwd_flops"),
         expensive_fwd_bytes_moved=col("expensive_fwd_bytes_moved"),
         expensive_fwd_ops=col("expensive_fwd_ops"), cached=col("cached_bytes"),
+        unpack_tmp=col("unpack_tmp_bytes"),
+        unpack_done=col("unpack_done_bytes"),
         bytes=t["bytes"].to_numpy(np.float64), producer=producer,
         is_output=t["is_output"].to_numpy(bool), requires_grad=t["requires_grad"].to_numpy(bool),
         per_sample=t["per_sample"].to_numpy(bool), expensive=t["expensive"].to_numpy(bool),

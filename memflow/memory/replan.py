@@ -9,7 +9,8 @@ from ..strategy.policies import M_COMPRESSED, M_HOST, M_KEEP, M_RECOMPUTE, M_SEL
 from .jit import njit
 from .records import (A_BWD, A_COMPRESS, A_DECOMP, A_OFFLOAD, A_PREFETCH, A_RECOMP, END,
                       START)
-from .slots import (CACHED, N_MECH, NONE, NS, NU, REC_TMP, REMAT, RESTORED, STORED, _set)
+from .slots import (BWD_TMP, CACHED, N_MECH, NONE, NS, NU, REC_TMP, REMAT, RESTORED, STORED,
+                    _set)
 
 __all__ = ["replan"]
 
@@ -17,8 +18,9 @@ __all__ = ["replan"]
 @njit
 def replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr, touched,
             sv_ptr, sv, m_ptr, m, r_ptr, r, prod, home, nbytes, kept_output, rec_alloc,
-            fwd_free, last_xfer, expensive, n_units, unit_row, recompute_tmp, cached, bytes_,
-            host, alloc, free, carrier, compress, mark, offloaded, compressed):
+            fwd_free, last_xfer, expensive, n_units, unit_row, recompute_tmp, cached, bwd_tmp,
+            unpack_tmp, unpack_done, bytes_, host, alloc, free, carrier, compress, mark,
+            offloaded, compressed):
     """Re-derive the slots of the records whose rules read a unit whose policy, segment start
     or ratio changed (every record when ``first``); then the units' recomputation
     temporaries and the bytes each unit offloads and compresses. ``pol`` is per unit the
@@ -95,10 +97,17 @@ def replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr,
         bytes_[row + STORED] = (b / ratio[cc] if state == M_COMPRESSED else b) if held else 0.0
         host[row + STORED] = state == M_HOST
         alloc[row + STORED, 0], alloc[row + STORED, 1], alloc[row + STORED, 2] = go, cc, START
-        bytes_[row + RESTORED] = b if held else 0.0
+        # restored before backward; but a compressed one is decompressed node by node inside
+        # its savers' backwards (their backward temporaries), its pack freed at the end of
+        # them, where capture recorded how (``unpack_tmp`` not -1)
+        by_node = state == M_COMPRESSED and unpack_tmp[cc] >= 0
+        bytes_[row + RESTORED] = b if held and not by_node else 0.0
         alloc[row + RESTORED, 0], alloc[row + RESTORED, 1], alloc[row + RESTORED, 2] = back, cc, START
         for j in range(3):
-            _set(free, row + STORED, j, back, cc, END)
+            if by_node:
+                _set(free, row + STORED, j, A_BWD, max(first_saver, 0), END)
+            else:
+                _set(free, row + STORED, j, back, cc, END)
             _set(free, row + RESTORED, j, A_BWD, max(first_saver, 0), START)
         # re-materialized by its segment's recomputation
         replayed = state == M_RECOMPUTE or state == M_SELECTIVE
@@ -120,6 +129,11 @@ def replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr,
         bytes_[unit_row + NU * u + REC_TMP] = recompute_tmp[u] if start[u] >= 0 else 0.0
         bytes_[unit_row + NU * u + CACHED] = (cached[u] if start[u] >= 0
                                               and pol[u] == M_SELECTIVE else 0.0)
+        # a compressing unit's backward decompresses what each node saved as the node runs;
+        # its packs stay to its end, but for those of the nodes run before its peak
+        by_node = pol[u] == M_COMPRESSED and unpack_tmp[u] >= 0
+        bytes_[unit_row + NU * u + BWD_TMP] = (
+            max(unpack_tmp[u] - unpack_done[u] / ratio[u], 0.0) if by_node else bwd_tmp[u])
         offloaded[u] = 0.0
         compressed[u] = 0.0
     for x in range(R):        # summed in record order, whatever changed

@@ -154,7 +154,9 @@ class BlockTable:
         self.expensive = ga.expensive[P.tensor]
         # a tied weight's contributions are in bwd_tmp: the one waiting for the others is a
         # gradient alive between backwards, the sum the reader that adds it in makes its own
-        bwd_tmp = ga.bwd_tmp * per
+        bwd_tmp = self.bwd_tmp = ga.bwd_tmp * per
+        self.unpack_tmp = np.where(ga.unpack_tmp < 0, -1.0, ga.unpack_tmp * per)  # (replan)
+        self.unpack_done = ga.unpack_done * per
         by_slot = {FWD_TMP: ga.fwd_tmp * per, BWD_TMP: bwd_tmp, REC_TMP: np.zeros(n),
                    PARAM_GRAD: np.zeros(n), CACHED: np.zeros(n)}    # _set_states: gradients
         self.bytes[u:u + NU * n] = np.stack([by_slot[j] for j in range(NU)], 1).ravel()
@@ -237,8 +239,9 @@ class BlockTable:
         replan(pol, start, ratio, *old, self._key is None, *P.touched, *P.savers, *P.members,
                 *P.readers, P.prod, P.home, P.nbytes, P.kept_output, P.alloc, P.fwd_free,
                 P.last_xfer, self.expensive, self.n, self.unit_row, self.recompute_tmp,
-                self.cached, self.bytes, self.host, self.alloc, self.free, self.carrier,
-                self.compress, self._mark, offloaded, compressed)
+                self.cached, self.bwd_tmp, self.unpack_tmp, self.unpack_done, self.bytes,
+                self.host, self.alloc, self.free, self.carrier, self.compress, self._mark,
+                offloaded, compressed)
         self._key = (pol, start, ratio)
         # gathered parameters for a recomputation: only where the unit is recomputed
         self.bytes[self.state_row + GATHER_REC:self.state_row + NM * self.n:NM] = np.where(

@@ -54,6 +54,8 @@ def activation_arrays(graph, precision: str | None) -> GraphArrays:
         hit = per_graph[precision] = (ga, replace(
             ga, bytes=np.where(fp32, ga.bytes * width / 4, ga.bytes),
             fwd_tmp=ga.fwd_tmp * unit, bwd_tmp=ga.bwd_tmp * unit, cached=ga.cached * unit,
+            unpack_tmp=np.where(ga.unpack_tmp < 0, -1.0, ga.unpack_tmp * unit),
+            unpack_done=ga.unpack_done * unit,
             fwd_bytes_moved=ga.fwd_bytes_moved * unit, bwd_bytes_moved=ga.bwd_bytes_moved * unit,
             expensive_fwd_bytes_moved=ga.expensive_fwd_bytes_moved * unit))
     return hit[1]
