@@ -49,6 +49,8 @@ LEVELS = {"none": ("DDP", lambda n: 16), "optimizer": ("ZeRO-1", lambda n: 4 + 1
 GiB = 2 ** 30
 
 
+REFUSED: dict[str, str] = {}     # row label -> why export refuses its strategy (first seen)
+
 def rows(graph, n: int) -> list[dict]:
     psi = float(graph.units["trainable_bytes"].sum()) / 4
     cluster = memflow.Cluster.preset(CLUSTERS[n])
@@ -105,7 +107,7 @@ def llama_rows(graph, n: int, search_seconds: float) -> list[dict]:
     for label, s in plans.items():
         t = time.perf_counter()
         r = results[label] = sim.result(s)
-        out.append(_llama_row(n, label, r, psi, largest, time.perf_counter() - t))
+        out.append(_llama_row(n, label, r, psi, largest, time.perf_counter() - t, graph))
     fitting = {k: r for k, r in results.items() if r.feasible}
     exported = {k: r for k, r in fitting.items() if unrunnable(plans[k], graph) is None}
     if fitting and search_seconds > 0:
@@ -122,23 +124,29 @@ def llama_rows(graph, n: int, search_seconds: float) -> list[dict]:
             search.run(seconds=search_seconds)
             out.append(_llama_row(n, f"search, {space}, from {start} ({search.iteration} "
                                   "proposals)", search.best_result, psi, largest,
-                                  time.perf_counter() - t))
+                                  time.perf_counter() - t, graph))
     return out
 
 
-def _llama_row(n, label, r, psi, largest, seconds) -> dict:
+def _llama_row(n, label, r, psi, largest, seconds, graph) -> dict:
     s = r.strategy
-    level = s.shard_levels[2]           # the first block's (every strategy here shards alike)
+    why = unrunnable(s, graph)
+    if why is not None:
+        REFUSED.setdefault(f"{n} GPUs, {label.split(' (')[0]}", why)
+    levels = set(s.shard_levels)
+    level = s.shard_levels[2] if len(levels) == 1 else "mixed"   # a search may mix levels
     states = float(r.model_states.sum(axis=1).max())
-    # ZeRO's formulas are for data parallelism alone: no tensor split, one pipeline stage
-    pure = s.parameter.max() == 1 and int(s.stage.max()) <= 0
+    # ZeRO's formulas are for data parallelism alone, one level for every unit: no tensor
+    # split, one pipeline stage
+    pure = s.parameter.max() == 1 and int(s.stage.max()) <= 0 and len(levels) == 1
     paper, deepspeed = _zero_formulas(level, int(s.sample[2]), psi, largest) \
         if pure else (float("nan"), float("nan"))
     return {"N": n, "strategy": label, "shard": level,
             "model states (GiB)": states / GiB, "ZeRO formula (GiB)": paper / GiB,
             "DeepSpeed est. (GiB)": deepspeed / GiB, "peak (GiB)": float(r.peak_memory.max()) / GiB,
             "fits": "yes" if r.feasible else "no", "step (s)": r.iteration_time,
-            "tokens/s": BATCH * SEQ / r.iteration_time, "sim (s)": seconds}
+            "tokens/s": BATCH * SEQ / r.iteration_time, "export runs": "yes" if why is None else "no",
+            "sim (s)": seconds}
 
 
 def main() -> None:
@@ -191,15 +199,17 @@ def main() -> None:
             "it is never worse. In the export space (the default) it starts from the fastest "
             "fitting row that export runs (`memflow.strategy.runnable.unrunnable`): DP and ZeRO "
             "rows run (one-stage 1F1B is gradient accumulation, `memflow.export.accumulation`); "
-            "TP×PP rows do not (export composes neither tensor parallelism inside a pipeline nor "
-            "bf16 across pipeline or tensor-parallel processes), so where a TP×PP row is the "
+            "the column 'export runs' says which others do, and export's reason for each "
+            "row it refuses is listed below the table; where a refused row is the "
             "fastest the export-space search can end slower than it. Model states per GPU "
             "(`SimResult.model_states`, the largest GPU) against ZeRO's formulas and "
             "DeepSpeed's estimators (no offload; stage 2: 4Ψ + 16Ψ/N, stage 3: 4·largest layer "
             "+ 18Ψ/N — DeepSpeed keeps fp32 gradients beside the 16-bit ones and charges the "
             "largest layer's gathered 16-bit weights and gradients); formulas only for "
             f"strategies without tensor parallelism or pipeline stages. Worst error against ZeRO: {worst7:.3f}%."
-            "\n\n" + table(seven) + "\n\nStep times are simulated, not measured. "
+            "\n\n" + table(seven) + "\n\n" + "".join(
+                f"- {label}: {why}\n" for label, why in REFUSED.items())
+            + "\nStep times are simulated, not measured. "
             "ZeRO-1 is charged as export runs it (DDP's all-reduce, then "
             "`ZeroRedundancyOptimizer` re-gathering the updated parameters): 1.5 times DDP's "
             "bytes, hence slower than DDP on 64 GPUs; DeepSpeed's stage 1 reduce-scatters "
