@@ -65,9 +65,15 @@ def _rows(ga) -> tuple[list[tuple[dict[int, float], float]], np.ndarray]:
     return rows, np.asarray(ga.bytes, np.float64)
 
 
-def selective_plan(graph, budget: float, *, device: str = "gpu0") -> Strategy:
+def selective_plan(graph, budget: float, *, device: str = "gpu0",
+                   node_limit: int | None = None) -> Strategy:
     """The keep/selective strategy of least recomputation holding at most ``budget`` bytes
     for backward (a number <= 1: that fraction of what keeping everything holds).
+
+    ``node_limit`` stops HiGHS's branch and bound after that many nodes with the best plan
+    found so far (within 1% of the optimum, or not proven): the search's per-op move solves
+    with one, since an exact solve on a graph of leaf units can take half a minute; a node
+    count, unlike a time limit, gives the same plan on every machine.
 
     Raises :class:`~memflow.planners.Infeasible` when even selective everywhere holds more.
     """
@@ -90,7 +96,8 @@ def selective_plan(graph, budget: float, *, device: str = "gpu0") -> Strategy:
                bounds=Bounds(0, np.concatenate([np.where(fixed, 0, 1), np.ones(T)])),
                constraints=[LinearConstraint(A, lower, np.inf),
                             LinearConstraint(held[None, :], 0, limit)],
-               options={"time_limit": 60.0})
+               options={"time_limit": 60.0} if node_limit is None else
+               {"time_limit": 60.0, "node_limit": int(node_limit), "mip_rel_gap": 0.01})
     if res.x is None:
         raise Infeasible("selective_plan", "ilp", limit=limit, min_memory=float("nan"),
                          detail="no mix of keep and selective holds less")
