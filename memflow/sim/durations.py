@@ -12,7 +12,7 @@ from ..memory.states import stage_copies
 from ..strategy.policies import M_COMPRESSED, M_HOST, M_RECOMPUTE, M_SELECTIVE, POLICIES
 from ..strategy.strategy import Strategy
 from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, cpu_compute, cpu_hooks, cpu_optimizer,
-                    parameter_tensors, ring_time, saved_tensors, tied_allreduce)
+                    ring_time, tied_allreduce)
 from .expand import Timing
 from .run import ByLayouts, Placement
 from .structure import Structure
@@ -84,7 +84,7 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
                     ga.bwd_flops, ga.bwd_bytes_moved, ga.bwd_ops, per_unit)
     fwd, cheap, bwd, gather, scatter = per_unit
     if sim._cpu is not None:              # a CPU measured here: its own time model
-        tensors = parameter_tensors(sim.graph)
+        tensors = sim._cpu_tensors[0]
         ring = rates[L, _PARAM_RING:_PARAM_RING + 3]
         fwd, cheap, bwd = (t + ring_time(w, ring[:, 0], ring[:, 1], ring[:, 2]) for t, w in
                            zip(cpu_compute(ga, sim._cpu, rate, deg, tensors),
@@ -140,7 +140,7 @@ def policy_timing(sim, strategy: Strategy, P: Placement,
                      (M_HOST, M_COMPRESSED, M_RECOMPUTE, M_SELECTIVE))
     if sim._cpu is not None and hooked.any():     # export's hooks, on the CPU's thread
         fixed["forward"] = P.timing.forward + cpu_hooks(
-            plan.offloaded, hooked, saved_tensors(sim.graph), sim._cpu)
+            plan.offloaded, hooked, sim._cpu_tensors[1], sim._cpu)
     if not len(units):
         if len(fixed) == 1 and (scale == 1.0).all():
             return P.timing

@@ -32,7 +32,7 @@ from ..memory.states import stage_arrays
 from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
 from .costs import (compress_model, compression_ratios, copy_cost, copy_times, cpu_figures,
-                    layout_cost)
+                    layout_cost, parameter_tensors, saved_tensors)
 from .durations import placement_timing, policy_timing
 from .expand import expand
 from .structure import structure
@@ -76,6 +76,9 @@ class Simulator:
         self.ga: GraphArrays = graph_arrays(graph)
         self.ca = cluster.arrays if cluster is not None else None
         self._cpu = cpu_figures(cluster)      # a CPU measured here: its own time model
+        # per unit, parameter and saved tensors: graph constants the CPU model reads per timing
+        self._cpu_tensors = None if self._cpu is None else (parameter_tensors(graph),
+                                                            saved_tensors(graph))
         self._layout_cost: dict[tuple, Any] = {}
         self._rows: dict[tuple, np.ndarray] = {}      # per layout: its rates as one row
         self._copy_cost: dict[tuple, Any] = {}
