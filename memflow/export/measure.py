@@ -59,11 +59,13 @@ def _plain(tree) -> list[torch.Tensor]:
 
 
 class _Allocations(TorchDispatchMode):
-    """Weak references to every storage an op allocates while the mode is on."""
+    """Weak references to every storage an op allocates while the mode is on, and the keys of
+    the storages FSDP2's own ops touch (``comm``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.made: dict[int, tuple[StorageWeakRef, int, str]] = {}
+        self.comm: set[int] = set()
 
     def note(self, t: torch.Tensor) -> None:
         for t in _plain(t):
@@ -75,6 +77,12 @@ class _Allocations(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         seen = {storage_key(t) for t in _plain((args, kwargs))}
+        if func.namespace == "fsdp":
+            # FSDP2's all-gather buffers (``fsdp::all_gather_copy_in``, ``split_with_sizes_copy``)
+            # are model states, never activations. Reading them from FSDP2's state at count time
+            # is not enough: the flat output of an asynchronous gloo all-gather can outlive that
+            # state while its Work object lives, so a loaded machine counted 1 KiB as held.
+            self.comm |= seen | {storage_key(t) for t in _plain(out)}
         for t in _plain(out):
             if storage_key(t) not in seen:
                 self.note(t)
@@ -97,7 +105,8 @@ def held_bytes(model: nn.Module, example_inputs: Any, *, forwards: int = 1,
 
     Across processes (:mod:`memflow.export.rank_validation`) a rank also needs: ``forwards``
     graphs held at once (a pipeline stage's micro-batches in flight), ``skip()`` — storage keys
-    that are no activations, asked at count time (FSDP2's gathered parameters) — and
+    that are no activations, asked at count time (tied weights tensor parallelism gathers;
+    FSDP2's all-gather buffers are told by the ops that make them) — and
     ``then(probes)``, called after counting with one scalar per forward whose backward runs
     through every graph (so that DistributedDataParallel or FSDP2 finish their step). Storages
     a hook resized to nothing (FSDP2 frees a gathered weight so) are not counted.
@@ -123,7 +132,7 @@ def held_bytes(model: nn.Module, example_inputs: Any, *, forwards: int = 1,
     # the oldest generation, where a young collection leaves them counted (+512 B, now and
     # then, on a tensor-parallel rank)
     gc.collect()
-    weights |= skip()
+    weights |= skip() | mode.comm
     totals: dict[str, int] = {}
     for key, (ref, nbytes, device) in mode.made.items():
         if ref.expired() or key in weights or not _size_now(ref):

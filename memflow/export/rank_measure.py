@@ -24,7 +24,6 @@ from torch.utils import _pytree as pytree
 from .._jsonio import write_json
 from ..errors import ExportError
 from .measure import HOST, held_bytes
-from .segment import storage_key
 
 __all__ = ["measure_rank", "state_bytes", "in_flight", "STEPS"]
 
@@ -61,25 +60,10 @@ def state_bytes(module: nn.Module, optimizer) -> dict[str, int]:
 
 
 def _gathered(module: nn.Module) -> set[int]:
-    """Storage keys of FSDP2's gathered (unsharded) parameters in ``module``, of its flat
-    all-gather buffers and of tied weights tensor parallelism gathers: communication buffers of the model states, not activations, though a
-    forward leaves them alive (``reshard_after_forward=False``, or the last group's buffer
-    until the next all-gather) and a matmul saves them. Read from FSDP2's private state."""
-    keys = set()
-    for m in module.modules():
-        keys.update(getattr(m, "_tp_gathered", ()))     # a tied weight gathered (tensor_parallel)
-        state = getattr(m, "_get_fsdp_state", None)
-        group = getattr(state(), "_fsdp_param_group", None) if state else None
-        if group is None:
-            continue
-        gathered = [t for p in group.fsdp_params for t in
-                    (getattr(p, "_unsharded_param", None), *getattr(p, "all_gather_outputs", ()))]
-        # the last group's flat all-gather output, kept until the next all-gather's copy-out
-        kept = getattr(getattr(group, "comm_ctx", None), "all_gather_state", None)
-        for result in (getattr(kept, "all_gather_result", None), group._all_gather_result):
-            gathered.append(getattr(result, "all_gather_output", None))
-        keys.update(storage_key(t) for t in gathered if t is not None)
-    return keys
+    """Storage keys of the tied weights tensor parallelism gathers in ``module``: model
+    states, not activations, though a matmul saves them. (FSDP2's gathered parameters are told
+    apart as its ops make them: :func:`~.measure.held_bytes`.)"""
+    return {key for m in module.modules() for key in getattr(m, "_tp_gathered", ())}
 
 
 def measure_rank(folder: str | Path, rank: int, path: str | None, module: nn.Module,
