@@ -134,12 +134,14 @@ def _unit_bytes(ga, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
         return hit[1]
     n = ga.n
     size = ga.bytes / np.where(ga.per_sample, microbatches, 1)
-    has_readers = np.diff(ga.readers_ptr) > 0
-    out = np.flatnonzero((ga.producer >= 0) & (has_readers | ga.is_output))
+    # only what crosses a block's edge (memflow.memory.regions): a split layer all-reduces
+    # its output, not the tensors its units pass among themselves
+    out = np.flatnonzero((ga.producer >= 0) & ~ga.internal)
     out_bytes = np.zeros(n)
     np.add.at(out_bytes, ga.producer[out], size[out])
     r_t = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.readers_ptr))
-    grad = ga.requires_grad[r_t]
+    grad = ga.requires_grad[r_t] & ((ga.producer[r_t] < 0) | (
+        ga.block[ga.readers_idx] != ga.block[np.maximum(ga.producer[r_t], 0)]))
     in_grad = np.zeros(n)
     np.add.at(in_grad, ga.readers_idx[grad], size[r_t[grad]])
     out_bytes.flags.writeable = in_grad.flags.writeable = False

@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..errors import StrategyError
 from .strategy import Strategy
+from .validate import block_limits
 
 __all__ = ["device_list", "balanced_split", "single_device", "data_parallel", "model_parallel",
            "hybrid", "pipeline", "tensor_parallel"]
@@ -142,7 +143,9 @@ def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 
     Device ``(r * pp + s) * tp + t`` is tensor rank ``t`` of stage ``s`` of replica ``r``.
     Units that hold parameters and can be split ``tp`` ways over their parameter dimension
     (blocks, embeddings, large linears) get ``parameter=tp``; the rest run on tensor rank 0
-    of their stage. The simulator charges each split unit an all-reduce of its output in
+    of their stage; the units of a block (the graph's ``block`` column: a layer captured at a
+    finer granularity) split together, parameter-free ones included, when its parameter units
+    all can. The simulator charges each split unit an all-reduce of its output in
     forward and of its input gradient in backward (under sequence parallelism a
     reduce-scatter and an all-gather: the same bytes on a ring). ``sequence_parallel`` marks
     the split units between tensor-parallel regions that pass token-wise tensors ``(batch,
@@ -157,18 +160,23 @@ def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 
     ('tp=2 pp=1 dp=1 sp', 'h.0')
     """
     devs = device_list(devices)
-    # sequence parallelism: units between the regions that pass token-wise tensors
+    u = graph.units
+    # a unit inside a block (a layer captured finer than "blocks") splits with its block
+    block = u["block"].to_numpy(str) if "block" in u.columns else np.full(len(u), "")
+    inside = block != ""
+    # sequence parallelism: units between the regions that pass token-wise tensors; a block's
+    # units when the block passes them
     t = graph.tensors
     token_wise = set(t["producer"][[len(x) == 3 for x in t["shape"]]]) if "shape" in t else set()
-    between = ~graph.units.get("kind", pd.Series("", graph.units.index)).isin(
-        ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")).to_numpy() \
-        & np.isin(graph.names, list(token_wise))
+    passes = np.isin(graph.names, list(token_wise))
+    between = np.where(inside, np.isin(block, block[passes & inside]),
+                       ~u.get("kind", pd.Series("", u.index)).isin(
+                           ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")).to_numpy()
+                       & passes)
     if tp * pp * dp != len(devs):
         raise StrategyError(f"tensor_parallel: tp × pp × dp = {tp * pp * dp} but {len(devs)} "
                             "devices were given; choose degrees whose product is the count")
-    u = graph.units
-    split = ((u["max_parameter_degree"].to_numpy() >= tp) & (u["param_bytes"].to_numpy() > 0)
-             & (tp > 1))
+    split = (block_limits(u) >= tp) & ((u["param_bytes"].to_numpy() > 0) | inside) & (tp > 1)
     stage = balanced_split(_cost(graph), pp)
     placed, param = [], []
     for i in range(len(graph)):
