@@ -92,8 +92,8 @@ def csr(rows) -> tuple[np.ndarray, np.ndarray]:
 def stream_tensors(shapes, producer: np.ndarray, leaves: np.ndarray) -> np.ndarray:
     """Per tensor: it is token-wise, ``(batch, sequence, features)``, with the shape of its
     producer's first output (the tensor ``leaves`` marks; ``producer`` may be the producer's
-    block, :mod:`.regions`, whose first output leaves the block) or that shape with one feature — in
-    a transformer block, the residual stream between Megatron's tensor-parallel regions
+    block, :mod:`.regions`, whose first output leaves the block) or that shape with one
+    feature — in a transformer block, the residual stream between Megatron's tensor-parallel regions
     (LayerNorm inputs, outputs and statistics, dropout masks), which tensor parallelism
     replicates and sequence parallelism splits. A tensor of unknown shape is not one, nor one
     of another rank (a convolution's maps: a split block's channels are split).

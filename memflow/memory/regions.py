@@ -7,14 +7,17 @@ keeps to itself is what no other unit reads. At a finer one (leaves, to recomput
 core alone) the capture's ``block`` column (:func:`memflow.graph.units.enclosing_blocks`) says
 which units form the layer; a tensor read only inside its producer's block is the block's own,
 split with it as a tensor internal to a split unit is (:func:`memflow.memory.records.placements`),
-and only what crosses the block's edge is communicated (:mod:`memflow.sim.structure`). A graph
-without the column (each unit its own block) keeps the unit rule.
+and only what crosses the block's edge is communicated (:mod:`memflow.sim.structure`) — where
+the block runs whole on one placement (:func:`whole_blocks`,
+``Strategy.tensor_parallel(..., whole_blocks=True)``). Split units of a block on mixed
+placements (its Linears split, its activations not: FlexFlow's per-unit splits, each output
+gathered) and a graph without the column (each unit its own block) keep the unit rule.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["unit_blocks", "internal_tensors"]
+__all__ = ["unit_blocks", "internal_tensors", "whole_blocks", "block_edge_bytes"]
 
 
 def unit_blocks(blocks) -> np.ndarray:
@@ -43,3 +46,51 @@ def internal_tensors(producer: np.ndarray, readers_ptr: np.ndarray, readers_idx:
     outside = np.zeros(len(producer), bool)
     outside[rows[block[readers_idx] != mine[rows]]] = True
     return (producer >= 0) & ~is_output & ~outside
+
+
+def whole_blocks(block: np.ndarray, layout: np.ndarray) -> np.ndarray:
+    """Per unit, whether every unit of its block (``block``: :func:`unit_blocks`) runs on its
+    placement (``layout``: placement per unit).
+
+    >>> whole_blocks(np.array([0, 1, 1, 3, 3]), np.array([0, 1, 1, 1, 0])).tolist()
+    [True, True, True, False, False]
+    """
+    lo = np.full(len(block), np.iinfo(np.int64).max)
+    hi = np.full(len(block), -1)
+    np.minimum.at(lo, block, layout)
+    np.maximum.at(hi, block, layout)
+    return lo[block] == hi[block]
+
+
+def block_edge_bytes(ga, layout: np.ndarray, split: np.ndarray, out_bytes: np.ndarray,
+                     in_grad: np.ndarray, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit, the bytes of its outputs and of its input gradients in one micro-batch that
+    cross its block's edge — what a split unit all-reduces (``out_bytes``, ``in_grad``: every
+    output read by another unit and every input gradient, returned as they are when each unit
+    is its own block, or no unit is ``split``). A tensor read only inside its producer's
+    block, when the block runs whole on one placement (``layout``: placement per unit), does
+    not cross it.
+
+    >>> import types
+    >>> ga = types.SimpleNamespace(
+    ...     n=2, block=np.array([0, 0]), bytes=np.array([8., 4.]), per_sample=np.zeros(2, bool),
+    ...     producer=np.array([0, 1]), is_output=np.array([0, 1], bool),
+    ...     readers_ptr=np.array([0, 1, 1]), readers_idx=np.array([1]),
+    ...     internal=np.array([True, False]), requires_grad=np.ones(2, bool))
+    >>> split = np.array([True, True])
+    >>> [x.tolist() for x in block_edge_bytes(ga, np.array([0, 0]), split, None, None, 1)]
+    [[0.0, 4.0], [0.0, 0.0]]
+    """
+    if not split.any() or (ga.block == np.arange(ga.n)).all():
+        return out_bytes, in_grad
+    size = ga.bytes / np.where(ga.per_sample, microbatches, 1)
+    rows = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.readers_ptr))
+    crosses = ~(ga.internal & whole_blocks(ga.block, layout)[np.maximum(ga.producer, 0)])
+    out = np.flatnonzero((ga.producer >= 0) & ((np.diff(ga.readers_ptr) > 0) | ga.is_output)
+                         & crosses)
+    out_bytes = np.zeros(ga.n)
+    np.add.at(out_bytes, ga.producer[out], size[out])
+    grad = ga.requires_grad[rows] & crosses[rows]
+    in_grad = np.zeros(ga.n)
+    np.add.at(in_grad, ga.readers_idx[grad], size[rows[grad]])
+    return out_bytes, in_grad

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..memory.jit import njit
 from ..memory.records import Placed
+from ..memory.regions import block_edge_bytes
 from .pipeline import program_order
 
 __all__ = ["Structure", "structure", "BUCKET_CAP", "FIRST_BUCKET"]
@@ -134,14 +135,12 @@ def _unit_bytes(ga, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
         return hit[1]
     n = ga.n
     size = ga.bytes / np.where(ga.per_sample, microbatches, 1)
-    # only what crosses a block's edge (memflow.memory.regions): a split layer all-reduces
-    # its output, not the tensors its units pass among themselves
-    out = np.flatnonzero((ga.producer >= 0) & ~ga.internal)
+    has_readers = np.diff(ga.readers_ptr) > 0
+    out = np.flatnonzero((ga.producer >= 0) & (has_readers | ga.is_output))
     out_bytes = np.zeros(n)
     np.add.at(out_bytes, ga.producer[out], size[out])
     r_t = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.readers_ptr))
-    grad = ga.requires_grad[r_t] & ((ga.producer[r_t] < 0) | (
-        ga.block[ga.readers_idx] != ga.block[np.maximum(ga.producer[r_t], 0)]))
+    grad = ga.requires_grad[r_t]
     in_grad = np.zeros(n)
     np.add.at(in_grad, ga.readers_idx[grad], size[r_t[grad]])
     out_bytes.flags.writeable = in_grad.flags.writeable = False
@@ -165,7 +164,7 @@ def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage
     # bytes of each unit's outputs and of the gradients of its inputs (tensor parallelism)
     p = degrees[layout, 1]
     sa = degrees[layout, 0] * degrees[layout, 2]
-    out_bytes, in_grad = _unit_bytes(ga, M)
+    out_bytes, in_grad = block_edge_bytes(ga, layout, p > 1, *_unit_bytes(ga, M), M)
     cp = placed.copies
     src_unit = np.where(ga.producer[cp.tensor] >= 0, ga.producer[cp.tensor], cp.first_reader)
     c_ids = np.arange(len(cp))

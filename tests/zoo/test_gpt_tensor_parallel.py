@@ -63,7 +63,8 @@ def _attention_core(names):
 @pytest.mark.parametrize("s, b, h, a, ts", [(128, 2, 256, 4, (2, 4)), (256, 1, 512, 8, (2, 4)),
                                             (64, 4, 384, 6, (2,))])
 def test_selective_with_sequence_parallelism_holds_34sbh_over_t(s, b, h, a, ts):
-    """At leaf units a layer's parameter-free units split with its Linears (its ``block``), so
+    """At leaf units a layer's parameter-free units split with its Linears (its ``block``,
+    ``whole_blocks``), so
     recomputing the attention core under tensor and sequence parallelism holds ``34sbh/t``
     (Korthikanti et al. 2022, 5), ``sbh(10 + 24/t)`` without sequence parallelism."""
     graphs = []
@@ -79,7 +80,8 @@ def test_selective_with_sequence_parallelism_holds_34sbh_over_t(s, b, h, a, ts):
             for policy in ("keep", "recompute"):
                 per_graph = []
                 for g in graphs:
-                    st = Strategy.tensor_parallel(g, t, tp=t, sequence_parallel=sp)
+                    st = Strategy.tensor_parallel(g, t, tp=t, sequence_parallel=sp,
+                                                  whole_blocks=True)
                     assert st.parameter[g.names.index("h.0.mlp.act")] == t
                     core = {n: policy for n in _attention_core(g.names)}
                     per_graph.append(predicted_held(g, st.with_policy(core))["gpu1"])
