@@ -69,7 +69,7 @@ def block_edge_bytes(ga, layout: np.ndarray, split: np.ndarray, out_bytes: np.nd
     output read by another unit and every input gradient, returned as they are when each unit
     is its own block, or no unit is ``split``). A tensor read only inside its producer's
     block, when the block runs whole on one placement (``layout``: placement per unit), does
-    not cross it.
+    not cross it; one read by several units of such a block sends its gradient back once.
 
     >>> import types
     >>> ga = types.SimpleNamespace(
@@ -85,12 +85,19 @@ def block_edge_bytes(ga, layout: np.ndarray, split: np.ndarray, out_bytes: np.nd
         return out_bytes, in_grad
     size = ga.bytes / np.where(ga.per_sample, microbatches, 1)
     rows = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.readers_ptr))
-    crosses = ~(ga.internal & whole_blocks(ga.block, layout)[np.maximum(ga.producer, 0)])
+    whole = whole_blocks(ga.block, layout)
+    crosses = ~(ga.internal & whole[np.maximum(ga.producer, 0)])
     out = np.flatnonzero((ga.producer >= 0) & ((np.diff(ga.readers_ptr) > 0) | ga.is_output)
                          & crosses)
     out_bytes = np.zeros(ga.n)
     np.add.at(out_bytes, ga.producer[out], size[out])
-    grad = ga.requires_grad[rows] & crosses[rows]
+    # a whole block receives a gradient once per tensor (as one unit does), at its first
+    # reader: the last backward of the block that reads it
+    reader = np.where(whole[ga.readers_idx], ga.block[ga.readers_idx], ga.readers_idx)
+    _, first = np.unique(rows * ga.n + reader, return_index=True)
+    grad = np.zeros(len(rows), bool)
+    grad[first] = True
+    grad &= ga.requires_grad[rows] & crosses[rows]
     in_grad = np.zeros(ga.n)
     np.add.at(in_grad, ga.readers_idx[grad], size[rows[grad]])
     return out_bytes, in_grad

@@ -89,3 +89,19 @@ def test_selective_with_sequence_parallelism_holds_34sbh_over_t(s, b, h, a, ts):
         assert held[True, "keep"] == pytest.approx(sbh * (34 + 5 * a * s / h) / t, rel=0.02)
         assert held[True, "recompute"] == pytest.approx(34 * sbh / t, rel=0.02)
         assert held[False, "recompute"] == pytest.approx(sbh * (10 + 24 / t), rel=0.02)
+
+
+def test_a_whole_block_communicates_what_its_block_unit_does():
+    """At leaf units a block split whole all-reduces only what crosses its edge — its output
+    in forward, its input's gradient once in backward — as the block unit does."""
+    import memflow
+    node = memflow.Cluster.preset("4xV100-16GB")
+    moved = []
+    for units in ("blocks", "leaves"):
+        model, ids = zoo.get("gpt2", batch_size=2, n_layer=2, hidden=256, n_head=4, seq_len=64,
+                             vocab=1000)
+        g = from_torch(model.half(), ids, backend="cuda", units=units)
+        st = Strategy.tensor_parallel(g, 4, tp=4, sequence_parallel=True, whole_blocks=True)
+        tl = memflow.simulate(g, st, node).timeline
+        moved.append(tl.groupby("kind")["bytes"].sum()[["forward", "backward"]].tolist())
+    assert moved[1] == moved[0] and min(moved[0]) > 0
