@@ -46,7 +46,7 @@ from .opgraph import OpGraph
 from .recorder import Recorder
 from .selective import EXPENSIVE_OPS
 from .tables import parameter_table, tensor_table, unit_table
-from .units import describe_units, module_paths, select_units
+from .units import describe_units, enclosing_blocks, module_paths, select_units
 
 __all__ = ["from_torch", "split_inputs", "describe_inputs"]
 
@@ -260,7 +260,9 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
             "keep_output": bool(keep_output)}
     if expensive != EXPENSIVE_OPS:
         meta["expensive_ops"] = sorted(expensive)
-    return OpGraph(unit_table(recorder, modules), tensor_table(recorder), meta,
+    units_table = unit_table(recorder, modules)
+    units_table["block"] = enclosing_blocks(model, units_table["module"])
+    return OpGraph(units_table, tensor_table(recorder), meta,
                    parameters=parameter_table(recorder))
 
 

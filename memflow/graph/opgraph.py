@@ -44,6 +44,7 @@ UNIT_COLUMNS: dict[str, Any] = {
     "kind": "Unit",          # module class name
     "role": "module",        # "module": a whole module call; "glue": a module's own code between child units
     "call": 1,               # k-th span of the same module in execution order (1-based)
+    "block": "",             # the block (graph.units.enclosing_blocks) the unit lies in; "": none
     "fwd_flops": None,
     "bwd_flops": None,
     "fwd_bytes_moved": 0,

@@ -37,7 +37,7 @@ from torch import nn
 
 from ..errors import CaptureError
 
-__all__ = ["ROOT", "LOSS", "module_paths", "select_units", "describe_units"]
+__all__ = ["ROOT", "LOSS", "module_paths", "select_units", "describe_units", "enclosing_blocks"]
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -83,6 +83,33 @@ def _blocks(model: nn.Module, paths: dict[nn.Module, str]) -> set[str]:
         return {ROOT}
     visit(model)
     return selected
+
+
+def enclosing_blocks(model: nn.Module, modules: Iterable[str]) -> list[str]:
+    """Per module path, the block (``"blocks"`` granularity, a module with children) it is or
+    lies in, ``""`` for none: the capture's ``block`` column. Tensor parallelism splits a block
+    as a whole (Megatron's layer), so at a finer granularity its parameter-free units (norm
+    neighbours, dropouts, residual adds, activations, attention glue) split with it.
+
+    >>> from torch import nn
+    >>> layer = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    >>> model = nn.Sequential(nn.Linear(4, 4), nn.ModuleList([layer]))
+    >>> enclosing_blocks(model, ["0", "1.0.1", "1.0", "<root>"])
+    ['', '1.0', '1.0', '']
+    """
+    paths = module_paths(model)
+    by_path = {p: m for m, p in paths.items()}
+    blocks = {b for b in _blocks(model, paths) if b != ROOT and _children(by_path[b])}
+    out = []
+    for path in modules:
+        found = ""
+        while path and path != ROOT:
+            if path in blocks:
+                found = path
+                break
+            path = path.rpartition(".")[0]
+        out.append(found)
+    return out
 
 
 def _depth(model: nn.Module, paths: dict[nn.Module, str], depth: int) -> set[str]:

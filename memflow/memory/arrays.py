@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph.opgraph import INPUT
+from .regions import internal_tensors, unit_blocks
 
 __all__ = ["GraphArrays", "graph_arrays", "csr"]
 
@@ -34,6 +35,7 @@ class GraphArrays:
     fwd_tmp: np.ndarray
     bwd_tmp: np.ndarray
     half: np.ndarray            # unit computes in fp16/bf16
+    block: np.ndarray           # first unit of the unit's block (:mod:`.regions`)
     recomputable: np.ndarray
     # selective recomputation: the forward cost of the unit's expensive ops, and the bytes of
     # their outputs used only inside it (held by a selective unit until its recomputation)
@@ -51,6 +53,7 @@ class GraphArrays:
     per_sample: np.ndarray
     expensive: np.ndarray       # made by an expensive op
     stream: np.ndarray          # between tensor-parallel regions (:func:`stream_tensors`)
+    internal: np.ndarray        # read only inside its producer's block (:mod:`.regions`)
     readers: tuple[tuple[int, ...], ...]   # distinct forward readers other than the producer
     savers: tuple[tuple[int, ...], ...]    # distinct savers, in execution order
     batch_size: int | None
@@ -88,8 +91,9 @@ def csr(rows) -> tuple[np.ndarray, np.ndarray]:
 
 def stream_tensors(shapes, producer: np.ndarray, leaves: np.ndarray) -> np.ndarray:
     """Per tensor: it is token-wise, ``(batch, sequence, features)``, with the shape of its
-    producer's first output (the tensor ``leaves`` marks) or that shape with one feature — in
-    a transformer block, the residual stream between Megatron's tensor-parallel regions
+    producer's first output (the tensor ``leaves`` marks; ``producer`` may be the producer's
+    block, :mod:`.regions`, whose first output leaves the block) or that shape with one
+    feature — in a transformer block, the residual stream between Megatron's tensor-parallel regions
     (LayerNorm inputs, outputs and statistics, dropout masks), which tensor parallelism
     replicates and sequence parallelism splits. A tensor of unknown shape is not one, nor one
     of another rank (a convolution's maps: a split block's channels are split).
@@ -151,6 +155,9 @@ def graph_arrays(graph) -> GraphArrays:
     # an unread parameter gets its gradient (if any) where its owner's backward runs
     p_grad_unit = np.array([rs[-1] if rs else o for rs, o in zip(p_readers, p_owner.tolist())],
                            np.int64)
+    block = unit_blocks(u["block"] if "block" in u.columns else [""] * len(u))
+    is_output = t["is_output"].to_numpy(bool)
+    internal = internal_tensors(producer, r_ptr, r_idx, is_output, block)
     recomputable = (u["recomputable"].to_numpy(bool) if "recomputable" in u.columns
                     else np.ones(len(u), bool))
     out = GraphArrays(
@@ -160,17 +167,20 @@ def graph_arrays(graph) -> GraphArrays:
         fwd_bytes_moved=col("fwd_bytes_moved"), bwd_bytes_moved=col("bwd_bytes_moved"),
         fwd_ops=col("fwd_ops"), bwd_ops=col("bwd_ops"), fwd_tmp=col("fwd_tmp_bytes"),
         bwd_tmp=col("bwd_tmp_bytes"),
-        half=np.array([str(d) in _HALF for d in u["dtype"]], bool), recomputable=recomputable,
+        half=np.array([str(d) in _HALF for d in u["dtype"]], bool), block=block,
+        recomputable=recomputable,
         expensive_fwd_flops=col("expensive_fwd_flops"),
         expensive_fwd_bytes_moved=col("expensive_fwd_bytes_moved"),
         expensive_fwd_ops=col("expensive_fwd_ops"), cached=col("cached_bytes"),
         unpack_tmp=col("unpack_tmp_bytes"),
         unpack_done=col("unpack_done_bytes"),
         bytes=t["bytes"].to_numpy(np.float64), producer=producer,
-        is_output=t["is_output"].to_numpy(bool), requires_grad=t["requires_grad"].to_numpy(bool),
+        is_output=is_output, requires_grad=t["requires_grad"].to_numpy(bool),
         per_sample=t["per_sample"].to_numpy(bool), expensive=t["expensive"].to_numpy(bool),
-        stream=stream_tensors(t["shape"], producer, (r_ptr[1:] > r_ptr[:-1])
-                              | t["is_output"].to_numpy(bool)),
+        stream=stream_tensors(t["shape"], np.where(producer >= 0, block[producer], -1),
+                              ~internal & ((producer >= 0) | (r_ptr[1:] > r_ptr[:-1])
+                                           | is_output)),
+        internal=internal,
         readers=tuple(readers),
         savers=tuple(savers), batch_size=graph.meta.get("batch_size"),
         keep_output=bool(graph.meta.get("keep_output", False)), readers_ptr=r_ptr,

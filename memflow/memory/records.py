@@ -18,6 +18,7 @@ import numpy as np
 
 from .allocator import allocated_bytes
 from .arrays import GraphArrays
+from .regions import whole_blocks
 from .rows import row_max, row_of
 
 __all__ = ["Placed", "Copy", "Copies", "placements", "anchors", "ANCHORS", "ANCHOR_KINDS",
@@ -164,8 +165,9 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     ``allocator="cuda"`` charges each record the CUDA caching allocator's block
     (:func:`memflow.memory.allocator.allocated_bytes`) instead of its bytes.
 
-    A tensor internal to a split unit is held at ``1/p`` per part, but for its residual-stream
-    tensors (``ga.stream``: Megatron's replicated LayerNorm and dropout tensors), unless the
+    A tensor internal to a split unit (or to its block, :mod:`.regions`, when the block runs
+    whole on one placement: tensor parallelism splits its units alike) is held at ``1/p`` per
+    part, but for its residual-stream tensors (``ga.stream``: Megatron's replicated LayerNorm and dropout tensors), unless the
     unit is ``sequence`` parallel (per unit, bool); under sequence parallelism a stream tensor
     passed between sequence-parallel units only, or copied into them (scattered), is held at
     ``1/p`` too (Korthikanti et al.
@@ -222,12 +224,16 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     size = ga.bytes[rec_t] / np.where(per_sample, M, 1)
     lead_unit = np.where(rec_home & (rec_prod >= 0), rec_prod, rec_min)
     share = np.where(per_sample, 1.0 / sa[np.maximum(lead_unit, 0)], 1.0)
-    no_readers = (ga.readers_ptr[rec_t + 1] == ga.readers_ptr[rec_t]) & ~ga.is_output[rec_t]
+    # read only inside its producer's block if the block runs whole on one placement
+    # (.regions), else by no other unit
+    internal = np.where(whole_blocks(ga.block, layout)[np.maximum(rec_prod, 0)],
+                        ga.internal[rec_t], (ga.readers_ptr[rec_t + 1] == ga.readers_ptr[rec_t])
+                        & ~ga.is_output[rec_t])
     prod = np.maximum(rec_prod, 0)
     seq = np.zeros(n, bool) if sequence is None else sequence & (p > 1)
     stream = ga.stream[rec_t]
     split = rec_home & (rec_prod >= 0) & (p[prod] > 1) & (
-        no_readers & (~stream | seq[prod])         # internal to a split unit
+        internal & (~stream | seq[prod])           # internal to a split unit (block)
         | (seq[prod] & stream & ~ga.is_output[rec_t]
            & (np.bincount(pair_rec, ~seq[pv], minlength=R) == 0)))  # sequence-split stream
     share = np.where(split, share / p[prod], share)

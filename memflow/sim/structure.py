@@ -17,6 +17,7 @@ import numpy as np
 
 from ..memory.jit import njit
 from ..memory.records import Placed
+from ..memory.regions import block_edge_bytes
 from .pipeline import program_order
 
 __all__ = ["Structure", "structure", "BUCKET_CAP", "FIRST_BUCKET"]
@@ -163,7 +164,7 @@ def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage
     # bytes of each unit's outputs and of the gradients of its inputs (tensor parallelism)
     p = degrees[layout, 1]
     sa = degrees[layout, 0] * degrees[layout, 2]
-    out_bytes, in_grad = _unit_bytes(ga, M)
+    out_bytes, in_grad = block_edge_bytes(ga, layout, p > 1, *_unit_bytes(ga, M), M)
     cp = placed.copies
     src_unit = np.where(ga.producer[cp.tensor] >= 0, ga.producer[cp.tensor], cp.first_reader)
     c_ids = np.arange(len(cp))

@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..errors import StrategyError
 from .strategy import Strategy
+from .validate import block_limits
 
 __all__ = ["device_list", "balanced_split", "single_device", "data_parallel", "model_parallel",
            "hybrid", "pipeline", "tensor_parallel"]
@@ -135,14 +136,20 @@ def pipeline(graph, devices: Devices, *, stages: int, microbatches: int, dp: int
 
 def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 1,
                     microbatches: int = 1, schedule: str = "1f1b",
-                    sequence_parallel: bool = False, name: str | None = None) -> Strategy:
+                    sequence_parallel: bool = False, whole_blocks: bool = False,
+                    name: str | None = None) -> Strategy:
     """Megatron-style tensor × pipeline × data parallelism, with ``sequence_parallel`` its
     sequence parallelism on every split unit.
 
     Device ``(r * pp + s) * tp + t`` is tensor rank ``t`` of stage ``s`` of replica ``r``.
     Units that hold parameters and can be split ``tp`` ways over their parameter dimension
     (blocks, embeddings, large linears) get ``parameter=tp``; the rest run on tensor rank 0
-    of their stage. The simulator charges each split unit an all-reduce of its output in
+    of their stage. With ``whole_blocks`` the units of a block (the graph's ``block`` column: a
+    layer captured finer than ``"blocks"``) split together, parameter-free ones included, when
+    its parameter units all can — Megatron's layer, whose attention core and GELU run on each
+    rank's heads and features (the memory model holds what they pass among themselves at
+    ``1/tp``: :mod:`memflow.memory.regions`; export splits only units holding a ``Linear`` or
+    ``Embedding``). The simulator charges each split unit an all-reduce of its output in
     forward and of its input gradient in backward (under sequence parallelism a
     reduce-scatter and an all-gather: the same bytes on a ring). ``sequence_parallel`` marks
     the split units between tensor-parallel regions that pass token-wise tensors ``(batch,
@@ -155,20 +162,31 @@ def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 
     >>> s = tensor_parallel(g, 2, tp=2, sequence_parallel=True)
     >>> s.name, s.units[s.sequence_parallel.argmax()]
     ('tp=2 pp=1 dp=1 sp', 'h.0')
+    >>> leaves = memflow.zoo.graph("gpt2", batch_size=2, n_layer=1, hidden=64, n_head=4,
+    ...                            seq_len=32, vocab=100)
+    >>> w = tensor_parallel(leaves, 2, tp=2, whole_blocks=True)
+    >>> w.name, int(w.parameter[leaves.names.index("h.0.mlp.act")])
+    ('tp=2 pp=1 dp=1 blocks', 2)
     """
     devs = device_list(devices)
-    # sequence parallelism: units between the regions that pass token-wise tensors
+    u = graph.units
+    # with whole_blocks, a unit inside a block (a layer captured finer) splits with its block
+    block = u["block"].to_numpy(str) if "block" in u.columns else np.full(len(u), "")
+    inside = (block != "") & whole_blocks
+    # sequence parallelism: units between the regions that pass token-wise tensors; a block's
+    # units when the block passes them
     t = graph.tensors
     token_wise = set(t["producer"][[len(x) == 3 for x in t["shape"]]]) if "shape" in t else set()
-    between = ~graph.units.get("kind", pd.Series("", graph.units.index)).isin(
-        ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")).to_numpy() \
-        & np.isin(graph.names, list(token_wise))
+    passes = np.isin(graph.names, list(token_wise))
+    between = np.where(inside, np.isin(block, block[passes & inside]),
+                       ~u.get("kind", pd.Series("", u.index)).isin(
+                           ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")).to_numpy()
+                       & passes)
     if tp * pp * dp != len(devs):
         raise StrategyError(f"tensor_parallel: tp × pp × dp = {tp * pp * dp} but {len(devs)} "
                             "devices were given; choose degrees whose product is the count")
-    u = graph.units
-    split = ((u["max_parameter_degree"].to_numpy() >= tp) & (u["param_bytes"].to_numpy() > 0)
-             & (tp > 1))
+    limit = np.where(inside, block_limits(u), u["max_parameter_degree"].to_numpy())
+    split = (limit >= tp) & ((u["param_bytes"].to_numpy() > 0) | inside) & (tp > 1)
     stage = balanced_split(_cost(graph), pp)
     placed, param = [], []
     for i in range(len(graph)):
@@ -181,7 +199,8 @@ def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 
                     sequence_parallel=(np.array(param) > 1) & between
                     if sequence_parallel else None,
                     schedule=schedule,
-                    name=name or f"tp={tp} pp={pp} dp={dp}" + (" sp" if sequence_parallel else ""))
+                    name=name or f"tp={tp} pp={pp} dp={dp}" + (" sp" if sequence_parallel else "")
+                    + (" blocks" if whole_blocks else ""))
 
 
 def _attach() -> None:

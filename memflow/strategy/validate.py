@@ -7,7 +7,32 @@ from ..errors import StrategyError
 from .policies import POLICIES
 from .strategy import Strategy
 
-__all__ = ["validate"]
+__all__ = ["validate", "block_limits"]
+
+
+def block_limits(units) -> np.ndarray:
+    """Per unit (``units``: a graph's units table), the largest parameter degree of its block
+    (the ``block`` column): the smallest ``max_parameter_degree`` of the block's units that
+    hold parameters or a head count, 1 for a block without parameters; outside blocks, the
+    unit's own. Tensor parallelism splits a block's units alike (Megatron's layer), so its
+    parameter-free units (``max_parameter_degree`` 1) may take this degree.
+
+    >>> import pandas as pd
+    >>> block_limits(pd.DataFrame({"block": ["", "h", "h", "h"], "param_bytes": [8, 8, 0, 0],
+    ...                            "max_parameter_degree": [16, 32, 4, 1]})).tolist()
+    [16, 4, 4, 4]
+    """
+    own = units["max_parameter_degree"].to_numpy(np.int64)
+    if "block" not in units.columns:
+        return own
+    block = units["block"].to_numpy(str)
+    out = own.copy()
+    counts = (units["param_bytes"].to_numpy() > 0) | (own > 1)
+    for b in set(block) - {""}:
+        mine = block == b
+        limits = own[mine & counts]
+        out[mine] = limits.min() if len(limits) and units["param_bytes"][mine].sum() > 0 else 1
+    return out
 
 
 def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
@@ -45,7 +70,9 @@ def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
                             "units must follow the graph's execution order")
     known = set(map(str, cluster.devices.index)) if cluster is not None else None
     u = graph.units
+    # a parameter-free unit of a block splits with its block
     max_p = u["max_parameter_degree"].to_numpy()
+    max_p = np.where(u["param_bytes"].to_numpy() > 0, max_p, np.maximum(max_p, block_limits(u)))
     max_a = u["max_attribute_degree"].to_numpy()
     for i, name in enumerate(names):
         s, p, a = int(strategy.sample[i]), int(strategy.parameter[i]), int(strategy.attribute[i])
