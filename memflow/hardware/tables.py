@@ -140,8 +140,10 @@ def _bf16_column(devices: pd.DataFrame) -> pd.Series:
     ok = np.array([v is None or isinstance(v, (bool, np.bool_)) or v != v for v in col])
     bad = _first_bad(devices, ~ok)
     if bad is not None:
+        value = devices.at[bad, "bf16"]
         raise ClusterError(f"device {bad!r}: bf16 must be true or false (whether it computes "
-                           f"bfloat16 at its peak_flops_fp16), got {devices.at[bad, 'bf16']!r}")
+                           f"bfloat16 at its peak_flops_fp16), got "
+                           f"{getattr(value, 'item', lambda: value)()!r}")
     models = devices["model"]
     default = models.map({m: getattr(lookup_gpu(m), "bf16", True) for m in models.unique()})
     return pd.Series(np.where(given, col.to_numpy(object), default.to_numpy(object)),
