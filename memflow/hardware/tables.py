@@ -240,7 +240,8 @@ def validate(devices: pd.DataFrame, hosts: pd.DataFrame, links: pd.DataFrame,
     """Check and normalize the four tables; return copies with every column filled.
 
     Missing optional columns get their defaults, NaN link figures get their kind's defaults
-    (``catalogue.LINK_KINDS``) and NaN ``peak_flops_fp16`` becomes the FP32 rate.
+    (``catalogue.LINK_KINDS``), NaN ``peak_flops_fp16`` becomes the FP32 rate and a missing
+    ``bf16`` the catalogue's answer for the device's model (True for a model it lacks).
     """
     hosts = _check_hosts(hosts)
     devices = _check_devices(devices, hosts)
