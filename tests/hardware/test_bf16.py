@@ -51,3 +51,11 @@ def test_json_round_trip_keeps_it(tmp_path):
     back = Cluster.from_json(path)
     assert back == c and back.devices["bf16"].tolist() == [True, False]
     assert back.devices["bf16"].dtype == bool
+
+
+def test_a_local_cpu_runs_bf16_at_its_fp32_rate():
+    """PyTorch runs bf16 natively on a CPU; the CPU's one measured rate serves every dtype."""
+    from memflow.hardware.local import EXAMPLE_FIGURES, local_cluster
+    a = local_cluster(EXAMPLE_FIGURES, 1).arrays
+    assert a.bf16.tolist() == [True]
+    assert a.peak_flops("bfloat16")[0] == a.peak_flops("float32")[0]
