@@ -34,6 +34,7 @@ class ClusterArrays:
     memory: np.ndarray
     flops_fp32: np.ndarray
     flops_fp16: np.ndarray
+    bf16: np.ndarray                 # bool: bfloat16 at flops_fp16, else at flops_fp32
     mem_bandwidth: np.ndarray
     compute_efficiency: np.ndarray
     memory_efficiency: np.ndarray
@@ -60,7 +61,8 @@ class ClusterArrays:
         return cls(devices=devices.index, node=devices["node"].to_numpy(np.int64),
                    host=hosts.index.get_indexer(devices["host"]),
                    memory=col("memory_bytes"), flops_fp32=col("peak_flops_fp32"),
-                   flops_fp16=col("peak_flops_fp16"), mem_bandwidth=col("mem_bandwidth"),
+                   flops_fp16=col("peak_flops_fp16"), bf16=devices["bf16"].to_numpy(bool),
+                   mem_bandwidth=col("mem_bandwidth"),
                    compute_efficiency=col("compute_efficiency"),
                    memory_efficiency=col("memory_efficiency"),
                    launch_overhead=col("launch_overhead"),
@@ -69,14 +71,19 @@ class ClusterArrays:
                    link_latency=links["latency"].to_numpy(np.float64), routing=routing)
 
     def peak_flops(self, dtype: str) -> np.ndarray:
-        """Peak FLOP/s per device for a dtype name: the FP16 column for 16-bit floats.
+        """Peak FLOP/s per device for a dtype name: the FP16 column for 16-bit floats, but
+        the FP32 one for bfloat16 on devices without bf16 units.
 
         >>> from memflow.hardware import Cluster
         >>> float(Cluster.preset("1xA100-80GB").arrays.peak_flops("bfloat16")[0])
         312000000000000.0
+        >>> float(Cluster.preset("1xV100-16GB").arrays.peak_flops("bfloat16")[0])
+        15700000000000.0
         """
-        half = str(dtype).replace("torch.", "") in ("float16", "bfloat16", "half", "fp16", "bf16")
-        return self.flops_fp16 if half else self.flops_fp32
+        name = str(dtype).replace("torch.", "")
+        if name in ("bfloat16", "bf16"):
+            return np.where(self.bf16, self.flops_fp16, self.flops_fp32)
+        return self.flops_fp16 if name in ("float16", "half", "fp16") else self.flops_fp32
 
     def route(self, a: int, b: int) -> np.ndarray:
         """Link rows (serial channels) a transfer from device ``a`` to device ``b`` crosses."""

@@ -30,6 +30,13 @@ class GPU:
     """One accelerator model: its memory, peak rates and the links it comes with.
 
     ``nvlink_bandwidth`` is per direction (half the vendors' "total" figure), 0 without NVLink.
+    ``bf16`` says whether the GPU computes bfloat16 in hardware at its FP16 peak: only NVIDIA
+    GPUs of compute capability 8.0 and later (Ampere: A100, A10, A40, RTX 30xx, Jetson Orin;
+    Ada: L4, RTX 40xx; Hopper) have BF16 tensor cores and bf16 arithmetic (CUDA Programming
+    Guide, ``__nv_bfloat16`` arithmetic needs ``sm_80``; PyTorch's
+    ``torch.cuda.is_bf16_supported()`` asks for capability 8.0). Kepler, Maxwell, Pascal,
+    Volta and Turing GPUs (K80, Titan X, P100, V100, T4, Jetson Nano/TX2/Xavier) have none:
+    bf16 matmuls there run at best at the FP32 rate, so the simulator charges them that.
     ``unified`` marks edge boards whose GPU shares one DRAM with the CPU.
     """
 
@@ -42,6 +49,7 @@ class GPU:
     host_link: str
     default_ib: str
     nics_per_gpu: float
+    bf16: bool
     unified: bool = False
     description: str = ""
 
@@ -74,23 +82,25 @@ class LinkKind:
 # give every GPU its own compute NIC, DGX-1 (P100, V100) has 4 for 8 GPUs; older servers one.
 GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("K80-12GB", 12 * GIB, 240 * GB, 4.4 * TFLOP, 4.4 * TFLOP, 0, "pcie3", "ib-edr", 0.125,
+        False,
         description="Tesla K80, one GK210 of the board; no fast FP16 (runs at the FP32 rate)"),
     GPU("TitanX-12GB", 12 * GIB, 336 * GB, 6.6 * TFLOP, 6.6 * TFLOP, 0, "pcie3", "ib-edr", 0.125,
+        False,
         description="GeForce GTX Titan X (Maxwell); no fast FP16 (runs at the FP32 rate)"),
     GPU("P100-16GB", 16 * GIB, 732 * GB, 21 * TFLOP, 10.6 * TFLOP, 80 * GB, "pcie3", "ib-edr", 0.5,
-        description="Tesla P100 SXM2; FP16 via half2 at twice FP32"),
+        False, description="Tesla P100 SXM2; FP16 via half2 at twice FP32; no BF16"),
     GPU("V100-16GB", 16 * GIB, 900 * GB, 125 * TFLOP, 15.7 * TFLOP, 150 * GB, "pcie3", "ib-edr",
-        0.5, description="Tesla V100 SXM2 16 GB; tensor cores (FP16 only)"),
+        0.5, False, description="Tesla V100 SXM2 16 GB; tensor cores (FP16 only, no BF16)"),
     GPU("V100-32GB", 32 * GIB, 900 * GB, 125 * TFLOP, 15.7 * TFLOP, 150 * GB, "pcie3", "ib-edr",
-        0.5, description="Tesla V100 SXM2 32 GB; tensor cores (FP16 only)"),
+        0.5, False, description="Tesla V100 SXM2 32 GB; tensor cores (FP16 only, no BF16)"),
     GPU("A100-40GB", 40 * GIB, 1555 * GB, 312 * TFLOP, 19.5 * TFLOP, 300 * GB, "pcie4", "ib-hdr",
-        1.0, description="A100 SXM4 40 GB; FP16/BF16 tensor cores"),
+        1.0, True, description="A100 SXM4 40 GB; FP16/BF16 tensor cores"),
     GPU("A100-80GB", 80 * GIB, 2039 * GB, 312 * TFLOP, 19.5 * TFLOP, 300 * GB, "pcie4", "ib-hdr",
-        1.0, description="A100 SXM4 80 GB; FP16/BF16 tensor cores"),
+        1.0, True, description="A100 SXM4 80 GB; FP16/BF16 tensor cores"),
     GPU("H100-80GB", 80 * GIB, 3350 * GB, 989 * TFLOP, 67 * TFLOP, 450 * GB, "pcie5", "ib-ndr",
-        1.0, description="H100 SXM5 80 GB; FP16/BF16 tensor cores"),
+        1.0, True, description="H100 SXM5 80 GB; FP16/BF16 tensor cores"),
     GPU("H200-141GB", 141 * GIB, 4800 * GB, 989 * TFLOP, 67 * TFLOP, 450 * GB, "pcie5", "ib-ndr",
-        1.0, description="H200 SXM 141 GB; H100's compute with faster HBM3e"),
+        1.0, True, description="H200 SXM 141 GB; H100's compute with faster HBM3e"),
 )}
 
 # Edge boards: one LPDDR pool shared by CPU and GPU. memory_bytes is what the GPU can use after
@@ -100,17 +110,18 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
 # tensor-core FP16 = 48 or 32 tensor cores at 1.1 GHz or 625 MHz).
 EDGE_BOARDS: dict[str, GPU] = {g.name: g for g in (
     GPU("jetson-nano-4GB", 3 * GIB, 25.6 * GB, 0.472 * TFLOP, 0.236 * TFLOP, 0, "unified",
-        "ethernet", 1.0, unified=True,
+        "ethernet", 1.0, False, unified=True,
         description="Jetson Nano 4 GB: 128-core Maxwell, LPDDR4 25.6 GB/s"),
     GPU("jetson-tx2-8GB", 7 * GIB, 59.7 * GB, 1.33 * TFLOP, 0.665 * TFLOP, 0, "unified",
-        "ethernet", 1.0, unified=True,
+        "ethernet", 1.0, False, unified=True,
         description="Jetson TX2 8 GB: 256-core Pascal, LPDDR4 59.7 GB/s"),
     GPU("jetson-xavier-nx-8GB", 7 * GIB, 51.2 * GB, 6.76 * TFLOP, 0.845 * TFLOP, 0, "unified",
-        "ethernet", 1.0, unified=True,
+        "ethernet", 1.0, False, unified=True,
         description="Jetson Xavier NX 8 GB: 384-core Volta, 48 tensor cores, LPDDR4x 51.2 GB/s"),
     GPU("jetson-orin-nano-8GB", 7 * GIB, 68 * GB, 10.24 * TFLOP, 1.28 * TFLOP, 0, "unified",
-        "ethernet", 1.0, unified=True,
-        description="Jetson Orin Nano 8 GB: 1024-core Ampere, 32 tensor cores, LPDDR5 68 GB/s"),
+        "ethernet", 1.0, True, unified=True,
+        description="Jetson Orin Nano 8 GB: 1024-core Ampere, 32 tensor cores (FP16/BF16), "
+                    "LPDDR5 68 GB/s"),
 )}
 
 LINK_KINDS: dict[str, LinkKind] = {

@@ -168,6 +168,9 @@ def local_cluster(figures: dict[str, Any], processes: int = 1,
     devices = pd.DataFrame({
         "device": names, "node": range(n), "model": "local-cpu", "memory_bytes": share,
         "peak_flops_fp32": peak, "peak_flops_fp16": np.nan, "mem_bandwidth": copy,
+        # PyTorch runs bf16 natively on a CPU (oneDNN), at no more than the FP32 rate that
+        # every dtype is charged here: the search may propose it for the memory it saves
+        "bf16": True,
         # a layer is a GEMM or a convolution: the mean of the two achieved rates
         "compute_efficiency": (matmul + conv) / 2 / peak, "memory_efficiency": 1.0,
         "launch_overhead": r["op_overhead"], "host": hosts,

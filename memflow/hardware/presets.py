@@ -206,6 +206,7 @@ def build(gpu: str, gpus_per_node: int = 8, nodes: int = 1, *, intra: str | None
     devices = pd.DataFrame({
         "node": node, "model": spec.name, "memory_bytes": float(spec.memory_bytes),
         "peak_flops_fp32": spec.peak_flops_fp32, "peak_flops_fp16": spec.peak_flops_fp16,
+        "bf16": spec.bf16,
         "mem_bandwidth": spec.mem_bandwidth, "compute_efficiency": spec.compute_efficiency,
         "memory_efficiency": spec.memory_efficiency, "launch_overhead": spec.launch_overhead,
         "host": host_of}, index=pd.Index(dev, name="device"))

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ClusterError
-from .catalogue import LINK_KINDS
+from .catalogue import LINK_KINDS, lookup_gpu
 
 __all__ = ["DEVICE_COLUMNS", "HOST_COLUMNS", "LINK_COLUMNS", "SWITCH_COLUMNS", "validate"]
 
@@ -32,6 +32,9 @@ DEVICE_COLUMNS: dict[str, Any] = {
     "memory_bytes": None,
     "peak_flops_fp32": 1e13,
     "peak_flops_fp16": np.nan,       # NaN: no fast FP16, the FP32 rate is used
+    # whether bfloat16 runs at peak_flops_fp16 (False: at peak_flops_fp32, as on GPUs before
+    # compute capability 8.0); missing: the catalogue's answer for the model, else True
+    "bf16": np.nan,
     "mem_bandwidth": 1e12,
     "compute_efficiency": 0.7,
     "memory_efficiency": 0.85,
@@ -107,6 +110,7 @@ def _check_devices(devices: pd.DataFrame, hosts: pd.DataFrame) -> pd.DataFrame:
                                "it must be >= 0")
     fp16 = devices["peak_flops_fp16"]
     devices["peak_flops_fp16"] = fp16.where(fp16.notna(), devices["peak_flops_fp32"])
+    devices["bf16"] = _bf16_column(devices)
     for col in _POSITIVE:
         bad = _first_bad(devices, ~(devices[col] > 0).to_numpy())
         if bad is not None:
@@ -125,6 +129,25 @@ def _check_devices(devices: pd.DataFrame, hosts: pd.DataFrame) -> pd.DataFrame:
     devices["host"] = host.astype(str)
     devices["node"] = _int_column(devices, "device", "node")
     return devices
+
+
+def _bf16_column(devices: pd.DataFrame) -> pd.Series:
+    """The ``bf16`` column as booleans: a missing value takes the catalogue's answer for the
+    device's model, and True for a model the catalogue lacks (a GPU declared by hand is taken
+    to run bfloat16 at the 16-bit peak it was given, as every GPU since Ampere does)."""
+    col = devices["bf16"]
+    given = col.notna().to_numpy()
+    ok = np.array([v is None or isinstance(v, (bool, np.bool_)) or v != v for v in col])
+    bad = _first_bad(devices, ~ok)
+    if bad is not None:
+        value = devices.at[bad, "bf16"]
+        raise ClusterError(f"device {bad!r}: bf16 must be true or false (whether it computes "
+                           f"bfloat16 at its peak_flops_fp16), got "
+                           f"{getattr(value, 'item', lambda: value)()!r}")
+    models = devices["model"]
+    default = models.map({m: getattr(lookup_gpu(m), "bf16", True) for m in models.unique()})
+    return pd.Series(np.where(given, col.to_numpy(object), default.to_numpy(object)),
+                     index=devices.index).astype(bool)
 
 
 def _int_column(df: pd.DataFrame, what: str, col: str) -> pd.Series:
@@ -217,7 +240,8 @@ def validate(devices: pd.DataFrame, hosts: pd.DataFrame, links: pd.DataFrame,
     """Check and normalize the four tables; return copies with every column filled.
 
     Missing optional columns get their defaults, NaN link figures get their kind's defaults
-    (``catalogue.LINK_KINDS``) and NaN ``peak_flops_fp16`` becomes the FP32 rate.
+    (``catalogue.LINK_KINDS``), NaN ``peak_flops_fp16`` becomes the FP32 rate and a missing
+    ``bf16`` the catalogue's answer for the device's model (True for a model it lacks).
     """
     hosts = _check_hosts(hosts)
     devices = _check_devices(devices, hosts)

@@ -318,16 +318,20 @@ def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal
 
 
 def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
-    """The whole strategy gets another precision (global: ``unit`` is empty).
+    """The whole strategy gets another precision (global: ``unit`` is empty); bf16 ones only
+    where a device has bf16 units (:func:`~memflow.search.space.precision_choices`).
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
     >>> g = chain_graph(2)
-    >>> sp = SearchSpace(g, memflow.Cluster.preset("1xV100-16GB"), runnable=False)
-    >>> precision(np.random.default_rng(0), memflow.Strategy.single_device(g), sp).strategy.precision
-    'pure-bf16'
+    >>> def draw(gpu):
+    ...     sp = SearchSpace(g, memflow.Cluster.preset(gpu), runnable=False)
+    ...     s = precision(np.random.default_rng(0), memflow.Strategy.single_device(g), sp)
+    ...     return s.strategy.precision
+    >>> draw("1xA100-80GB"), draw("1xV100-16GB")
+    ('pure-bf16', 'amp')
     """
-    choices = [p for p in precision_choices(s)
+    choices = [p for p in precision_choices(s, space.bf16)
                if not space.runnable or p in RUNNABLE.precisions]
     if not choices or space.precision_pinned:
         return None

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import SearchError
 from ..memory.arrays import graph_arrays
+from ..sim.precision import BF16_PRECISIONS
 from ..strategy import POLICIES, parse_policy
 from ..strategy.runnable import (RUNNABLE, model_state_problem, parameter_limits,
                                  pipeline_problem, root_sharded, sample_problem, unrunnable)
@@ -122,6 +123,9 @@ class SearchSpace:
         self.may_recompute = self.recomputable & (self.recompute is not None)
         self.pinned = np.zeros(self.n, bool)
         self.precision_pinned = False      # the global precision is fixed (MCMCSearch.pin)
+        # bf16 precisions are proposed only where some device has bf16 units: elsewhere they
+        # hold what amp holds at the FP32 rate (a pin or a given strategy still runs them)
+        self.bf16 = bool(cluster.devices["bf16"].any())
 
     # ------------------------------------------------------------------ units
     def index(self, units: str | Iterable[str]) -> list[int]:
@@ -300,15 +304,20 @@ def shard_choices(s, i: int) -> list[str]:
     return [lv for k, lv in enumerate(SHARD_LEVELS) if k != s.shard[i]]
 
 
-def precision_choices(s) -> list[str]:
+def precision_choices(s, bf16: bool = True) -> list[str]:
     """The precisions (:data:`~memflow.strategy.PRECISIONS`) other than the one ``s`` sets
-    (all of them when it sets none and trains in the simulator's).
+    (all of them when it sets none and trains in the simulator's); without ``bf16`` (no
+    device of the cluster has bf16 units: :attr:`SearchSpace.bf16`) not the bf16 ones
+    (:data:`~memflow.sim.precision.BF16_PRECISIONS`), which would compute at the FP32 rate.
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
     >>> s = memflow.Strategy.single_device(chain_graph(2))
     >>> precision_choices(s.with_model_states(precision="fp32"))
     ['amp', 'bf16', 'pure-bf16']
+    >>> precision_choices(s.with_model_states(precision="fp32"), bf16=False)
+    ['amp']
     """
     from ..strategy import PRECISIONS
-    return [p for p in PRECISIONS if p != s.precision]
+    return [p for p in PRECISIONS
+            if p != s.precision and (bf16 or p not in BF16_PRECISIONS)]

@@ -37,6 +37,7 @@ class LayoutCost:
     devices: np.ndarray          # device positions, part order
     flops32: float
     flops16: float
+    flops_bf16: float            # flops16, or flops32 where a device lacks bf16 units
     mem_rate: float
     launch: float
     d2h: tuple[np.ndarray, float, float]     # (link channels, bytes->s factor, latency)
@@ -95,11 +96,13 @@ def layout_cost(ca, key: tuple, route: Route | None = None) -> LayoutCost:
     f32 = ca.flops_fp32[devs] * ca.compute_efficiency[devs]
     f16 = np.where(np.isnan(ca.flops_fp16[devs]), ca.flops_fp32[devs],
                    ca.flops_fp16[devs]) * ca.compute_efficiency[devs]
+    bf16 = np.where(ca.bf16[devs], f16, f32)
     mem = ca.mem_bandwidth[devs] * ca.memory_efficiency[devs]
     parts = _parts((s, p, a))
     by_param = [devs[parts[:, 2] == i] for i in range(p)]
     by_region = [devs[(parts[:, 0] == i) & (parts[:, 1] == j)] for i in range(s) for j in range(a)]
     return LayoutCost(devices=devs, flops32=float(f32.min()), flops16=float(f16.min()),
+                      flops_bf16=float(bf16.min()),
                       mem_rate=float(mem.min()), launch=float(ca.launch_overhead[devs].max()),
                       d2h=_host_links(ca, devs, True, route),
                       h2d=_host_links(ca, devs, False, route),

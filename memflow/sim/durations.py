@@ -14,6 +14,7 @@ from ..strategy.strategy import Strategy
 from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, cpu_compute, cpu_hooks, cpu_optimizer,
                     ring_time, tied_allreduce)
 from .expand import Timing
+from .precision import bf16_units
 from .run import ByLayouts, Placement
 from .structure import Structure
 
@@ -73,8 +74,12 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
     # one row of rates per layout (cached by placement key), spread over the units
     rates = np.stack([sim._lc_row(k, lc) for k, lc in zip(keys, lcs)])
     deg = rates[L, _DEGREE] * M
-    half = ga.half | (sim.precision_of(strategy) != "fp32")
-    rate = np.where(half, rates[L, _FLOPS16], rates[L, _FLOPS32])
+    precision = sim.precision_of(strategy)
+    half = ga.half | (precision != "fp32")
+    # bfloat16 runs at the 16-bit rate only on devices with bf16 units (LayoutCost.flops_bf16)
+    bf16 = np.array([lc.flops_bf16 for lc in lcs])[L]
+    rate = np.where(half, np.where(bf16_units(sim.graph, precision), bf16, rates[L, _FLOPS16]),
+                    rates[L, _FLOPS32])
     per_unit = np.empty((5, ga.n))       # forward, its cheap ops, backward, gather, scatter
     _unit_durations(deg, rate, rates[L, _MEM], rates[L, _LAUNCH],
                     rates[L, _PARAM_RING:_PARAM_RING + 3],

@@ -7,6 +7,9 @@ The precisions that cast activations are those whose weights are half width in
 ``amp`` capture under autocast already records which ops ran in half precision; an fp32
 capture cannot say which would have, so it is left as measured). Integer tensors (token ids,
 masks) and units captured in half precision are unchanged.
+
+Which units compute in bfloat16 (:func:`bf16_units`) matters to time: a GPU without bf16
+units (``bf16`` false in the cluster's devices, as on a V100) runs them at its FP32 rate.
 """
 from __future__ import annotations
 
@@ -18,11 +21,15 @@ import numpy as np
 from ..memory.arrays import GraphArrays, graph_arrays
 from ..memory.states import WIDTHS
 
-__all__ = ["activation_arrays", "ACTIVATION_WIDTH"]
+__all__ = ["activation_arrays", "ACTIVATION_WIDTH", "BF16_PRECISIONS", "bf16_units"]
 
 ACTIVATION_WIDTH = {p: w for p, (w, _, _) in WIDTHS.items() if w is not None}
 """precision -> bytes per floating-point activation element, where the precision casts."""
+BF16_PRECISIONS = tuple(ACTIVATION_WIDTH)
+"""The precisions that compute in bfloat16: those that cast (export casts to bfloat16,
+:func:`memflow.export.model_states.compute_dtype`)."""
 _FP32 = {"float32", "torch.float32", "float"}
+_BF16 = {"bfloat16", "torch.bfloat16"}
 _CACHE: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -58,4 +65,29 @@ def activation_arrays(graph, precision: str | None) -> GraphArrays:
             unpack_done=ga.unpack_done * unit,
             fwd_bytes_moved=ga.fwd_bytes_moved * unit, bwd_bytes_moved=ga.bwd_bytes_moved * unit,
             expensive_fwd_bytes_moved=ga.expensive_fwd_bytes_moved * unit))
+    return hit[1]
+
+
+def bf16_units(graph, precision: str | None) -> np.ndarray:
+    """Per unit, whether it computes in bfloat16: every unit under a bf16 precision
+    (:data:`BF16_PRECISIONS`), else the units captured in bfloat16 (autocast to bfloat16, or
+    a bf16 model). Cached per graph; do not write into the result.
+
+    >>> import pandas as pd
+    >>> from memflow.graph import OpGraph
+    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0, 1.0], "bwd_flops": [2.0, 2.0],
+    ...                           "dtype": ["bfloat16", "float16"]},
+    ...                          index=["a", "b"]),
+    ...             pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["a"]]}))
+    >>> bf16_units(g, "amp").tolist(), bf16_units(g, "pure-bf16").tolist()
+    ([True, False], [True, True])
+    """
+    ga = graph_arrays(graph)
+    per_graph = _CACHE.setdefault(graph, {})
+    key = ("bf16 units", precision in BF16_PRECISIONS)
+    hit = per_graph.get(key)
+    if hit is None or hit[0] is not ga:
+        mask = (np.ones(ga.n, bool) if key[1]
+                else graph.units["dtype"].astype(str).isin(_BF16).to_numpy())
+        hit = per_graph[key] = (ga, mask)
     return hit[1]

@@ -5,7 +5,7 @@ import memflow
 from memflow.search import MCMCSearch
 from memflow.search.moves import (DEFAULT_WEIGHTS, EXPORTED_MODEL_STATE_MOVES, MODEL_STATE_MOVES,
                                   MODEL_STATE_WEIGHTS, MOVES, optimizer_place, shard)
-from memflow.search.space import SearchSpace
+from memflow.search.space import SearchSpace, precision_choices
 from memflow.search.synthetic import chain_graph
 
 
@@ -21,9 +21,10 @@ def test_on_by_default_exactly_where_export_runs_their_choices():
 
 def test_runnable_space_offers_the_model_state_moves_export_writes():
     """From data parallelism every model-state move proposes what export runs; what export
-    refuses (ZeRO-1 over fp32 master copies) the space projects back onto what it runs."""
+    refuses (ZeRO-1 over fp32 master copies) the space projects back onto what it runs.
+    (A100s: on V100s, which have no bf16 units, the precision move proposes fp32 only.)"""
     g = chain_graph(3, batch=8)
-    sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
+    sp = SearchSpace(g, memflow.Cluster.preset("4xA100-80GB"))
     s = memflow.Strategy.data_parallel(g, 4)
     rng = np.random.default_rng(0)
     for move in MODEL_STATE_MOVES:
@@ -34,6 +35,23 @@ def test_runnable_space_offers_the_model_state_moves_export_writes():
     refused = s.with_shard("optimizer").with_model_states(precision="bf16")
     assert "ZeroRedundancyOptimizer" in memflow.strategy.runnable.unrunnable(refused, g)
     assert not sp.admits(refused) and sp.runs(sp.project(refused))
+
+
+def test_precision_moves_propose_bf16_only_where_a_device_has_bf16_units():
+    """On V100s bf16 would hold what amp holds at the FP32 rate: not proposed there, while a
+    mixed cluster (V100s and A100s) still gets it, simulated at its slowest device's rate."""
+    g = chain_graph(3, batch=8)
+    s = memflow.Strategy.data_parallel(g, 4).with_model_states(precision="fp32")
+    rng = np.random.default_rng(0)
+    v100 = memflow.Cluster.preset("4xV100-16GB")
+    mixed = v100.replace(bf16=True, devices=["gpu3"])
+    proposed = {}
+    for name, cluster in (("v100", v100), ("mixed", mixed)):
+        sp = SearchSpace(g, cluster, runnable=False)
+        proposed[name] = {MOVES["precision"](rng, s, sp).strategy.precision for _ in range(40)}
+    assert proposed == {"v100": {"amp"}, "mixed": {"amp", "bf16", "pure-bf16"}}
+    assert precision_choices(s, bf16=False) == ["amp"]
+    assert precision_choices(s.with_model_states(precision="bf16"), bf16=False) == ["fp32", "amp"]
 
 
 def test_moves_respect_pins():
