@@ -104,8 +104,9 @@ def cases(plan: Path) -> list[dict]:
         if field == "format":
             continue
         for how, bad in _wrong(value).items():
-            if field == "name" and how == "missing":
-                continue
+            if (field == "name" and how == "missing") or (field == "shard" and how in (
+                    "missing", "null")):
+                continue      # a strategy without shard levels shards nothing
             out.append(dict(kind="strategy.json field", what=f"{field}: {how}",
                             file="strategy.json", field=field, value=bad, argv=simulate))
     search = json.loads((plan / "search.json").read_text())
@@ -127,6 +128,7 @@ def cases(plan: Path) -> list[dict]:
         for how, bad in _wrong(value).items():
             if (field == "settings.memory_limit" and how in ("null", "string", "missing")) or \
                     (field in ("settings.moves", "settings.precision") and how == "null") or \
+                    (field == "settings.runnable" and how == "missing") or \
                     (field in ("settings.policies", "settings.error_bounds")
                      and how.startswith("too")):
                 continue          # valid values of these settings
@@ -158,8 +160,6 @@ def cases(plan: Path) -> list[dict]:
         ("model", ["search", "--model", "chain", "--option", "n", "--batch", "8", *CLUSTER]),
         ("batch", ["search", "--model", "chain", "--batch", "0", *CLUSTER]),
         ("batch", ["search", "--model", "chain", "--batch", "x", *CLUSTER]),
-        ("batch", ["simulate", "--model", "chain", "--option", "n=4", "--option", "width=32",
-                   "--batch", "7", *CLUSTER, "--strategy", "plan/strategy.json"]),
         ("cluster", ["search", *SMALL, "--cluster", "3xFOO"]),
         ("cluster", ["search", *SMALL]),
         ("units", ["search", *SMALL, *CLUSTER, "--units", "some"]),
@@ -174,6 +174,14 @@ def cases(plan: Path) -> list[dict]:
     ]
     for what, argv in args:
         out.append(dict(kind="bad argument", what=what, argv=argv))
+    # a batch that the strategy's sample degree (2, on both GPUs) does not divide; the
+    # searched plan may run on one GPU, where any batch divides
+    out.append(dict(kind="bad argument", what="batch", file="strategy.json", field="sample",
+                    value=[2] * len(strategy["units"]), also={"devices": [["gpu0", "gpu1"]] * len(
+                        strategy["units"])},
+                    argv=["simulate", "--model", "chain", "--option", "n=4", "--option",
+                          "width=32", "--batch", "7", *CLUSTER, "--strategy",
+                          "plan/strategy.json"]))
     paths = [
         ("strategy missing", ["simulate", *SMALL, *CLUSTER, "--strategy", "none.json"]),
         ("strategy is a folder", ["simulate", *SMALL, *CLUSTER, "--strategy", "plan"]),
@@ -206,6 +214,8 @@ def _prepare(case: dict, plan: Path, other: Path, work: Path) -> None:
         path = work / "plan" / case["file"]
         doc = json.loads(path.read_text())
         _set(doc, case["field"], case["value"])
+        for field, value in case.get("also", {}).items():
+            _set(doc, field, value)
         path.write_text(json.dumps(doc))
     elif "text" in case:
         path = work / "plan" / case["file"]
