@@ -59,6 +59,23 @@ def _same_result(a, b) -> None:
         pd.testing.assert_frame_equal(getattr(a, k), getattr(b, k), check_exact=True)
 
 
+def _walk(s, space, rng, steps: int, back: float):
+    """The strategies a search walks through from ``s``: each step a random move's proposal,
+    or (with probability ``back``) a return to a strategy seen before (a rejected proposal, a
+    restart at the best)."""
+    seen, names = [s], list(MOVES)
+    for _ in range(steps):
+        if len(seen) > 1 and rng.random() < back:
+            s = seen[int(rng.integers(len(seen)))]
+        else:
+            prop = MOVES[names[int(rng.integers(len(names)))]](rng, s, space)
+            if prop is None:
+                continue
+            s = prop.strategy
+            seen.append(s)
+        yield s
+
+
 @settings(max_examples=10, deadline=None)
 @given(st.data(), st.integers(0, 2 ** 16), st.sampled_from(["sgd", "adam"]))
 def test_a_chain_of_moves_and_returns_gives_fresh_results(data, seed, optimizer):
@@ -70,17 +87,7 @@ def test_a_chain_of_moves_and_returns_gives_fresh_results(data, seed, optimizer)
     space = SearchSpace(g, CLUSTER, policies=("keep", "recompute", "offload"), runnable=False)
     rng = np.random.default_rng(seed)
     kept = Simulator(g, CLUSTER, optimizer=optimizer)
-    seen = [s]
-    names = list(MOVES)
-    for _ in range(8):
-        if len(seen) > 1 and rng.random() < 0.25:
-            s = seen[int(rng.integers(len(seen)))]
-        else:
-            prop = MOVES[names[int(rng.integers(len(names)))]](rng, s, space)
-            if prop is None:
-                continue
-            s = prop.strategy
-            seen.append(s)
+    for s in _walk(s, space, rng, 8, 0.25):
         _same_result(kept.result(s), Simulator(g, CLUSTER, optimizer=optimizer).result(s))
 
 
@@ -124,16 +131,7 @@ def test_search_moves_on_zoo_graphs_give_what_a_fresh_simulator_gives(name, seed
     space = SearchSpace(g, CLUSTER)
     rng = np.random.default_rng(seed)
     kept = Simulator(g, CLUSTER, optimizer="adam")
-    seen, names = [s], list(MOVES)
-    for _ in range(12):
-        if rng.random() < 0.2:
-            s = seen[int(rng.integers(len(seen)))]
-        else:
-            prop = MOVES[names[int(rng.integers(len(names)))]](rng, s, space)
-            if prop is None:
-                continue
-            s = prop.strategy
-            seen.append(s)
+    for s in _walk(s, space, rng, 12, 0.2):
         a, b = kept.run(s), Simulator(g, CLUSTER, optimizer="adam").run(s)
         _same(a, b)
         for k in ("layout", "bytes", "alloc", "free", "category", "per_mb", "on_host"):
