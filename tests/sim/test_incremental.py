@@ -2,6 +2,8 @@
 before it, gives exactly what a fresh simulator gives (issue 15: incremental placement)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pandas as pd
 from hypothesis import given, settings
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 from memflow.search.moves import MOVES
 from memflow.search.space import SearchSpace
 from memflow.sim import Simulator
+from memflow.strategy import Strategy
 
 from .graphs import cluster, graphs, strategies_for
 
@@ -56,6 +59,23 @@ def _same_result(a, b) -> None:
         pd.testing.assert_frame_equal(getattr(a, k), getattr(b, k), check_exact=True)
 
 
+def _walk(s, space, rng, steps: int, back: float):
+    """The strategies a search walks through from ``s``: each step a random move's proposal,
+    or (with probability ``back``) a return to a strategy seen before (a rejected proposal, a
+    restart at the best)."""
+    seen, names = [s], list(MOVES)
+    for _ in range(steps):
+        if len(seen) > 1 and rng.random() < back:
+            s = seen[int(rng.integers(len(seen)))]
+        else:
+            prop = MOVES[names[int(rng.integers(len(names)))]](rng, s, space)
+            if prop is None:
+                continue
+            s = prop.strategy
+            seen.append(s)
+        yield s
+
+
 @settings(max_examples=10, deadline=None)
 @given(st.data(), st.integers(0, 2 ** 16), st.sampled_from(["sgd", "adam"]))
 def test_a_chain_of_moves_and_returns_gives_fresh_results(data, seed, optimizer):
@@ -67,17 +87,7 @@ def test_a_chain_of_moves_and_returns_gives_fresh_results(data, seed, optimizer)
     space = SearchSpace(g, CLUSTER, policies=("keep", "recompute", "offload"), runnable=False)
     rng = np.random.default_rng(seed)
     kept = Simulator(g, CLUSTER, optimizer=optimizer)
-    seen = [s]
-    names = list(MOVES)
-    for _ in range(8):
-        if len(seen) > 1 and rng.random() < 0.25:
-            s = seen[int(rng.integers(len(seen)))]
-        else:
-            prop = MOVES[names[int(rng.integers(len(names)))]](rng, s, space)
-            if prop is None:
-                continue
-            s = prop.strategy
-            seen.append(s)
+    for s in _walk(s, space, rng, 8, 0.25):
         _same_result(kept.result(s), Simulator(g, CLUSTER, optimizer=optimizer).result(s))
 
 
@@ -100,3 +110,29 @@ def test_model_state_moves_reuse_the_block_table_and_match_a_fresh_simulator():
         s = step(s)
         _same_result(kept.result(s), Simulator(g, CLUSTER, optimizer="adam").result(s))
     assert len(kept._states_of) == 1      # one placement, its tables re-made by states
+
+
+@functools.lru_cache(maxsize=None)
+def _zoo(name: str):
+    import memflow
+    if name == "gpt2":
+        return memflow.zoo.graph("gpt2", batch_size=8, seq_len=32, n_layer=2)
+    return memflow.zoo.graph("resnet50", batch_size=8, image_size=32)
+
+
+@settings(max_examples=4, deadline=None, derandomize=True)
+@given(st.sampled_from(["gpt2", "resnet50"]), st.integers(0, 2 ** 16))
+def test_search_moves_on_zoo_graphs_give_what_a_fresh_simulator_gives(name, seed):
+    """A search's walk on a captured model (every move, the runnable space, returns to
+    strategies seen before): the simulator whose placement caches carry over gives, to the
+    bit, what a fresh simulator gives, tasks, timeline, peaks and every block."""
+    g = _zoo(name)
+    s = Strategy.data_parallel(g, DEVICES)
+    space = SearchSpace(g, CLUSTER)
+    rng = np.random.default_rng(seed)
+    kept = Simulator(g, CLUSTER, optimizer="adam")
+    for s in _walk(s, space, rng, 12, 0.2):
+        a, b = kept.run(s), Simulator(g, CLUSTER, optimizer="adam").run(s)
+        _same(a, b)
+        for k in ("layout", "bytes", "alloc", "free", "category", "per_mb", "on_host"):
+            assert np.array_equal(getattr(a.blocks, k), getattr(b.blocks, k)), k
