@@ -83,6 +83,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
+from ..graph.slicing import declared_degree
 from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
 from .spans import check_modules, unit_spans
@@ -263,22 +264,20 @@ def _inner_pairs(prefix: str, module: nn.Module) -> dict[str, str]:
 def _declared(prefix: str, module: nn.Module, ranks: int) -> dict[str, str]:
     """The Megatron plans declared inside a split container (module docstring): the
     ``tp_plan`` of each module declaring one whose head counts and sharded widths ``ranks``
-    divides; others stay gathered."""
+    divides (:func:`~memflow.graph.slicing.declared_degree`); others stay gathered."""
     out = {}
     for path, m in module.named_modules():
         declared = getattr(m, "tp_plan", None)
         if not isinstance(declared, dict):
             continue
-        heads = [int(getattr(m, k)) for k in ("n_head", "n_kv_head") if hasattr(m, k)]
         base = f"{prefix}.{path}" if path else prefix
         kids = dict(m.named_children())
         for child, style in declared.items():
             if style not in STYLES or not isinstance(kids.get(child), nn.Linear):
                 raise ExportError(f"{type(m).__name__}.tp_plan at {base!r}: {child!r} -> "
                                   f"{style!r}; valid: a Linear child -> one of {STYLES}")
-        widths = [kids[c].in_features if style == "rowwise" else kids[c].out_features
-                  for c, style in declared.items()]
-        if all(w % ranks == 0 for w in heads + widths):
+        degree = declared_degree(m)
+        if degree and degree % ranks == 0:
             out.update({f"{base}.{child}": style for child, style in declared.items()})
     return out
 

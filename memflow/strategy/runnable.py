@@ -22,8 +22,11 @@ The rules of :data:`RUNNABLE`:
 * **no attribute splits** — a spatial or sequence split needs halo exchanges between parts;
 * **parameter splits only of sliceable units** — a whole module call of a ``Linear``,
   ``Conv*`` with one group or ``Embedding`` (the graph's ``shard_axis``,
-  :mod:`memflow.graph.slicing`), called once, whose weights no other module shares, up to its
-  ``max_parameter_degree``;
+  :mod:`memflow.graph.slicing`), up to its ``max_parameter_degree``, or of a block whose
+  linears all declare a Megatron ``tp_plan`` (a Llama decoder layer, a GPT-2 or BERT block:
+  attention by heads, MLP by hidden units), up to its ``tensor_degree`` (a smaller degree
+  that does not divide it runs too, the modules it does not divide gathered), called once,
+  whose weights no other module shares;
 * **shard levels over data-parallel replicas** — any of ``shard_levels``, written as FSDP2
   ``fully_shard`` per unit and ZeRO-1's ``ZeroRedundancyOptimizer``
   (:mod:`memflow.export.fsdp`) over whole-model replicas, over the tensor-parallel shards
@@ -126,15 +129,16 @@ def why_unsliceable(graph, i: int, sharing=None) -> str | None:
     >>> import memflow
     >>> g = memflow.zoo.graph("chain", batch_size=4, n=2, width=8)
     >>> why_unsliceable(g, 0), why_unsliceable(g, 1)
-    (None, "unit 'layers.0.relu' is a ReLU; export slices only Linear, Conv1d/2d/3d with one group and Embedding modules")
+    (None, "unit 'layers.0.relu' is a ReLU; export slices only Linear, Conv1d/2d/3d with one group and Embedding modules, and blocks whose linears declare a Megatron tp_plan")
     """
     u = graph.units
     name = graph.names[i]
     if u["role"].iat[i] != "module":
         return f"unit {name!r} is glue (its module's own code), which export cannot slice"
-    if int(u["shard_axis"].iat[i]) < 0:
+    if int(u["shard_axis"].iat[i]) < 0 and int(u["tensor_degree"].iat[i]) < 1:
         return (f"unit {name!r} is a {u['kind'].iat[i]}; export slices only Linear, "
-                "Conv1d/2d/3d with one group and Embedding modules")
+                "Conv1d/2d/3d with one group and Embedding modules, and blocks whose "
+                "linears declare a Megatron tp_plan")
     calls, tied = sharing or _sharing(graph)
     if calls.get(u["module"].iat[i], 1) > 1:
         return (f"unit {name!r}: its module runs {calls[u['module'].iat[i]]} times in a step; "
@@ -147,13 +151,20 @@ def why_unsliceable(graph, i: int, sharing=None) -> str | None:
 
 def parameter_limits(graph) -> np.ndarray:
     """Per unit, the largest parameter degree export runs: ``max_parameter_degree`` where the
-    unit can be sliced (:func:`why_unsliceable`), else 1.
+    unit can be sliced (:func:`why_unsliceable`) — for a block Megatron splits, its
+    ``tensor_degree`` (heads and widths divide among the ranks) —, else 1.
 
     >>> import memflow
     >>> parameter_limits(memflow.zoo.graph("chain", batch_size=4, n=2, width=8)).tolist()
     [8, 1, 8, 1]
+    >>> from memflow.zoo.llama import TINY      # 4 heads, 2 key/value heads
+    >>> parameter_limits(memflow.zoo.graph("tinyllama-1.1b", batch_size=2, units="blocks",
+    ...                                    **TINY)).tolist()
+    [32, 1, 2, 2, 1, 97]
     """
-    top = graph.units["max_parameter_degree"].to_numpy(np.int64)
+    u = graph.units
+    top = np.where(u["shard_axis"].to_numpy() < 0, u["tensor_degree"].to_numpy(np.int64),
+                   u["max_parameter_degree"].to_numpy(np.int64))
     sharing = _sharing(graph)
     return np.array([top[i] if why_unsliceable(graph, i, sharing) is None else 1
                      for i in range(len(top))], np.int64)
@@ -336,11 +347,12 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
                     "an LSTM cell does), so its recomputation would read the written value. "
                     "Valid: any other policy for it (keep, recompute, offload, compress)")
         parameter = np.asarray(strategy.parameter)
-        limits = graph.units["max_parameter_degree"].to_numpy(np.int64)
+        limits = parameter_limits(graph)
         for i in np.flatnonzero(parameter > 1):
             why = why_unsliceable(graph, int(i))
             if why is not None or parameter[i] > limits[i]:
-                return (f"{why or f'unit {units[i]!r} has {int(limits[i])} outputs'}, so its "
+                most = f"unit {units[i]!r} splits at most {int(limits[i])} ways"
+                return (f"{why or most}, so its "
                         f"parameter split of {int(parameter[i])} cannot run. Valid: "
                         f"parameter <= {1 if why else int(limits[i])}")
     return None

@@ -248,3 +248,30 @@ def test_what_tensor_parallelism_cannot_run_is_refused():
     off = _split(graph, ["classifier.1"]).with_config("classifier.6", devices=("gpu5",))
     with pytest.raises(ExportError, match="unit 'classifier.6' runs replica 0 on 'gpu5', outside"):
         tensor_ranks(off)
+
+
+def test_a_split_block_runs_its_ranks_in_one_process():
+    """The one-process form of a Megatron block split (memflow.export.megatron): each declared
+    module's ranks as copies on the unit's devices, outputs summed; same loss and gradients."""
+    from memflow.export import apply
+    graph = _graph("tinyllama-1.1b", LLAMA, "blocks")
+    s = _split(graph, ["layers.0", "layers.1"]).with_policy(recompute=["layers.0"])
+    model, (x,) = _model("tinyllama-1.1b", LLAMA)
+    exported = apply(model, s, graph, devices={"gpu0": "cpu", "gpu1": "cpu"})
+    reference, _ = _model("tinyllama-1.1b", LLAMA)
+    torch.manual_seed(1)
+    target = torch.randn(reference(x).shape)
+    loss = mse(reference(x), target)
+    loss.backward()
+    split = mse(exported(x), target)
+    split.backward()
+    torch.testing.assert_close(split, loss, rtol=1e-5, atol=1e-6)
+    layer = exported.module.layers[1]
+    attn, mlp = layer.self_attn.parts, layer.mlp.parts
+    whole = reference.layers[1]
+    for got, want in [
+            (torch.cat([a.k_proj.weight.grad for a in attn]), whole.self_attn.k_proj.weight.grad),
+            (torch.cat([a.o_proj.weight.grad for a in attn], 1), whole.self_attn.o_proj.weight.grad),
+            (torch.cat([m.up_proj.weight.grad for m in mlp]), whole.mlp.up_proj.weight.grad),
+            (layer.input_layernorm.weight.grad, whole.input_layernorm.weight.grad)]:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
