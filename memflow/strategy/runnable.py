@@ -56,8 +56,12 @@ The rules of :data:`RUNNABLE`:
   per stage: ``torch.distributed.pipelining``'s ``Schedule1F1B``
   (:mod:`memflow.export.pipelining`), so a 1F1B strategy must be what that path runs
   (:func:`pipeline_problem`): two stages or more, at least as many micro-batches as stages
-  (torch refuses fewer), each stage of each replica on a device of its own, no parameter or
-  attribute split, and stage boundaries at a module called once (checked with the graph);
+  (torch refuses fewer), each stage of each replica on a device of its own — or, with
+  parameter splits, on a tensor-parallel group of its own (TP × PP, torchtitan's composition:
+  one split degree, a split unit in every stage, unsplit units inside their stage's group:
+  :mod:`memflow.strategy.stage_groups`; no offload or compression of a split unit, no
+  recomputed split block) —, no attribute split, and stage boundaries at a module called
+  once (checked with the graph);
   so must a GPipe pipeline whose model states are sharded over its replicas, in bf16 or
   with the optimizer on the host (else its stages would run in one process per replica).
   Stage ``s`` then holds ``min(m, stages - s)`` micro-batches' activations, as memflow's
@@ -76,7 +80,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .policies import POLICIES
+from .policies import M_COMPRESSED, M_HOST, POLICIES
+from .stage_groups import stage_groups
 from .shard_levels import SHARD_LEVELS, S_GRADIENTS, S_NONE, S_OPTIMIZER
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
@@ -363,8 +368,9 @@ def pipeline_problem(strategy, graph=None) -> str | None:
     can, or it need not). With stages, 1F1B runs across processes, one per stage and replica
     (``Schedule1F1B``), and so do stages whose model states are sharded over their replicas,
     in bf16 or with the optimizer on the host (FSDP2 and the model-state policies on each
-    stage's data-parallel group, :mod:`memflow.export.pipelining`); the stage-boundary rule is
-    checked only with ``graph``. With one stage, 1F1B is gradient accumulation — each
+    stage's data-parallel group, :mod:`memflow.export.pipelining`), each stage of each replica
+    on its own device or tensor-parallel group (:mod:`memflow.strategy.stage_groups`); the
+    stage-boundary and split-block rules are checked only with ``graph``. With one stage, 1F1B is gradient accumulation — each
     micro-batch's forward, then its backward —, which the training loop runs in each replica's
     process (memflow.export.accumulation).
 
@@ -403,13 +409,19 @@ def pipeline_problem(strategy, graph=None) -> str | None:
     if held != list(range(n)):
         return (f"the pipeline's stages are {held}: {what} needs every stage 0..{n - 1} to "
                 f"hold a unit (a process runs each). {valid}, or renumber the stages")
-    split = np.flatnonzero((np.asarray(strategy.parameter) > 1)
-                           | (np.asarray(strategy.attribute) > 1))
-    if len(split):
-        return (f"unit {units[int(split[0])]!r} is split inside a pipeline stage; export runs "
-                f"{what} with a stage on one device per replica. {valid}, or parameter=1")
+    wide = np.flatnonzero(np.asarray(strategy.attribute) > 1)
+    if len(wide):
+        return (f"unit {units[int(wide[0])]!r} is split over its attribute inside a pipeline "
+                f"stage; export runs {what} with a stage on one device or tensor-parallel "
+                f"group per replica. {valid}, or attribute=1")
+    if (np.asarray(strategy.parameter) > 1).any():     # TP x PP: a group per stage
+        groups = stage_groups(strategy)
+        problem = (f"{groups}. {valid}" if isinstance(groups, str)
+                   else _split_policy_problem(strategy, graph))
+        if problem is not None:
+            return problem
     owner: dict[str, tuple[int, int]] = {}
-    for i, u in enumerate(units):
+    for i, u in enumerate(units if (np.asarray(strategy.parameter) == 1).all() else ()):
         for r, device in enumerate(strategy.devices[i]):
             if owner.setdefault(device, (r, int(stage[i]))) != (r, int(stage[i])):
                 return (f"unit {u!r}: device {device!r} runs stage {int(stage[i])} of replica "
@@ -417,6 +429,26 @@ def pipeline_problem(strategy, graph=None) -> str | None:
                         f"of each replica in its own process. {valid}, or a device per stage")
     if graph is not None:
         return _uncut(units, stage, graph, valid)
+    return None
+
+
+def _split_policy_problem(strategy, graph) -> str | None:
+    """Why a split unit's memory policy cannot run on tensor-parallel processes (None: it
+    can): what it saves are DTensors, which offload and compression do not move, and a split
+    block's DTensor conversions recompute cannot replay (block: checked with ``graph``)."""
+    mechanism = POLICIES.mechanism_codes[strategy.policy]
+    split = np.asarray(strategy.parameter) > 1
+    for i in np.flatnonzero(split & np.isin(mechanism, (M_HOST, M_COMPRESSED))):
+        return (f"unit {strategy.units[i]!r} is split over parameters and "
+                f"{strategy.policies[i]!r} on tensor-parallel processes: what it saves are "
+                "DTensors, which export's offload and compression do not move. Valid: keep or "
+                "recompute")
+    if graph is not None:
+        block = graph.units["tensor_degree"].to_numpy() > 0
+        for i in np.flatnonzero(split & block & POLICIES.recomputes(strategy.policy)):
+            return (f"unit {strategy.units[i]!r} is a block split over parameters and "
+                    "recomputed on tensor-parallel processes: DTensor's conversions run inside "
+                    "it, which recompute cannot replay. Valid: keep")
     return None
 
 
