@@ -31,6 +31,7 @@ from ..errors import ExportError
 from .pipelining import stage_ranks, stages
 from .rank_measure import STEPS, in_flight
 from .sample_groups import group_ranks
+from .stage_tensor import stage_tensor_degree
 from .scripts import _model_graph, script, written_path
 from .tensor_parallel import tensor_groups, tensor_ranks
 from .validation import predicted_held
@@ -71,12 +72,13 @@ def _predicted(graph, strategy, cluster, optimizer: str, path, devices) -> list[
     held = predicted_held(graph, strategy)
     states = simulate(graph, strategy, cluster, optimizer=optimizer).model_states
     n, m = stages(strategy), strategy.microbatches
+    t = stage_tensor_degree(strategy) if path == "pipeline" else 1     # rank (r·n + s)·t + k
     rows = []
     for rank, names in enumerate(devices):
         row = {"held": (sum(held.get(d, 0.0) for d in names) if path != "tensor" else
                         _tensor_rank_held(graph, strategy, names))}
         if path == "pipeline":      # the memory model holds every micro-batch (GPipe)
-            row["held"] *= in_flight(rank % n, n, m, strategy.schedule) / m
+            row["held"] *= in_flight(rank // t % n, n, m, strategy.schedule) / m
         for k in METRICS[1:]:
             row[k] = float(sum(states.at[d, k] for d in names if d in states.index))
         rows.append(row)

@@ -57,7 +57,8 @@ runs here.
 
 Refused (:class:`~memflow.errors.ExportError`, naming the unit): split convolutions (no
 ``parallelize_module`` style shards a convolution), glue, split units on different groups,
-an unsplit unit off its replica's group, per-unit sample degrees, pipeline stages, offload or
+an unsplit unit off its replica's group, per-unit sample degrees, pipeline stages (the pipeline
+path runs splits inside stages: :mod:`memflow.export.stage_tensor`), offload or
 compression of a split unit (what it saves are DTensors; keep and recompute run). A weight
 tied between a split unit and an unsplit one (GPT-2's head and embedding) stays tied: the
 unsplit module reads the full weight (``full_tensor``, differentiable) while it runs.
