@@ -7,8 +7,9 @@ The exported script (:mod:`memflow.export.train_template`) hands such a strategy
 :func:`train_across_processes`; whole-model replicas (DistributedDataParallel) stay on its own
 path. ``torchrun --nproc_per_node`` :func:`processes` starts:
 
-* a pipelined strategy (units in stages): ``replicas × stages`` processes; rank
-  ``r * stages + s`` runs stage ``s`` of replica ``r``, fed the ``r``-th share of the batch
+* a pipelined strategy (units in stages): ``replicas × stages`` processes (× ``t`` with
+  stages split over tensor-parallel groups of ``t``, :mod:`~memflow.export.stage_tensor`);
+  rank ``r * stages + s`` runs stage ``s`` of replica ``r``, fed the ``r``-th share of the batch
   (:func:`~memflow.export.pipelining.stage_ranks` maps the strategy's devices to them); a
   training step is ``schedule.step``, and each stage holds its model states over its
   replicas as the strategy says (FSDP2, ZeRO-1, bf16, the optimizer on the host:
@@ -56,6 +57,7 @@ from .model_states import compute_dtype
 from .pipelining import average_gradients, build_pipeline, split_points, stage_ranks, stages
 from .rank_measure import measure_rank
 from .sample_groups import GroupRun, group_ranks
+from .stage_tensor import stage_plan, stage_tensor_degree
 from .tensor_parallel import parallelize, tensor_groups, tensor_plan
 
 __all__ = ["across_processes", "process_path", "processes", "train_across_processes"]
@@ -96,6 +98,8 @@ def process_path(strategy, model: nn.Module, graph=None) -> str | None:
         if kind == "pipeline":
             stage_ranks(strategy)      # checks the replicas and stages too
             split_points(strategy, graph)
+            if stage_tensor_degree(strategy) > 1:
+                stage_plan(model, strategy, graph)
         elif kind == "tensor":
             tensor_plan(model, strategy, graph)
         elif kind == "sample":
@@ -118,7 +122,7 @@ def processes(strategy, kind: str | None) -> int:
     (2, 1)
     """
     if kind == "pipeline":
-        return int(strategy.sample[0]) * stages(strategy)
+        return int(strategy.sample[0]) * stages(strategy) * stage_tensor_degree(strategy)
     if kind == "tensor":
         return int(strategy.sample[0]) * len(tensor_groups(strategy)[0])
     if kind == "sample":
@@ -235,7 +239,8 @@ def train_across_processes(strategy, kind: str, args,
         # the loss lives on each replica's last stage (pipeline) or on every rank (tensor)
         value = (loss.detach().float() if loss is not None else torch.zeros(()))
         dist.all_reduce(value)
-        losses.append(float(value) / (replicas if kind == "pipeline" else world))
+        losses.append(float(value) / (replicas * stage_tensor_degree(strategy)
+                                      if kind == "pipeline" else world))
         if rank == 0:
             tqdm.write(f"step {step + 1}/{args.steps} loss {losses[-1]:.6f}")
     dist.barrier()

@@ -19,8 +19,10 @@ Rules (each refusal is an :class:`~memflow.errors.ExportError` naming the unit):
 * a stage boundary must be a module call: the first unit of a stage is a module unit (split
   at its beginning) or the last unit of the stage before it is (split at its end), and that
   module is called once per forward;
-* every unit of a stage of one replica is on one device, unsplit (``parameter`` 1,
-  ``attribute`` 1), and every unit has the same sample degree (the replicas);
+* every unit of a stage of one replica is on one device, unsplit (``attribute`` 1 always),
+  or the stage's units are split over one tensor-parallel group of ``t`` devices
+  (:mod:`memflow.export.stage_tensor`: ``replicas × stages × t`` processes), and every unit
+  has the same sample degree (the replicas);
 * the traced stages have fixed shapes: the micro-batches must divide each replica's batch.
 
 Ranks. The process grid is a ``replicas × stages`` ``DeviceMesh`` (``("dp", "pp")``, as
@@ -67,6 +69,7 @@ from ..graph.units import LOSS, ROOT
 from ..strategy.shard_levels import S_NONE
 from .fsdp import shard_model
 from .spans import unit_spans
+from .stage_tensor import parallelize_stage, stage_groups, stage_plan, stage_tensor_degree
 
 __all__ = ["stages", "stage_ranks", "split_points", "stage_strategy", "trace", "traced_stage",
            "stage_modules",
@@ -92,10 +95,10 @@ def _check(strategy) -> tuple[int, int]:
             raise ExportError(f"unit {u!r} has sample degree {int(strategy.sample[i])} but unit "
                               f"{strategy.units[0]!r} has {first}; a pipeline runs whole "
                               "replicas of its stages, so every unit needs the same sample degree")
-        if int(strategy.parameter[i]) > 1 or int(strategy.attribute[i]) > 1:
-            raise ExportError(f"unit {u!r} is split over its parameter or attribute dimension "
-                              "inside a pipeline stage; export runs a stage on one device per "
-                              "replica. Valid: parameter=1 and attribute=1 in a pipeline")
+        if int(strategy.attribute[i]) > 1:
+            raise ExportError(f"unit {u!r} is split over its attribute dimension inside a "
+                              "pipeline stage; export runs a stage on one device, or one "
+                              "tensor-parallel group, per replica. Valid: attribute=1")
     if sorted(set(strategy.stage.tolist())) != list(range(n)):
         raise ExportError(f"the strategy's stages are {sorted(set(strategy.stage.tolist()))}; "
                           f"export needs every stage 0..{n - 1} to hold a unit")
@@ -109,6 +112,15 @@ def stage_ranks(strategy) -> dict[str, int]:
     replica is one process.
     """
     replicas, n = _check(strategy)
+    t = stage_tensor_degree(strategy)
+    if t > 1:       # rank (r * n + s) * t + k: device k of stage s's group in replica r
+        ranks = {d: (r * n + s) * t + k for (r, s), group in stage_groups(strategy).items()
+                 for k, d in enumerate(group)}
+        if len(set(ranks.values())) != len(ranks) or len(ranks) != replicas * n * t:
+            raise ExportError("a device runs two stages or replicas of a pipeline with "
+                              "tensor-parallel stages; give each stage of each replica its "
+                              f"own {t} devices")
+        return dict(sorted(ranks.items(), key=lambda kv: kv[1]))
     ranks: dict[str, int] = {}
     for i, u in enumerate(strategy.units):
         for r, device in enumerate(strategy.devices[i]):
@@ -277,12 +289,17 @@ def trace(model: nn.Module, strategy, example: tuple[tuple, dict], graph=None):
     return pipe
 
 
-def traced_stage(pipe, strategy, index: int, device: torch.device | str = "cpu"):
+def traced_stage(pipe, strategy, index: int, device: torch.device | str = "cpu",
+                 tensor: tuple | None = None):
     """Stage ``index`` of the traced ``pipe``, running its units' memory policies (an
-    :class:`~memflow.export.Exported` module)."""
+    :class:`~memflow.export.Exported` module); ``tensor``: ``(model, plan, mesh)`` to shard
+    its split units on its tensor-parallel group first
+    (:func:`~memflow.export.stage_tensor.parallelize_stage`)."""
     from .exported import apply
     module = pipe.get_stage_module(index)
     _drop_unused(module)
+    if tensor is not None:
+        parallelize_stage(module, *tensor)
     return apply(module, stage_strategy(strategy, index), inplace=True,
                  devices={"stage": device})
 
@@ -315,27 +332,33 @@ def build_pipeline(model: nn.Module, strategy, example: tuple[tuple, dict], *, r
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     replicas, n = _check(strategy)
-    modules, replicated = stage_modules(model, strategy, example, device=device, graph=graph)
+    stage_ranks(strategy)       # one device per stage and replica, or one group of t
+    t = stage_tensor_degree(strategy)
+    pipe = trace(model, strategy, example, graph)
     world = dist.get_world_size()
-    if world != replicas * n:
-        raise ExportError(f"the strategy has {replicas} replicas × {n} stages = "
-                          f"{replicas * n} processes; {world} are running")
-    replica, index = divmod(rank, n)
-    exported = modules[index]
-    del modules         # the other stages' modules (their weights) are this rank's no more
+    if world != replicas * n * t:
+        raise ExportError(f"the strategy has {replicas} replicas × {n} stages"
+                          + (f" × {t} tensor-parallel ranks" if t > 1 else "")
+                          + f" = {replicas * n * t} processes; {world} are running")
+    replica, index, part = rank // (n * t), rank // t % n, rank % t
     # the process groups: every rank creates every group, in the same order. Rank
-    # r * n + s is (replica r, stage s) of a replicas × stages mesh, as torchtitan lays out
-    # dp × pp: a stage's replicas are its column, a replica's stages its row
+    # (r * n + s) * t + k is (replica r, stage s, tensor rank k) of a replicas × stages × t
+    # mesh, as torchtitan lays out dp × pp × tp
     from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh(torch.device(device).type, (replicas, n),
-                            mesh_dim_names=("dp", "pp"))
+    mesh = init_device_mesh(torch.device(device).type, (replicas, n, t),
+                            mesh_dim_names=("dp", "pp", "tp"))
+    tensor = ((model, stage_plan(model, strategy, graph), mesh["tp"]) if t > 1 else None)
+    exported = traced_stage(pipe, strategy, index, device, tensor)
+    replicated = pipe.replicated_params
+    del pipe            # the other stages' modules (their weights) are this rank's no more
     tied = []
     for mapping in replicated:      # stage module name -> the weight's name there
         holders = sorted(int(k.rsplit("_", 1)[1]) for k in mapping)
-        groups = [dist.new_group([r * n + s for s in holders]) for r in range(replicas)]
+        groups = {(r, k): dist.new_group([(r * n + s) * t + k for s in holders])
+                  for r in range(replicas) for k in range(t)}
         own = mapping.get(f"submod_pp_{index}")
         if own is not None:
-            tied.append((own, groups[replica]))
+            tied.append((own, groups[replica, part]))
     # model states over the stage's replicas: FSDP2 for its sharded units, the rest averaged;
     # bf16 and the optimizer's place as on whole-model replicas (one replica shards nothing)
     levels = exported.strategy.shard if replicas > 1 else [S_NONE] * len(exported.strategy)

@@ -31,6 +31,7 @@ from ..errors import ExportError
 from .pipelining import stage_ranks, stages
 from .rank_measure import STEPS, in_flight
 from .sample_groups import group_ranks
+from .stage_tensor import stage_groups, stage_tensor_degree
 from .scripts import _model_graph, script, written_path
 from .tensor_parallel import tensor_groups, tensor_ranks
 from .validation import predicted_held
@@ -71,24 +72,28 @@ def _predicted(graph, strategy, cluster, optimizer: str, path, devices) -> list[
     held = predicted_held(graph, strategy)
     states = simulate(graph, strategy, cluster, optimizer=optimizer).model_states
     n, m = stages(strategy), strategy.microbatches
+    t = stage_tensor_degree(strategy) if path == "pipeline" else 1     # rank (r·n + s)·t + k
     rows = []
     for rank, names in enumerate(devices):
-        row = {"held": (sum(held.get(d, 0.0) for d in names) if path != "tensor" else
-                        _tensor_rank_held(graph, strategy, names))}
+        group = (next(g for g in tensor_groups(strategy) if names[0] in g) if path == "tensor"
+                 else next(g for g in stage_groups(strategy).values() if names[0] in g)
+                 if t > 1 else None)
+        row = {"held": (sum(held.get(d, 0.0) for d in names) if group is None else
+                        _tensor_rank_held(graph, strategy, names, group))}
         if path == "pipeline":      # the memory model holds every micro-batch (GPipe)
-            row["held"] *= in_flight(rank % n, n, m, strategy.schedule) / m
+            row["held"] *= in_flight(rank // t % n, n, m, strategy.schedule) / m
         for k in METRICS[1:]:
             row[k] = float(sum(states.at[d, k] for d in names if d in states.index))
         rows.append(row)
     return rows
 
 
-def _tensor_rank_held(graph, strategy, names: tuple[str, ...]) -> float:
-    """Held bytes of a tensor-parallel rank running device ``names[0]``: its part of every
-    split placement, and every unsplit placement of its replica's group whole, since the
-    export runs unsplit units on every rank of the group (SPMD,
-    :mod:`~memflow.export.tensor_parallel`) where the strategy places them on one device."""
-    group = next(g for g in tensor_groups(strategy) if names[0] in g)
+def _tensor_rank_held(graph, strategy, names: tuple[str, ...], group) -> float:
+    """Held bytes of a tensor-parallel rank running device ``names[0]`` of ``group`` (its
+    replica's, or its stage's): its part of every split placement, and every unsplit
+    placement of its group whole, since the export runs unsplit units on every rank of the
+    group (SPMD, :mod:`~memflow.export.tensor_parallel`) where the strategy places them on
+    one device."""
     held = predicted_held(graph, strategy, by_layout=True)
     return float(sum(b for (s, p, a, devs), b in zip(strategy.layouts, held)
                      if names[0] in devs or (int(p) == 1 and not set(devs).isdisjoint(group))))

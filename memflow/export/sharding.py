@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from ..graph.slicing import CONVOLUTIONS, SLICEABLE, shard_axis
+from ..graph.slicing import CONVOLUTIONS, SLICEABLE, shard_axis, tensor_degree
+from .megatron import split_block
 
 __all__ = ["Sharded", "shard"]
 
@@ -66,19 +67,25 @@ def _slice(module: nn.Module, start: int, stop: int) -> nn.Module:
 
 
 def shard(unit: str, module: nn.Module, devices: Sequence[torch.device],
-          shared: set[int]) -> Sharded:
+          shared: set[int]) -> nn.Module:
     """``module`` (unit ``unit``) split over ``devices``; ``shared`` holds the ids of
-    parameters that another module also uses."""
+    parameters that another module also uses. A block Megatron splits
+    (:func:`~memflow.graph.slicing.tensor_degree`) runs its ranks' slices in this process
+    (:func:`memflow.export.megatron.split_block`)."""
     p = len(devices)
     axis = shard_axis(module)
+    if axis < 0 and tensor_degree(module) and not any(id(t) in shared
+                                                      for t in module.parameters()):
+        return split_block(module, devices)
     if axis < 0:
         grouped = isinstance(module, CONVOLUTIONS)
         raise ExportError(
             f"unit {unit!r} ({type(module).__name__}"
             + (f", groups={module.groups}" if grouped else "") + f") has a parameter split of "
             f"{p}; export can shard only {', '.join(k.__name__ for k in SLICEABLE)} units (a "
-            "convolution with one group). Valid: parameter=1 here, or a finer unit granularity "
-            "whose Linear/Conv units are split")
+            "convolution with one group) and blocks whose linears declare a Megatron tp_plan. "
+            "Valid: parameter=1 here, or a finer unit granularity whose Linear/Conv units are "
+            "split")
     if any(id(t) in shared for t in module.parameters()):
         raise ExportError(f"unit {unit!r} shares its weight with another module (tied "
                           "weights); slicing it would untie them. Use parameter=1 here")

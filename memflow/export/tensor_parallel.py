@@ -23,15 +23,17 @@ unit sees the whole tensor — unless two adjacent linears allow Megatron's pair
 * a unit that is a container (a block, an MLP, an attention): each ``Linear`` and
   ``Embedding`` inside it as above, gathered, but a Megatron pair inside it (a module of
   leaves: ``Linear``, element-wise modules, ``Linear``, element-wise modules — an MLP) runs
-  column- then row-parallel (its hidden activations split), and so does a **Megatron
-  attention**: a module that declares ``tp_plan`` (its children's styles, as Hugging Face's
-  ``base_model_tp_plan`` does; the zoo's GPT-2, BERT and Llama attentions) and whose heads
-  (``n_head``, ``n_kv_head``) divide among the ranks. Each rank runs attention on its heads:
-  separate q, k, v projections column-parallel (whole heads are contiguous rows), a fused
-  ``qkv`` (``colwise-qkv``) with its rows regrouped first — q, k, v of rank 0's heads, then
-  rank 1's — the output projection row-parallel. The module's forward must read its head
-  count from the widths it gets (torchtitan's ``view(b, s, -1, head_dim)``). A regrouped
-  weight's full tensor is in the regrouped order: :func:`full_gradients` puts it back;
+  column- then row-parallel (its hidden activations split), and so does a **declared
+  Megatron module**: one that declares ``tp_plan`` (its children's styles, as Hugging Face's
+  ``base_model_tp_plan`` does; the zoo's GPT-2, BERT and Llama attentions, Llama's SwiGLU
+  MLP: gate and up column-parallel, down row-parallel) and whose heads (``n_head``,
+  ``n_kv_head``) and sharded widths divide among the ranks. Each rank runs attention on its
+  heads: separate q, k, v projections column-parallel (whole heads are contiguous rows, the
+  grouped key/value heads too), a fused ``qkv`` (``colwise-qkv``) with its rows regrouped
+  first — q, k, v of rank 0's heads, then rank 1's — the output projection row-parallel.
+  The module's forward must read its head count from the widths it gets (torchtitan's
+  ``view(b, s, -1, head_dim)``). A regrouped weight's full tensor is in the regrouped
+  order: :func:`full_gradients` puts it back;
 * a normalization (``LayerNorm``, ``RMSNorm``, ``GroupNorm``): replicated, as an unsplit unit
   (its weights are one vector; sharding its features would need its statistics all-reduced).
 
@@ -55,7 +57,8 @@ runs here.
 
 Refused (:class:`~memflow.errors.ExportError`, naming the unit): split convolutions (no
 ``parallelize_module`` style shards a convolution), glue, split units on different groups,
-an unsplit unit off its replica's group, per-unit sample degrees, pipeline stages, offload or
+an unsplit unit off its replica's group, per-unit sample degrees, pipeline stages (the pipeline
+path runs splits inside stages: :mod:`memflow.export.stage_tensor`), offload or
 compression of a split unit (what it saves are DTensors; keep and recompute run). A weight
 tied between a split unit and an unsplit one (GPT-2's head and embedding) stays tied: the
 unsplit module reads the full weight (``full_tensor``, differentiable) while it runs.
@@ -81,6 +84,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
+from ..graph.slicing import declared_degree
 from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
 from .spans import check_modules, unit_spans
@@ -197,7 +201,7 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
             plan[path] = "colwise"
         if inside:
             plan.update(_inner_pairs(s.module, module))
-            plan.update(_attention(s.module, module, int(strategy.parameter[s.index])))
+            plan.update(_declared(s.module, module, int(strategy.parameter[s.index])))
         if strategy.sequence_parallel[s.index]:
             plan.update(_sequence_plan(s, module, bool(inside)))
         if s.index in pairs:
@@ -258,22 +262,23 @@ def _inner_pairs(prefix: str, module: nn.Module) -> dict[str, str]:
     return out
 
 
-def _attention(prefix: str, module: nn.Module, ranks: int) -> dict[str, str]:
-    """The Megatron attentions inside a split container (module docstring): the ``tp_plan``
-    of each module declaring one whose head counts ``ranks`` divides; others stay gathered."""
+def _declared(prefix: str, module: nn.Module, ranks: int) -> dict[str, str]:
+    """The Megatron plans declared inside a split container (module docstring): the
+    ``tp_plan`` of each module declaring one whose head counts and sharded widths ``ranks``
+    divides (:func:`~memflow.graph.slicing.declared_degree`); others stay gathered."""
     out = {}
     for path, m in module.named_modules():
         declared = getattr(m, "tp_plan", None)
         if not isinstance(declared, dict):
             continue
-        heads = [int(getattr(m, k)) for k in ("n_head", "n_kv_head") if hasattr(m, k)]
         base = f"{prefix}.{path}" if path else prefix
         kids = dict(m.named_children())
         for child, style in declared.items():
             if style not in STYLES or not isinstance(kids.get(child), nn.Linear):
                 raise ExportError(f"{type(m).__name__}.tp_plan at {base!r}: {child!r} -> "
                                   f"{style!r}; valid: a Linear child -> one of {STYLES}")
-        if heads and all(h % ranks == 0 for h in heads):
+        degree = declared_degree(m)
+        if degree and degree % ranks == 0:
             out.update({f"{base}.{child}": style for child, style in declared.items()})
     return out
 

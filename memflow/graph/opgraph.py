@@ -57,6 +57,7 @@ UNIT_COLUMNS: dict[str, Any] = {
     "max_parameter_degree": 1,
     "max_attribute_degree": 1,
     "shard_axis": -1,        # weight axis a parameter split slices (graph.slicing); -1: none
+    "tensor_degree": 0,      # largest Megatron split of a container (graph.slicing); 0: none
     # selective recomputation (memflow.graph.selective): the forward cost of the unit's
     # expensive ops, which it does not re-run, and the bytes of their outputs used only inside
     # the unit, which it keeps
@@ -89,7 +90,7 @@ TENSOR_COLUMNS: dict[str, Any] = {
 _INT_COLUMNS = ("fwd_bytes_moved", "bwd_bytes_moved", "fwd_ops", "bwd_ops", "fwd_tmp_bytes",
                 "bwd_tmp_bytes", "max_parameter_degree", "max_attribute_degree", "call",
                 "expensive_fwd_bytes_moved", "expensive_fwd_ops", "cached_bytes",
-                "unpack_done_bytes")
+                "unpack_done_bytes", "tensor_degree")
 _FLOAT_COLUMNS = ("fwd_flops", "bwd_flops", "expensive_fwd_flops")
 
 

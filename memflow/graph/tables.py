@@ -31,7 +31,7 @@ from torch import nn
 from .batchdim import carries_batch
 from .opgraph import INPUT
 from .recorder import Recorder, Span, Storage
-from .slicing import shard_axis
+from .slicing import shard_axis, tensor_degree
 from .units import ROOT
 
 __all__ = ["unit_table", "tensor_table", "parameter_table", "HEAD_ATTRIBUTES"]
@@ -124,6 +124,8 @@ def unit_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFram
             "max_parameter_degree": parameter, "max_attribute_degree": attribute,
             "shard_axis": (shard_axis(modules.get(s.module))
                            if s.role == "module" and s.module != ROOT else -1),
+            "tensor_degree": (tensor_degree(modules.get(s.module))
+                              if s.role == "module" and s.module != ROOT else 0),
         })
     return pd.DataFrame(rows).set_index("unit")
 

@@ -22,8 +22,11 @@ The rules of :data:`RUNNABLE`:
 * **no attribute splits** — a spatial or sequence split needs halo exchanges between parts;
 * **parameter splits only of sliceable units** — a whole module call of a ``Linear``,
   ``Conv*`` with one group or ``Embedding`` (the graph's ``shard_axis``,
-  :mod:`memflow.graph.slicing`), called once, whose weights no other module shares, up to its
-  ``max_parameter_degree``;
+  :mod:`memflow.graph.slicing`), up to its ``max_parameter_degree``, or of a block whose
+  linears all declare a Megatron ``tp_plan`` (a Llama decoder layer, a GPT-2 or BERT block:
+  attention by heads, MLP by hidden units), up to its ``tensor_degree`` (a smaller degree
+  that does not divide it runs too, the modules it does not divide gathered), called once,
+  whose weights no other module shares;
 * **shard levels over data-parallel replicas** — any of ``shard_levels``, written as FSDP2
   ``fully_shard`` per unit and ZeRO-1's ``ZeroRedundancyOptimizer``
   (:mod:`memflow.export.fsdp`) over whole-model replicas, over the tensor-parallel shards
@@ -53,8 +56,12 @@ The rules of :data:`RUNNABLE`:
   per stage: ``torch.distributed.pipelining``'s ``Schedule1F1B``
   (:mod:`memflow.export.pipelining`), so a 1F1B strategy must be what that path runs
   (:func:`pipeline_problem`): two stages or more, at least as many micro-batches as stages
-  (torch refuses fewer), each stage of each replica on a device of its own, no parameter or
-  attribute split, and stage boundaries at a module called once (checked with the graph);
+  (torch refuses fewer), each stage of each replica on a device of its own — or, with
+  parameter splits, on a tensor-parallel group of its own (TP × PP, torchtitan's composition:
+  one split degree, a split unit in every stage, unsplit units inside their stage's group:
+  :mod:`memflow.strategy.stage_groups`; no offload or compression of a split unit, no
+  recomputed split block) —, no attribute split, and stage boundaries at a module called
+  once (checked with the graph);
   so must a GPipe pipeline whose model states are sharded over its replicas, in bf16 or
   with the optimizer on the host (else its stages would run in one process per replica).
   Stage ``s`` then holds ``min(m, stages - s)`` micro-batches' activations, as memflow's
@@ -74,6 +81,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .policies import POLICIES
+from .process_paths import pipeline_problem, sample_groups, sample_problem
+from .process_paths import sharing as _sharing
 from .shard_levels import SHARD_LEVELS, S_GRADIENTS, S_NONE, S_OPTIMIZER
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
@@ -107,34 +116,22 @@ class Runnable:
 RUNNABLE = Runnable()
 
 
-def _sharing(graph) -> tuple[dict[str, int], dict[str, str]]:
-    """Calls per module (whole-module units), and per unit the first weight it shares with
-    another module (tied weights: a parameter row with several names)."""
-    u = graph.units
-    calls = u.loc[u["role"] == "module", "module"].value_counts().to_dict()
-    tied: dict[str, str] = {}
-    for names, readers in zip(graph.parameters["names"], graph.parameters["readers"]):
-        if len(names) > 1:
-            for r in readers:
-                tied.setdefault(r, names[0])
-    return calls, tied
-
-
 def why_unsliceable(graph, i: int, sharing=None) -> str | None:
     """Why unit ``i`` of ``graph`` cannot have a parameter split in export (None: it can).
 
     >>> import memflow
     >>> g = memflow.zoo.graph("chain", batch_size=4, n=2, width=8)
     >>> why_unsliceable(g, 0), why_unsliceable(g, 1)
-    (None, "unit 'layers.0.relu' is a ReLU; export slices only Linear, Conv1d/2d/3d with one group and Embedding modules")
+    (None, "unit 'layers.0.relu' is a ReLU; export slices only Linear, Conv1d/2d/3d with one group and Embedding modules, and blocks whose linears declare a Megatron tp_plan")
     """
     u = graph.units
     name = graph.names[i]
     if u["role"].iat[i] != "module":
         return f"unit {name!r} is glue (its module's own code), which export cannot slice"
-    if int(u["shard_axis"].iat[i]) < 0:
+    if int(u["shard_axis"].iat[i]) < 0 and int(u["tensor_degree"].iat[i]) < 1:
         return (f"unit {name!r} is a {u['kind'].iat[i]}; export slices only Linear, "
-                "Conv1d/2d/3d with one group and Embedding modules")
+                "Conv1d/2d/3d with one group and Embedding modules, and blocks whose "
+                "linears declare a Megatron tp_plan")
     calls, tied = sharing or _sharing(graph)
     if calls.get(u["module"].iat[i], 1) > 1:
         return (f"unit {name!r}: its module runs {calls[u['module'].iat[i]]} times in a step; "
@@ -147,13 +144,20 @@ def why_unsliceable(graph, i: int, sharing=None) -> str | None:
 
 def parameter_limits(graph) -> np.ndarray:
     """Per unit, the largest parameter degree export runs: ``max_parameter_degree`` where the
-    unit can be sliced (:func:`why_unsliceable`), else 1.
+    unit can be sliced (:func:`why_unsliceable`) — for a block Megatron splits, its
+    ``tensor_degree`` (heads and widths divide among the ranks) —, else 1.
 
     >>> import memflow
     >>> parameter_limits(memflow.zoo.graph("chain", batch_size=4, n=2, width=8)).tolist()
     [8, 1, 8, 1]
+    >>> from memflow.zoo.llama import TINY      # 4 heads, 2 key/value heads
+    >>> parameter_limits(memflow.zoo.graph("tinyllama-1.1b", batch_size=2, units="blocks",
+    ...                                    **TINY)).tolist()
+    [32, 1, 2, 2, 1, 97]
     """
-    top = graph.units["max_parameter_degree"].to_numpy(np.int64)
+    u = graph.units
+    top = np.where(u["shard_axis"].to_numpy() < 0, u["tensor_degree"].to_numpy(np.int64),
+                   u["max_parameter_degree"].to_numpy(np.int64))
     sharing = _sharing(graph)
     return np.array([top[i] if why_unsliceable(graph, i, sharing) is None else 1
                      for i in range(len(top))], np.int64)
@@ -336,145 +340,12 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
                     "an LSTM cell does), so its recomputation would read the written value. "
                     "Valid: any other policy for it (keep, recompute, offload, compress)")
         parameter = np.asarray(strategy.parameter)
-        limits = graph.units["max_parameter_degree"].to_numpy(np.int64)
+        limits = parameter_limits(graph)
         for i in np.flatnonzero(parameter > 1):
             why = why_unsliceable(graph, int(i))
             if why is not None or parameter[i] > limits[i]:
-                return (f"{why or f'unit {units[i]!r} has {int(limits[i])} outputs'}, so its "
+                most = f"unit {units[i]!r} splits at most {int(limits[i])} ways"
+                return (f"{why or most}, so its "
                         f"parameter split of {int(parameter[i])} cannot run. Valid: "
                         f"parameter <= {1 if why else int(limits[i])}")
-    return None
-
-
-def pipeline_problem(strategy, graph=None) -> str | None:
-    """Why export cannot run ``strategy``'s pipeline across processes where it must (None: it
-    can, or it need not). With stages, 1F1B runs across processes, one per stage and replica
-    (``Schedule1F1B``), and so do stages whose model states are sharded over their replicas,
-    in bf16 or with the optimizer on the host (FSDP2 and the model-state policies on each
-    stage's data-parallel group, :mod:`memflow.export.pipelining`); the stage-boundary rule is
-    checked only with ``graph``. With one stage, 1F1B is gradient accumulation — each
-    micro-batch's forward, then its backward —, which the training loop runs in each replica's
-    process (memflow.export.accumulation).
-
-    >>> from memflow.strategy import Strategy
-    >>> s = Strategy(["a", "b"], devices=[("gpu0",), ("gpu1",)], stage=[0, 1],
-    ...              microbatches=2, schedule="1f1b")
-    >>> pipeline_problem(s) is None
-    True
-    >>> pipeline_problem(s.with_schedule(microbatches=1))[:60]
-    '2 stages under 1F1B need at least 2 micro-batches (torch.dis'
-    >>> pipeline_problem(s.with_config("b", devices=["gpu0"], stage=0)) is None  # accumulation
-    True
-    >>> gpipe = s.with_config("b", devices=["gpu0"]).with_schedule(schedule="gpipe")
-    >>> pipeline_problem(gpipe) is None, pipeline_problem(gpipe.with_model_states(precision="bf16"))[:56]
-    (True, "unit 'b': device 'gpu0' runs stage 1 of replica 0 and an")
-    """
-    stage = np.asarray(strategy.stage)
-    n = int(stage.max()) + 1 if (stage >= 0).any() else 1
-    states = ((int(strategy.sample[0]) > 1 and bool((strategy.shard != S_NONE).any()))
-              or strategy.precision in ("bf16", "pure-bf16")
-              or bool(np.asarray(strategy.offload_optimizer).any()))
-    if n == 1 or not (strategy.schedule == "1f1b" or states):
-        return None
-    if strategy.schedule == "1f1b":
-        what, valid = "1F1B", "Valid: schedule 'gpipe'"
-        if strategy.microbatches < n:
-            return (f"{n} stages under 1F1B need at least {n} micro-batches "
-                    f"(torch.distributed.pipelining's Schedule1F1B); the strategy has "
-                    f"{strategy.microbatches}. {valid}, or microbatches >= {n}")
-    else:
-        what = "a pipeline with sharded, bf16 or host-stepped model states"
-        valid = ("Valid: shard level 'none', precision 'fp32' and the optimizer on the device "
-                 "(stages then run in one process per replica)")
-    units = list(strategy.units)
-    held = sorted(set(stage.tolist()))
-    if held != list(range(n)):
-        return (f"the pipeline's stages are {held}: {what} needs every stage 0..{n - 1} to "
-                f"hold a unit (a process runs each). {valid}, or renumber the stages")
-    split = np.flatnonzero((np.asarray(strategy.parameter) > 1)
-                           | (np.asarray(strategy.attribute) > 1))
-    if len(split):
-        return (f"unit {units[int(split[0])]!r} is split inside a pipeline stage; export runs "
-                f"{what} with a stage on one device per replica. {valid}, or parameter=1")
-    owner: dict[str, tuple[int, int]] = {}
-    for i, u in enumerate(units):
-        for r, device in enumerate(strategy.devices[i]):
-            if owner.setdefault(device, (r, int(stage[i]))) != (r, int(stage[i])):
-                return (f"unit {u!r}: device {device!r} runs stage {int(stage[i])} of replica "
-                        f"{r} and another stage or replica; export runs {what} with each stage "
-                        f"of each replica in its own process. {valid}, or a device per stage")
-    if graph is not None:
-        return _uncut(units, stage, graph, valid)
-    return None
-
-
-def _uncut(units, group: np.ndarray, graph, valid: str) -> str | None:
-    """Why the model cannot be cut where ``group`` (per unit: a stage, or a sample group)
-    changes: each cut needs a module called once on one side of it (None: every cut can)."""
-    u = graph.units
-    calls, _ = _sharing(graph)
-    role, module = u["role"].to_numpy(), u["module"].to_numpy()
-
-    def cut(i: int) -> bool:     # <root> and <loss> are no module calls to cut at
-        return (role[i] == "module" and not str(module[i]).startswith("<")
-                and calls.get(module[i], 1) == 1)
-    for i in np.flatnonzero(np.diff(group) != 0).tolist():
-        if not (cut(i + 1) or cut(i)):
-            return (f"unit {units[i + 1]!r} starts a new stage or group after unit "
-                    f"{units[i]!r}, but neither is a module called once, so the model "
-                    f"cannot be cut there. {valid}, or move the boundary next to a module unit")
-    return None
-
-
-def sample_groups(strategy) -> np.ndarray:
-    """Per unit, its sample group: runs of consecutive units with the same sample degree and
-    devices, numbered from 0. The loss unit (``<loss>``) joins the group before it: the loss
-    is computed where the model's output is.
-
-    >>> from memflow.strategy import Strategy
-    >>> s = Strategy(["a", "b", "c", "<loss>"], sample=[2, 2, 1, 2],
-    ...              devices=[("gpu0", "gpu1")] * 2 + [("gpu0",), ("gpu0", "gpu1")])
-    >>> sample_groups(s).tolist()
-    [0, 0, 1, 1]
-    """
-    out = np.zeros(len(strategy.units), np.int64)
-    for i in range(1, len(out)):
-        same = (strategy.units[i] == "<loss>"
-                or (strategy.sample[i] == strategy.sample[i - 1]
-                    and strategy.devices[i] == strategy.devices[i - 1]))
-        out[i] = out[i - 1] + (not same)
-    return out
-
-
-def sample_problem(strategy, graph=None) -> str | None:
-    """Why export cannot run ``strategy``'s per-unit sample degrees as groups of processes
-    (:mod:`memflow.export.sample_groups`); None when it can. Groups are cut like pipeline
-    stages (checked only with ``graph``) and not yet composed with the other splits.
-
-    >>> from memflow.strategy import Strategy
-    >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu0",)], sample=[2, 1])
-    >>> sample_problem(s) is None, sample_problem(s.with_schedule(microbatches=2))[:44]
-    (True, 'the strategy has 2 micro-batches; export run')
-    """
-    units = list(strategy.units)
-    valid = "Valid: one sample degree for every unit"
-    what = ("export runs per-unit sample degrees as groups of processes, not yet composed "
-            "with")
-    if (np.asarray(strategy.stage) > 0).any():
-        return f"the strategy has pipeline stages; {what} pipelines. {valid}, or one stage"
-    if strategy.microbatches > 1:
-        return (f"the strategy has {strategy.microbatches} micro-batches; {what} micro-batches. "
-                f"{valid}, or microbatches=1")
-    for field, name in (("parameter", "tensor parallelism"),
-                        ("attribute", "attribute splits")):
-        split = np.flatnonzero(np.asarray(getattr(strategy, field)) > 1)
-        if len(split):
-            return (f"unit {units[int(split[0])]!r} has a {field} split; {what} {name}. "
-                    f"{valid}, or {field}=1")
-    shard = np.flatnonzero(np.asarray(strategy.shard) != S_NONE)
-    if len(shard):
-        return (f"unit {units[int(shard[0])]!r} shards its model states; {what} FSDP2. "
-                f"{valid}, or shard level 'none'")
-    if graph is not None:
-        return _uncut(units, sample_groups(strategy), graph, valid)
     return None

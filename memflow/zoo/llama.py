@@ -18,6 +18,8 @@ eagerly on real tensors, so that what autograd saves is what a real training ste
   (and CUDA flash attention) read the shared heads directly and save q, the ``n_kv_head``
   keys and values, the output and a log-sum-exp;
 * :class:`MLP` is SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, bias-free;
+* both declare ``tp_plan`` (Megatron's tensor parallelism, :mod:`memflow.export.tensor_parallel`):
+  q, k, v by heads, gate and up by ffn rows, column-parallel; o and down row-parallel;
 * each :class:`DecoderLayer` is pre-norm: ``x + attn(input_layernorm(x))`` then
   ``x + mlp(post_attention_layernorm(x))``. No dropout (Llama trains without it).
 
@@ -53,13 +55,13 @@ __all__ = ["RMSNorm", "Rotary", "Attention", "MLP", "DecoderLayer", "Llama", "SP
            "TINY_ARCH", "LLAMA2_7B"]
 
 
-class RMSNorm(nn.Module):
-    """Root-mean-square norm in float32, scaled by a learned ``weight`` (no bias, no mean)."""
+class RMSNorm(nn.RMSNorm):
+    """Root-mean-square norm in float32, scaled by a learned ``weight`` (no bias, no mean):
+    ``nn.RMSNorm``'s weight, Hugging Face's ops (no fused ``rms_norm``). Being an
+    ``nn.RMSNorm``, export's tensor parallelism knows it for a normalization (replicated)."""
 
     def __init__(self, hidden: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden))
+        super().__init__(hidden, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -136,6 +138,11 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, ffn, bias=False)
         self.down_proj = nn.Linear(ffn, hidden, bias=False)
         self.act = nn.SiLU()
+
+    # Tensor parallelism (memflow.export.tensor_parallel, Megatron): gate and up split by
+    # their ffn rows, down by the matching input columns (its output all-reduced).
+    tp_plan = {"gate_proj": "colwise-sharded", "up_proj": "colwise-sharded",
+               "down_proj": "rowwise"}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))

@@ -98,6 +98,10 @@ class MLP(nn.Module):
         self.proj = nn.Linear(ffn, hidden)
         self.dropout = nn.Dropout(dropout)
 
+    # Tensor parallelism (memflow.export.tensor_parallel, Megatron): fc by its ffn rows, proj
+    # by the matching input columns (its output all-reduced).
+    tp_plan = {"fc": "colwise-sharded", "proj": "rowwise"}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.proj(self.act(self.fc(x))))
 

@@ -19,6 +19,7 @@ from gloo_ranks import gathered, run_ranks
 
 GPT2 = dict(n_layer=2, hidden=16, n_head=2, vocab=40, seq_len=6, dropout=0.0)
 RESNET = dict(num_classes=5, width=4, image_size=32, blocks=(1, 2, 1, 1))
+LLAMA = dict(vocab=40, hidden=16, n_layer=2, n_head=4, n_kv_head=2, ffn=24, seq_len=6)
 
 
 def mse(output, target):
@@ -30,13 +31,15 @@ def _inputs(name, batch, options):
     return model, inputs if isinstance(inputs, tuple) else (inputs,)
 
 
-def _worker(rank, cases, replicas):
+def _worker(rank, cases):
     """Every case's strategy under both schedules on this rank: {(case, schedule): (loss or
-    None, {name: full gradient})}; a sharded gradient is gathered over the stage's replicas.
+    None, {name: full gradient})}; a sharded gradient is gathered over the stage's replicas,
+    a tensor-parallel one over its group.
     ``cases``: {case: (model name, options, batch, strategy dict, target[, schedules])}."""
-    replica = rank // (torch.distributed.get_world_size() // replicas)
     out = {}
     for case, (name, options, batch, doc, target, *schedules) in cases.items():
+        replicas = int(Strategy.from_dict(doc).sample[0])
+        replica = rank // (torch.distributed.get_world_size() // replicas)
         model, args = _inputs(name, batch, options)
         share = batch // replicas
         args = tuple(a[replica * share:(replica + 1) * share] for a in args)
@@ -81,7 +84,7 @@ def test_two_stages_match_one_process(name, options, policies, tmp_path):
     graph = memflow.zoo.graph(name, batch_size=batch, units="blocks", **options)
     s = Strategy.pipeline(graph, 2, stages=2, microbatches=2).with_policy(**policies)
     loss, target, reference = _reference(name, options, batch, s)
-    ranks = run_ranks(_worker, 2, tmp_path, {"": (name, options, batch, s.to_dict(), target)}, 1)
+    ranks = run_ranks(_worker, 2, tmp_path, {"": (name, options, batch, s.to_dict(), target)})
     for schedule in ("gpipe", "1f1b"):
         assert ranks[0]["", schedule][0] is None            # the loss lives on the last stage
         torch.testing.assert_close(ranks[1]["", schedule][0], loss, rtol=1e-5, atol=1e-6)
@@ -97,8 +100,10 @@ def test_replicas_of_a_pipeline_shard_cast_and_average_their_gradients(tmp_path)
     """dp2 × pp2: each stage replicated over its data-parallel group — averaged by hand, FSDP2
     ``fully_shard`` (ZeRO-3 and ZeRO-2) beside ZeRO-1, bf16 with FSDP2's mixed precision and
     fp32 masters, the optimizer on the host, and GPT-2's embedding and head, tied across the
-    stages, sharded — as torchtitan composes dp × pp."""
+    stages, sharded — as torchtitan composes dp × pp; and pp2 × tp2, Llama's decoder layers
+    split inside the stages, as it composes pp × tp."""
     options, batch = {"n": 4, "width": 16, "kind": "residual"}, 8
+    llama = memflow.zoo.graph("tinyllama-1.1b", batch_size=batch, units="blocks", **LLAMA)
     graph = memflow.zoo.graph("chain", batch_size=batch, units="blocks", **options)
     names = graph.names
     s = Strategy.pipeline(graph, 4, stages=2, microbatches=2, dp=2).with_policy(
@@ -116,6 +121,11 @@ def test_replicas_of_a_pipeline_shard_cast_and_average_their_gradients(tmp_path)
         "gpt2 fsdp": ("gpt2", GPT2, gpt2, Strategy.pipeline(
             gpt2, 4, stages=2, microbatches=2, dp=2).with_policy(recompute=["h.0"]).with_shard(
             "parameters")),
+        # pp2 × tp2: Llama's embedding, decoder layers, norm and head split inside the stages
+        # (grouped-query attention by heads, SwiGLU by ffn rows), tensor parallelism in stages
+        "llama tp": ("tinyllama-1.1b", LLAMA, llama, Strategy.tensor_parallel(
+            llama, 4, tp=2, pp=2, microbatches=2).with_config(
+            "norm", parameter=1, devices=["gpu3"]).with_policy(recompute=["norm"])),
     }
     expected, docs = {}, {}
     for case, (name, opts, g, strategy) in cases.items():
@@ -128,8 +138,9 @@ def test_replicas_of_a_pipeline_shard_cast_and_average_their_gradients(tmp_path)
         expected[case] = loss, reference
         # each trace costs seconds: bf16 and GPT-2 under one schedule each
         docs[case] = (name, opts, batch, strategy.to_dict(), target,
-                      {"bf16": ("gpipe",), "gpt2 fsdp": ("1f1b",)}.get(case, ("gpipe", "1f1b")))
-    ranks = run_ranks(_worker, 4, tmp_path, docs, 2)
+                      {"bf16": ("gpipe",), "gpt2 fsdp": ("1f1b",), "llama tp": ("1f1b",)}.get(
+                          case, ("gpipe", "1f1b")))
+    ranks = run_ranks(_worker, 4, tmp_path, docs)
     for case, schedule in ranks[0]:
         name, opts, _, strategy = cases[case]
         bf16 = strategy.precision == "bf16"
@@ -137,7 +148,8 @@ def test_replicas_of_a_pipeline_shard_cast_and_average_their_gradients(tmp_path)
         losses = [r[case, schedule][0] for r in ranks if r[case, schedule][0] is not None]
         torch.testing.assert_close(torch.stack(losses).mean(), loss,
                                    rtol=2e-2 if bf16 else 1e-5, atol=1e-6)
-        for replica in (ranks[:2], ranks[2:]):     # each holds the averaged gradients
+        for replica in (ranks[:2], ranks[2:]) if strategy.sample[0] == 2 else (ranks,):
+            # each replica holds the averaged gradients
             grads = gathered([r[case, schedule][1] for r in replica], _inputs(name, batch,
                                                                             opts)[0])
             assert grads.keys() == reference.keys(), (case, schedule)
@@ -180,8 +192,16 @@ def test_a_stage_on_two_devices_or_split_is_refused():
         stage_ranks(shared)
     split = Strategy(units, devices=[("gpu0",), ("gpu1", "gpu2")], parameter=[1, 2],
                      stage=[0, 1])
-    with pytest.raises(ExportError, match="unit 'b' is split over its parameter"):
+    with pytest.raises(ExportError, match="stage 0 .unit 'a'. has no split unit but other "
+                                          "stages are split 2 ways"):
         stage_ranks(split)
+    # a tensor-parallel group per stage: rank (stage * 2 + k) is device k of its group
+    both = split.with_config("a", parameter=2, devices=["gpu0", "gpu3"])
+    assert stage_ranks(both) == {"gpu0": 0, "gpu3": 1, "gpu1": 2, "gpu2": 3}
+    attribute = Strategy(units, devices=[("gpu0",), ("gpu1", "gpu2")], attribute=[1, 2],
+                         stage=[0, 1])
+    with pytest.raises(ExportError, match="unit 'b' is split over its attribute dimension"):
+        stage_ranks(attribute)
 
 
 def test_micro_batches_must_divide_the_batch():

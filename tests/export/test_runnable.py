@@ -1,7 +1,8 @@
 """Search space = export space (issue 14): every strategy the search's moves reach — any move,
-pins included, from a data-parallel start or a projected baseline — on a CNN, a transformer and
-the chain over 1, 2 and 4 devices is one export runs: ``memflow.export.apply`` takes it (and
-``script`` writes it, and one step trains), never refusing."""
+pins included, from a data-parallel start or a projected baseline — on a CNN, a transformer,
+the chain and Llama's decoder layers (blocks, split as Megatron blocks) over 1, 2 and 4 devices
+is one export runs: ``memflow.export.apply`` takes it (and ``script`` writes it, and one step
+trains), never refusing."""
 from __future__ import annotations
 
 import functools
@@ -27,13 +28,16 @@ MODELS = {
     "resnet50": dict(num_classes=5, width=4, image_size=32, blocks=(1, 1, 1, 1)),
     "gpt2": dict(vocab=40, max_positions=16, hidden=16, n_layer=1, n_head=2, seq_len=6),
     "chain": dict(n=3, width=8),
+    "tinyllama-1.1b": dict(vocab=40, hidden=16, n_layer=2, n_head=4, n_kv_head=2, ffn=24,
+                           seq_len=6),
 }
+UNITS = {"tinyllama-1.1b": "blocks"}     # decoder layers, split as Megatron blocks
 CLUSTERS = ("1xV100-16GB", "2xV100-16GB", "4xV100-16GB")
 
 
 @functools.cache
 def graph(model: str):
-    return zoo.graph(model, batch_size=BATCH, **MODELS[model])
+    return zoo.graph(model, batch_size=BATCH, units=UNITS.get(model, "leaves"), **MODELS[model])
 
 
 @functools.cache
@@ -103,11 +107,14 @@ def test_walks_reach_every_feature():
     """The walks above do split parameters and change the data-parallel degree (else the
     property would hold vacuously)."""
     seen = {"parameter": set(), "replicas": set(), "1f1b stages": set(), "mixed": set(),
-            "accumulation": set(), "stage states": set()}
+            "accumulation": set(), "stage states": set(), "block split": set()}
     for seed in range(30):
         for model in MODELS:
-            _, s = walk(model, "4xV100-16GB", seed, 40, 0)
+            g, s = walk(model, "4xV100-16GB", seed, 40, 0)
             seen["parameter"].add(int(s.parameter.max()))
+            if model in UNITS:      # a Megatron block (a decoder layer) split
+                blocks = g.units["tensor_degree"].to_numpy() > 0
+                seen["block split"].add(bool((s.parameter[blocks] > 1).any()))
             seen["replicas"].add(int(s.sample[0]))
             seen["accumulation"].add(accumulates(s))   # 1F1B with one stage, kept as it is
             # a short walk: the replicas move sets one degree for all units again
@@ -123,6 +130,7 @@ def test_walks_reach_every_feature():
     assert seen["mixed"] == {False, True}   # per-unit sample degrees are walked too
     assert seen["accumulation"] == {False, True}    # and gradient accumulation
     assert True in seen["stage states"]     # and stages sharding, casting or offloading
+    assert True in seen["block split"]      # and Megatron blocks split
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

@@ -2,7 +2,8 @@
 parameter splits gives the single-process loss and gradients (gathered to full tensors): a
 CNN's classifier (a Megatron pair and a gathered column split) and GPT-2 (embeddings, a
 Megatron MLP pair, gathered attention projections, a tied head, whole blocks split, with and
-without sequence parallelism)."""
+without sequence parallelism) and Llama (its decoder layers split: grouped-query attention by
+heads, the SwiGLU MLP by ffn rows)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,11 +14,13 @@ from memflow.errors import ExportError
 from memflow.export.pipelining import average_gradients
 from memflow.export.tensor_parallel import full_gradients, parallelize, tensor_plan, tensor_ranks
 from memflow.strategy import Strategy
+from memflow.zoo.llama import TINY_ARCH
 
 from gloo_ranks import gathered, run_ranks
 
 GPT2 = dict(n_layer=2, hidden=16, n_head=2, vocab=40, seq_len=6, dropout=0.0)
 ALEXNET = dict(num_classes=6, hidden=16, image_size=64, dropout=0.0)
+LLAMA = {**TINY_ARCH, "seq_len": 6}
 
 
 def mse(output, target):
@@ -39,12 +42,13 @@ def _split(graph, units, tp=2):
         {u: {"parameter": tp, "devices": devices} for u in units})
 
 
-def _worker(rank, name, options, strategies, target):
-    """Per ``(units, strategy document)``: the loss and full gradients of one step."""
+def _worker(rank, cases):
+    """Per ``(model, options, units, strategy document, target)``: the loss and full gradients
+    of one step."""
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
     out = []
-    for units, doc in strategies:
+    for name, options, units, doc, target in cases:
         model, args = _model(name, options)
         exported = parallelize(model, Strategy.from_dict(doc), mesh, _graph(name, options, units))
         widths = []         # the sequence length a block sees (sequence parallelism: a part)
@@ -56,19 +60,21 @@ def _worker(rank, name, options, strategies, target):
     return out
 
 
-# model: (options, [(units, split units or "constructor", policies)])
+# launch: [(model, options, units, split units or "constructor", policies)], one launch each
 CASES = {
-    "alexnet": (ALEXNET, [("leaves", ["classifier.1", "classifier.4", "classifier.6"],
-                           {"recompute": ["features.0", "features.1"],
-                            "offload": ["classifier.2"]})]),
-    "gpt2": (GPT2, [("leaves", ["wte", "wpe", "h.0.attn.qkv", "h.0.attn.proj", "h.0.mlp.fc",
-                                "h.0.mlp.proj", "h.1.mlp.fc"],
-                     {"recompute": ["h.0.ln_1", "h.0.attn.qkv"], "offload": ["h.1.mlp.act"]}),
-                    # Strategy.tensor_parallel: whole blocks, embeddings and ln_f split
-                    ("blocks", "constructor", {"recompute": ["lm_head"],
-                                                "offload": ["<root>#2"]}),
-                    # and with sequence parallelism (blocks and ln_f on sequence parts)
-                    ("blocks", "sequence", {"recompute": ["lm_head"]})]),
+    "alexnet": [("alexnet", ALEXNET, "leaves", ["classifier.1", "classifier.4", "classifier.6"],
+                 {"recompute": ["features.0", "features.1"], "offload": ["classifier.2"]})],
+    "transformers": [
+        ("gpt2", GPT2, "leaves", ["wte", "wpe", "h.0.attn.qkv", "h.0.attn.proj", "h.0.mlp.fc",
+                                  "h.0.mlp.proj", "h.1.mlp.fc"],
+         {"recompute": ["h.0.ln_1", "h.0.attn.qkv"], "offload": ["h.1.mlp.act"]}),
+        # Strategy.tensor_parallel: whole blocks, embeddings and ln_f split
+        ("gpt2", GPT2, "blocks", "constructor", {"recompute": ["lm_head"],
+                                                  "offload": ["<root>#2"]}),
+        # and with sequence parallelism (blocks and ln_f on sequence parts)
+        ("gpt2", GPT2, "blocks", "sequence", {"recompute": ["lm_head"]}),
+        # Llama decoder layers: grouped-query attention by heads, the SwiGLU MLP by ffn rows
+        ("tinyllama-1.1b", LLAMA, "blocks", "constructor", {"recompute": ["norm"]})],
 }
 
 
@@ -79,30 +85,36 @@ def _strategy(name, options, units, split, policies):
     return s.with_policy(**policies)
 
 
-@pytest.mark.slow       # spawns 2 processes (each imports torch and memflow)
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_parameter_splits_match_one_process(name, tmp_path):
-    options, cases = CASES[name]
+def _reference(name, options):
+    """The single process: its model after one step (gradients set), loss and target."""
     model, args = _model(name, options)
     out = model(*args)
     torch.manual_seed(1)
     target = torch.randn(out.shape)
     loss = mse(out, target)
     loss.backward()
-    strategies = [(units, _strategy(name, options, *case).to_dict())
-                  for units, *case in [(c[0], c[0], c[1], c[2]) for c in cases]]
-    ranks = run_ranks(_worker, 2, tmp_path, name, options, strategies, target)
-    for k, (units, doc) in enumerate(strategies):
+    return model, loss.detach(), target
+
+
+@pytest.mark.slow       # spawns 2 processes (each imports torch and memflow)
+@pytest.mark.parametrize("launch", sorted(CASES))
+def test_parameter_splits_match_one_process(launch, tmp_path):
+    references = {name: _reference(name, options) for name, options, *_ in CASES[launch]}
+    cases = [(name, options, units, _strategy(name, options, units, split, policies).to_dict(),
+              references[name][2]) for name, options, units, split, policies in CASES[launch]]
+    ranks = run_ranks(_worker, 2, tmp_path, cases)
+    for k, (name, options, units, doc, _) in enumerate(cases):
+        model, loss, _ = references[name]
         for rank in ranks:
             rank_loss, rank_grads, widths = rank[k]
             if "sequence_parallel" in doc:
                 assert widths == [GPT2["seq_len"] // 2]
-            torch.testing.assert_close(rank_loss, loss.detach(), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(rank_loss, loss, rtol=1e-5, atol=1e-6)
             grads = gathered([rank_grads], model)
             assert grads.keys() == {n for n, _ in model.named_parameters()}
             for n, p in model.named_parameters():
                 torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6,
-                                           msg=f"{units} {n}")
+                                           msg=f"{name} {units} {n}")
 
 
 def _replica_worker(rank, options, docs, target):
@@ -171,7 +183,7 @@ def test_replicas_of_a_tensor_parallel_group_average_their_gradients(tmp_path):
 
 def test_the_plan_pairs_megatron_linears_and_gathers_the_rest():
     graph = _graph("gpt2", GPT2, "leaves")
-    s = _split(graph, CASES["gpt2"][1][0][1])
+    s = _split(graph, CASES["transformers"][0][3])
     model, _ = _model("gpt2", GPT2)
     assert tensor_plan(model, s, graph) == {
         "wte": "colwise", "wpe": "colwise", "h.0.attn.qkv": "colwise",
@@ -190,6 +202,20 @@ def test_the_plan_pairs_megatron_linears_and_gathers_the_rest():
     three = _graph("gpt2", odd, "blocks")
     plan = tensor_plan(_model("gpt2", odd)[0], Strategy.tensor_parallel(three, 2, tp=2), three)
     assert plan["h.1.attn.qkv"] == plan["h.1.attn.proj"] == "colwise"
+    # Llama's decoder layers: q, k, v by heads (2 key/value heads), the SwiGLU MLP by rows
+    llama = _graph("tinyllama-1.1b", LLAMA, "blocks")
+    decoder = _model("tinyllama-1.1b", LLAMA)[0]
+    plan = tensor_plan(decoder, Strategy.tensor_parallel(llama, 2, tp=2), llama)
+    assert {k.removeprefix("layers.1."): v for k, v in plan.items()
+            if k.startswith("layers.1.")} == {
+        "self_attn.q_proj": "colwise-sharded", "self_attn.k_proj": "colwise-sharded",
+        "self_attn.v_proj": "colwise-sharded", "self_attn.o_proj": "rowwise",
+        "mlp.gate_proj": "colwise-sharded", "mlp.up_proj": "colwise-sharded",
+        "mlp.down_proj": "rowwise"}
+    # 4 ranks do not divide 2 key/value heads: the attention stays gathered, the MLP pairs
+    plan = tensor_plan(decoder, Strategy.tensor_parallel(llama, 4, tp=4), llama)
+    assert plan["layers.1.self_attn.k_proj"] == plan["layers.1.self_attn.o_proj"] == "colwise"
+    assert plan["layers.1.mlp.down_proj"] == "rowwise"
     sp = tensor_plan(model, Strategy.tensor_parallel(blocks, 2, tp=2, sequence_parallel=True),
                      blocks)
     assert {k: v for k, v in sp.items() if k.startswith(("h.1.", "ln_f")) and "." not in k[4:]} \
@@ -222,3 +248,47 @@ def test_what_tensor_parallelism_cannot_run_is_refused():
     off = _split(graph, ["classifier.1"]).with_config("classifier.6", devices=("gpu5",))
     with pytest.raises(ExportError, match="unit 'classifier.6' runs replica 0 on 'gpu5', outside"):
         tensor_ranks(off)
+
+
+def test_a_split_block_runs_its_ranks_in_one_process():
+    """The one-process form of a Megatron block split (memflow.export.megatron): each declared
+    module's ranks as copies on the unit's devices, outputs summed; same loss and gradients."""
+    from memflow.export import apply
+    graph = _graph("tinyllama-1.1b", LLAMA, "blocks")
+    s = _split(graph, ["layers.0", "layers.1"]).with_policy(recompute=["layers.0"])
+    model, (x,) = _model("tinyllama-1.1b", LLAMA)
+    exported = apply(model, s, graph, devices={"gpu0": "cpu", "gpu1": "cpu"})
+    reference, _ = _model("tinyllama-1.1b", LLAMA)
+    torch.manual_seed(1)
+    target = torch.randn(reference(x).shape)
+    loss = mse(reference(x), target)
+    loss.backward()
+    split = mse(exported(x), target)
+    split.backward()
+    torch.testing.assert_close(split, loss, rtol=1e-5, atol=1e-6)
+    layer = exported.module.layers[1]
+    attn, mlp = layer.self_attn.parts, layer.mlp.parts
+    whole = reference.layers[1]
+    for got, want in [
+            (torch.cat([a.k_proj.weight.grad for a in attn]), whole.self_attn.k_proj.weight.grad),
+            (torch.cat([a.o_proj.weight.grad for a in attn], 1), whole.self_attn.o_proj.weight.grad),
+            (torch.cat([m.up_proj.weight.grad for m in mlp]), whole.mlp.up_proj.weight.grad),
+            (layer.input_layernorm.weight.grad, whole.input_layernorm.weight.grad)]:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow       # one torchrun launch of 2 processes
+def test_split_decoder_layers_hold_what_is_predicted(tmp_path):
+    """Llama's decoder layers, embedding, norm and head split over 2 ranks (grouped-query
+    attention by heads, SwiGLU by ffn rows): each rank holds the held-for-backward bytes and
+    model states the simulator predicts, within 1% (the replicated RMSNorm weights, charged at
+    1/2, are the model states' 0.9%)."""
+    from memflow.export.rank_validation import METRICS, validate_ranks
+    options = {**TINY_ARCH, "seq_len": 16}
+    graph = memflow.zoo.graph("tinyllama-1.1b", batch_size=4, units="blocks", **options)
+    s = Strategy.tensor_parallel(graph, 2, tp=2)
+    df = validate_ranks(s, "tinyllama-1.1b", model_options=options, batch_size=4, graph=graph,
+                        folder=tmp_path)
+    assert list(df.index) == [0, 1] and set(df["path"]) == {"tensor"}
+    for metric in METRICS:
+        assert (df[f"{metric}_error"].abs() <= 0.01).all(), df.T
