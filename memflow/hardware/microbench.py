@@ -277,7 +277,9 @@ def _hooked(tiny: Any, chain: int, reps: int, window: float) -> tuple[float, flo
         y.sum().backward()
     with_hooks = _seconds_per_call(lambda: step(True), reps, window)
     without = _seconds_per_call(lambda: step(False), reps, window)
-    return (max(with_hooks[0] - without[0], 0.0) / 2, max(with_hooks[1] - without[1], 0.0) / 2)
+    # floored as :func:`_backward_seconds` is: under load the difference can come out <= 0
+    return (max(with_hooks[0] - without[0], 1e-12) / 2,
+            max(with_hooks[1] - without[1], 1e-12) / 2)
 
 
 def _launch_overhead(reps: int, window: float) -> float:
