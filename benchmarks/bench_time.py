@@ -15,8 +15,9 @@ The machine is shared: another process's load changes a step's wall time but not
 prediction. So a one-process row is compared by CPU time: the exported script records each
 step's ``time.process_time`` beside its wall time, and the prediction runs on
 ``Cluster.local(clock="cpu")``, whose micro-benchmark figures are timed by CPU time too. The
-wall-clock comparison is printed beside it. The figures are measured again before each
-model's rows (the gloo all-reduce figures come from the cache). Several processes (gloo)
+wall-clock comparison is printed beside it. The figures are measured again just before each
+row, so that a row and its figures see the same load (the gloo all-reduce figures come from
+the cache). Several processes (gloo)
 wait for each other, so those rows are compared by wall time only, in their own table: they
 follow the load. Each row is run ``--repeat`` times; the table gives the median ratio
 measured / predicted, the spread and the load average.
@@ -126,6 +127,7 @@ def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
                 f"{name}: measured / predicted": statistics.median(ratios),
                 f"{name}: spread": max(ratios) - min(ratios)}
     out["load"] = statistics.median(loads)
+    out["load (figures)"] = figures["load"]
     if calibrated:
         out["wall: measured / calibrated"] = statistics.median(again)
     print(", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
@@ -161,13 +163,15 @@ def main(argv: list[str] | None = None) -> None:
         cached = read_json(cache_file())
     rows, first = [], None
     for model in models:
-        # the figures again before each model's rows: the load moves CPU time too (the two
-        # cores share caches), less than wall time
-        figures = measure(collectives=False) | {"allreduce": cached["allreduce"]}
-        write_json(cache_file(), figures)      # this run's figures, for Cluster.local()
-        first = first or figures
         cases = [(k, 1) for k in SINGLE] + [("keep", 2)] + ([] if args.quick else [("keep", 4)])
         for kind, n in cases:
+            # the figures again just before each row, so that both see the same load: on
+            # this machine it moves CPU time too (the two vCPUs share a core's caches), and
+            # only the ratio of a row to its figures means anything
+            figures = measure(collectives=False) | {"allreduce": cached["allreduce"]}
+            figures["load"] = os.getloadavg()[0]
+            write_json(cache_file(), figures)      # this run's figures, for Cluster.local()
+            first = first or figures
             rows.append(row(model, kind, n, args.repeat, figures, args.calibrate))
     df = pd.DataFrame(rows)
     one = df[df["processes"] == 1].reset_index(drop=True)
@@ -178,8 +182,9 @@ def main(argv: list[str] | None = None) -> None:
         f"script's median step after {memflow.export.timing.WARMUP} warm-up steps, "
         f"{memflow.export.timing.STEPS} timed) step time; every process runs one thread "
         f"(`OMP_NUM_THREADS=1`); {args.repeat} run(s) per row, ratio = median of measured / "
-        f"predicted. The figures were measured before each model's rows; the first model's "
-        f"(load {load0:.1f}), one-thread CPU-time figures: matmul {cpu['matmul_flops'] / 1e9:.3g} GFLOP/s "
+        f"predicted. The figures were measured again just before each row (their load "
+        f"beside the row's own); the first row's (load {first['load']:.1f}), one-thread "
+        f"CPU-time figures: matmul {cpu['matmul_flops'] / 1e9:.3g} GFLOP/s "
         f"(backward {cpu['matmul_backward_flops'] / 1e9:.3g}), convolution "
         f"{cpu['conv_flops'] / 1e9:.3g} (backward {cpu['conv_backward_flops'] / 1e9:.3g}), "
         f"element-wise {cpu['elementwise_bandwidth'] / 1e9:.3g} GB/s, copy "
@@ -190,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{cpu['offload_bandwidth'] / 1e9:.3g} GB/s into new host images; "
         f"all-reduce (cached) {first['allreduce']['bandwidth'] / 1e9:.3g} GB/s, "
         f"{first['allreduce']['latency'] * 1e6:.0f} µs. Ran in "
-        f"{time.time() - started:.0f} s.\n\n"
+        f"{time.time() - started:.0f} s (load {load0:.1f} at the start).\n\n"
         f"**One process, by CPU time: {summary(one, 'CPU time')}.** The prediction on "
         f"`Cluster.local(clock=\"cpu\")` (figures timed by the process's CPU time) against "
         f"the step's CPU time (`time.process_time`): another job's load moves both less than "

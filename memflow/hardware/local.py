@@ -127,11 +127,13 @@ def _rates_of(figures: dict[str, Any], processes: int, threads: int | None,
 
 def _op_flops(size: str) -> dict[str, float]:
     """FLOPs per op of the large and the small kernels (geometric mean of the matrix
-    product's and the convolution's): where the time model places their rates."""
+    product's and the convolution's; the small convolution's, of its 3x3 and 1x1 ones): where
+    the time model places their rates."""
     n, (batch, ch, side) = SIZES[size][0], SIZES[size][1]
-    m, (sb, sc, ss) = SIZES_SMALL[size]
+    m, (sb, sc, ss), (ob, oc, os_) = SIZES_SMALL[size]
+    small_conv = np.sqrt(2 * sb * sc * sc * 9 * ss * ss * 2 * ob * oc * oc * os_ * os_)
     return {"large_op_flops": float(np.sqrt(2 * n ** 3 * 2 * batch * ch * ch * 9 * side * side)),
-            "small_op_flops": float(np.sqrt(2 * m ** 3 * 2 * sb * sc * sc * 9 * ss * ss))}
+            "small_op_flops": float(np.sqrt(2 * m ** 3 * small_conv))}
 
 
 def local_cluster(figures: dict[str, Any], processes: int = 1,

@@ -10,7 +10,9 @@ processes with ``OMP_NUM_THREADS=1``):
 * ``launch_overhead`` — seconds per tiny eager op (dispatch);
 * the CPU step's other costs (:data:`STEP_FIGURES`, one thread): the backward rates of the
   matrix product and the convolution (their backward does twice the forward's FLOPs, at its
-  own rate), the same four rates on small kernels (a CPU kernel's rate falls with its size),
+  own rate; timed on the aten kernels, without autograd), the same four rates on small
+  kernels (a CPU kernel's rate falls with its size; the small convolution is a 3x3 and a 1x1
+  one), every kernel cycling through :data:`OPERAND_SETS` operand sets as a model's layers do,
   the bandwidth of a mix of memory-bound training ops (normalisations, activations, a
   residual add, a softmax: forward and backward), the dispatch and autograd overhead per op
   recorded in forward and per node run in backward, the optimizer's overhead per parameter
@@ -25,6 +27,7 @@ time (``cpu``): see :mod:`memflow.hardware.local`.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import os
 import platform
 import socket
@@ -38,7 +41,7 @@ from ..errors import ClusterError
 
 __all__ = ["measure", "FORMAT", "SIZES", "SIZES_SMALL", "STEP_FIGURES"]
 
-FORMAT = "memflow.local/2"
+FORMAT = "memflow.local/3"
 
 # problem sizes: "default" takes a few seconds, "tiny" (tests) well under one; each size is
 # (matmul n, conv (batch, channels, side), copy bytes, all-reduce bytes, repetitions,
@@ -50,9 +53,15 @@ SIZES: dict[str, tuple[int, tuple[int, int, int], int, int, int, float]] = {
 # the step figures' sizes: elements of the element-wise op's tensors (an activation: in
 # cache), tiny ops in the dispatch chain (and parameter tensors of the optimizer step)
 SIZES_STEP: dict[str, tuple[int, int]] = {"default": (2**18, 200), "tiny": (2**12, 20)}
-# the small kernels' sizes: matmul m (m x m by m x m), conv (batch, channels, side), 3x3
-SIZES_SMALL: dict[str, tuple[int, tuple[int, int, int]]] = {
-    "default": (128, (8, 16, 16)), "tiny": (16, (1, 4, 4))}
+# the small kernels' sizes: matmul m (m x m by m x m), conv (batch, channels, side) of a
+# 3x3 and of a 1x1 convolution
+SIZES_SMALL: dict[str, tuple[int, tuple[int, int, int], tuple[int, int, int]]] = {
+    "default": (128, (8, 16, 16), (8, 32, 16)), "tiny": (16, (1, 4, 4), (1, 8, 4))}
+OPERAND_SETS = 8
+"""Operand sets a kernel benchmark cycles through: in a model each layer reads its own
+weights and maps, which a kernel called again and again on the same operands finds in cache
+(faster than a model's layers run: resnet50's small convolutions ran at ~15 GFLOP/s in a
+step against ~40 for one 3x3 kernel repeated)."""
 STEP_FIGURES = ("matmul_backward_flops", "conv_backward_flops", "small_matmul_flops",
                 "small_conv_flops", "small_matmul_backward_flops", "small_conv_backward_flops",
                 "elementwise_bandwidth", "op_overhead", "backward_op_overhead",
@@ -74,22 +83,55 @@ def _seconds_per_call(fn: Callable[[], Any], reps: int, window: float) -> tuple[
     return (time.perf_counter() - t0) / calls, (time.process_time() - c0) / calls
 
 
+def _cycling(make: Callable[[], tuple], fn: Callable[..., Any]) -> Callable[[], Any]:
+    """``fn`` called on :data:`OPERAND_SETS` operand sets (each from ``make()``) in turn."""
+    sets = itertools.cycle([make() for _ in range(OPERAND_SETS)])
+    return lambda: fn(*next(sets))
+
+
+def _kernels(n: int, convs: tuple[tuple[int, int, int, int], ...]
+             ) -> dict[str, tuple[float, Callable[[], Any], Callable[[], Any]]]:
+    """FLOPs, forward call and backward call of an ``n``-square matrix product
+    (``matmul``) and of each convolution of ``convs`` = ((batch, channels, side, kernel),
+    …) (``conv``, ``conv1``, …), their operands cycling (:func:`_cycling`). The backward
+    calls the aten kernels autograd runs (two products; ``convolution_backward`` for input
+    and weight) without autograd, whose per-node cost is a figure of its own
+    (``backward_op_overhead``)."""
+    import torch
+
+    back = torch.ops.aten.convolution_backward
+
+    def mm() -> tuple:
+        return torch.randn(n, n), torch.randn(n, n), torch.randn(n, n)
+    out = {"matmul": (2 * n ** 3, _cycling(mm, lambda a, b, g: torch.mm(a, b)),
+                      _cycling(mm, lambda a, b, g: (torch.mm(g, b.t()), torch.mm(a.t(), g))))}
+    for i, (batch, ch, side, k) in enumerate(convs):
+        def cv(batch=batch, ch=ch, side=side, k=k) -> tuple:
+            return (torch.randn(batch, ch, side, side), torch.randn(ch, ch, k, k),
+                    torch.randn(batch, ch, side, side))
+        pad = k // 2
+        out["conv" + (str(i) if i else "")] = (
+            2 * batch * ch * ch * k * k * side * side,
+            _cycling(cv, lambda x, w, g, pad=pad: torch.nn.functional.conv2d(x, w, padding=pad)),
+            _cycling(cv, lambda x, w, g, pad=pad: back(g, x, w, None, [1, 1], [pad, pad],
+                                                        [1, 1], False, [0, 0], 1,
+                                                        [True, True, False])))
+    return out
+
+
 def _rates(size: str, threads: int) -> dict[str, tuple[float, float]]:
     """(wall, CPU-time) rate of matmul, convolution and copy with ``threads`` threads."""
     import torch
 
-    n, (batch, ch, side), copy_bytes, _, reps, window = SIZES[size]
+    n, conv, copy_bytes, _, reps, window = SIZES[size]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        x, w = torch.randn(batch, ch, side, side), torch.randn(ch, ch, 3, 3)
         src = torch.ones(copy_bytes // 4)
         dst = torch.empty_like(src)
-        work = {"matmul_flops": (2 * n ** 3, lambda: torch.mm(a, b)),
-                "conv_flops": (2 * batch * ch * ch * 9 * side * side,
-                               lambda: torch.nn.functional.conv2d(x, w, padding=1)),
-                "copy_bandwidth": (2 * copy_bytes, lambda: dst.copy_(src))}
+        work = {f"{k}_flops": (flops, fwd)
+                for k, (flops, fwd, _) in _kernels(n, ((*conv, 3),)).items()}
+        work["copy_bandwidth"] = (2 * copy_bytes, lambda: dst.copy_(src))
         with torch.no_grad():
             return {k: _per_second(amount, _seconds_per_call(fn, reps, window))
                     for k, (amount, fn) in work.items()}
@@ -107,7 +149,8 @@ def _per_op(seconds: tuple[float, float], ops: int) -> tuple[float, float]:
 
 def _backward_seconds(step: Callable[[], Any], forward: Callable[[], Any], reps: int,
                       window: float) -> tuple[float, float]:
-    """(wall, CPU) seconds of a backward alone: forward and backward, less the forward."""
+    """(wall, CPU) seconds of a backward alone (autograd's, for its per-node cost): forward
+    and backward, less the forward."""
     both, fwd = _seconds_per_call(step, reps, window), _seconds_per_call(forward, reps, window)
     return max(both[0] - fwd[0], 1e-12), max(both[1] - fwd[1], 1e-12)
 
@@ -116,15 +159,11 @@ def _step_figures(size: str) -> dict[str, tuple[float, float]]:
     """(wall, CPU-time) figures of :data:`STEP_FIGURES`, one thread (see the module doc)."""
     import torch
 
-    n, (batch, ch, side), _, _, reps, window = SIZES[size]
+    n, conv, _, _, reps, window = SIZES[size]
     elements, chain = SIZES_STEP[size]
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        a, b = torch.randn(n, n, requires_grad=True), torch.randn(n, n, requires_grad=True)
-        x = torch.randn(batch, ch, side, side, requires_grad=True)
-        w = torch.randn(ch, ch, 3, 3, requires_grad=True)
-        conv = torch.nn.functional.conv2d
         tiny = torch.ones(4, requires_grad=True)
         params = [torch.nn.Parameter(torch.ones(4)) for _ in range(chain)]
         for p in params:
@@ -137,13 +176,9 @@ def _step_figures(size: str) -> dict[str, tuple[float, float]]:
                 y = y * 1.0
             return y
         return {
-            "matmul_backward_flops": _per_second(4 * n ** 3, _backward_seconds(
-                lambda: torch.mm(a, b).sum().backward(), lambda: torch.mm(a, b).sum(), reps,
-                window)),
-            "conv_backward_flops": _per_second(4 * batch * ch * ch * 9 * side * side,
-                                               _backward_seconds(
-                lambda: conv(x, w, padding=1).sum().backward(),
-                lambda: conv(x, w, padding=1).sum(), reps, window)),
+            **{f"{k}_backward_flops": _per_second(2 * flops,
+                                                  _seconds_per_call(back, reps, window))
+               for k, (flops, _, back) in _kernels(n, ((*conv, 3),)).items()},
             "elementwise_bandwidth": _per_second(*_memory_bound_mix(elements, reps, window)),
             **_small_kernels(size, reps, window),
             "op_overhead": _per_op(_seconds_per_call(ops, reps, window), chain),
@@ -159,28 +194,24 @@ def _step_figures(size: str) -> dict[str, tuple[float, float]]:
 
 def _small_kernels(size: str, reps: int, window: float) -> dict[str, tuple[float, float]]:
     """Forward and backward FLOP/s of a small matrix product and convolution (the kernels of
-    a small model: FLOPs per op :data:`SMALL_FLOPS` of ``size``): a CPU kernel's rate falls
-    with its size, and the time model interpolates between these and the large ones."""
+    a small model; :data:`SIZES_SMALL`): a CPU kernel's rate falls with its size, and the
+    time model interpolates between these and the large ones. The convolution's rate is the
+    mean of a 3x3 and a 1x1 one (the bottleneck block's kernels: on one thread and a batch
+    under 16 PyTorch runs a 1x1 convolution as a matrix product, at its own rate); the graph
+    does not tell a unit's kernels apart, so one figure stands for both."""
     import torch
 
-    m, (batch, ch, side) = SIZES_SMALL[size]
-    a, b = torch.randn(m, m, requires_grad=True), torch.randn(m, m, requires_grad=True)
-    x = torch.randn(batch, ch, side, side, requires_grad=True)
-    w = torch.randn(ch, ch, 3, 3, requires_grad=True)
-    conv = torch.nn.functional.conv2d
-    mm_flops, conv_flops = 2 * m ** 3, 2 * batch * ch * ch * 9 * side * side
+    m, (batch, ch, side), (batch1, ch1, side1) = SIZES_SMALL[size]
+    kernels = _kernels(m, ((batch, ch, side, 3), (batch1, ch1, side1, 1)))
     with torch.no_grad():
-        forward = {"small_matmul_flops": _per_second(mm_flops, _seconds_per_call(
-                       lambda: torch.mm(a, b), reps, window)),
-                   "small_conv_flops": _per_second(conv_flops, _seconds_per_call(
-                       lambda: conv(x, w, padding=1), reps, window))}
-    return forward | {
-        "small_matmul_backward_flops": _per_second(2 * mm_flops, _backward_seconds(
-            lambda: torch.mm(a, b).sum().backward(), lambda: torch.mm(a, b).sum(), reps,
-            window)),
-        "small_conv_backward_flops": _per_second(2 * conv_flops, _backward_seconds(
-            lambda: conv(x, w, padding=1).sum().backward(), lambda: conv(x, w, padding=1).sum(),
-            reps, window))}
+        rates = {k: (_per_second(flops, _seconds_per_call(fwd, reps, window)),
+                     _per_second(2 * flops, _seconds_per_call(back, reps, window)))
+                 for k, (flops, fwd, back) in kernels.items()}
+    conv = [tuple(sum(r[j][c] for k, r in rates.items() if k != "matmul") / 2
+                  for c in (0, 1)) for j in (0, 1)]
+    return {"small_matmul_flops": rates["matmul"][0],
+            "small_matmul_backward_flops": rates["matmul"][1],
+            "small_conv_flops": conv[0], "small_conv_backward_flops": conv[1]}
 
 
 def _memory_bound_mix(elements: int, reps: int, window: float) -> tuple[float, tuple]:
@@ -246,7 +277,9 @@ def _hooked(tiny: Any, chain: int, reps: int, window: float) -> tuple[float, flo
         y.sum().backward()
     with_hooks = _seconds_per_call(lambda: step(True), reps, window)
     without = _seconds_per_call(lambda: step(False), reps, window)
-    return (max(with_hooks[0] - without[0], 0.0) / 2, max(with_hooks[1] - without[1], 0.0) / 2)
+    # floored as :func:`_backward_seconds` is: under load the difference can come out <= 0
+    return (max(with_hooks[0] - without[0], 1e-12) / 2,
+            max(with_hooks[1] - without[1], 1e-12) / 2)
 
 
 def _launch_overhead(reps: int, window: float) -> float:
@@ -314,14 +347,15 @@ def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any
 
     >>> f = measure("tiny", collectives=False)
     >>> f["format"], f["matmul_flops"]["all"] > 0, "allreduce" in f
-    ('memflow.local/2', True, False)
+    ('memflow.local/3', True, False)
     """
     import torch
 
     if size not in SIZES:
         raise ClusterError(f"micro-benchmark size {size!r} is unknown; valid: {list(SIZES)}")
     threads = torch.get_num_threads()
-    every, one = _rates(size, threads), _rates(size, 1)
+    one = _rates(size, 1)
+    every = one if threads == 1 else _rates(size, threads)
     step = _step_figures(size)
     figures: dict[str, Any] = {
         "format": FORMAT, "host": socket.gethostname(), "cpu": _cpu_name(),
