@@ -42,7 +42,6 @@ __all__ = ["calibrate", "fit_rates", "predicted_seconds", "MEASURED_COLUMNS"]
 
 MEASURED_COLUMNS = ("flops", "bytes_moved", "ops", "seconds")
 """Required columns of a measured-times DataFrame (``dtype`` is optional)."""
-_HALF = ("float16", "bfloat16")
 
 
 def predicted_seconds(work: pd.DataFrame, flop_rate, byte_rate, launch) -> np.ndarray:
@@ -115,8 +114,9 @@ def fit_rates(measured: pd.DataFrame, flop_rate: float, byte_rate: float,
 def calibrate(measured: pd.DataFrame, cluster: Cluster,
               devices: Iterable[str] | None = None) -> Cluster:
     """``cluster`` with the efficiencies of ``devices`` (default: all; they must share one
-    model) fitted to ``measured`` (see the module doc). Rows with ``dtype`` float16/bfloat16
-    calibrate against the 16-bit peak, the others against FP32; one fit serves both, so mixed
+    model) fitted to ``measured`` (see the module doc). Rows with ``dtype`` float16, and
+    bfloat16 on devices with bf16 units, calibrate against the 16-bit peak, the others against
+    FP32; one fit serves both, so mixed
     rows agree on one compute efficiency.
     """
     names = list(cluster.devices.index if devices is None else devices)
@@ -130,9 +130,10 @@ def calibrate(measured: pd.DataFrame, cluster: Cluster,
                            f"{sorted(table['model'].unique())}; calibrate one model at a time")
     dev = table.iloc[0]
     work = _checked(measured)
-    half = work["dtype"].astype(str).isin(_HALF).to_numpy() if "dtype" in work else \
-        np.zeros(len(work), bool)
-    # rows at the 16-bit peak count as FP32 work scaled by the peaks' ratio
+    dtype = work["dtype"].astype(str) if "dtype" in work else pd.Series("float32", work.index)
+    # rows at the 16-bit peak count as FP32 work scaled by the peaks' ratio; bfloat16 runs at
+    # it only on devices with bf16 units (a V100 runs it at the FP32 rate)
+    half = (dtype.eq("float16") | (dtype.eq("bfloat16") & bool(dev["bf16"]))).to_numpy()
     scale = np.where(half, dev["peak_flops_fp32"] / dev["peak_flops_fp16"], 1.0)
     work = work.assign(flops=work["flops"].to_numpy(float) * scale)
     fit = fit_rates(work, dev["peak_flops_fp32"] * dev["compute_efficiency"],

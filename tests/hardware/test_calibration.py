@@ -122,3 +122,13 @@ def test_the_report_says_which_figures_are_measured():
     page = report_html(result, cluster=c)
     assert "<th>time figures</th>" in page
     assert "V100-16GB: datasheet" in page and "V100-16GB: calibrated" in page
+
+
+def test_bfloat16_rows_on_a_device_without_bf16_units_calibrate_against_fp32():
+    c = memflow.Cluster.preset("1xV100-16GB")
+    work = _unit_work()
+    work["flops"] *= 100
+    work["dtype"] = "bfloat16"      # a V100 runs bfloat16 at its FP32 rate
+    work["seconds"] = predicted_seconds(work, 15.7e12 * 0.5, 900e9 * 0.8, 5e-6)
+    dev = calibrate(work, c).devices.loc["gpu0"]
+    assert dev["compute_efficiency"] == pytest.approx(0.5, rel=0.02)
