@@ -307,6 +307,9 @@ class GroupRun:
             if out is not None:
                 pairs = [(t, pending.pop(id(t))) for t in pytree.tree_leaves(out)
                          if isinstance(t, torch.Tensor) and id(t) in pending]
+                # a value made without grad (Llama's rotary cos and sin, from buffers) got a
+                # gradient where another group received it: nothing takes it here
+                pairs = [(t, g) for t, g in pairs if t.requires_grad]
                 if pairs:
                     torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
             for node, slot in inputs:
