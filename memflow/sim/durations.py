@@ -21,8 +21,8 @@ from .structure import Structure
 __all__ = ["placement_timing", "policy_timing"]
 
 # columns of a layout's row of rates (Simulator._lc_row)
-_DEGREE, _FLOPS32, _FLOPS16, _MEM, _LAUNCH, _PARAM_RING, _REPLICA_RING, _D2H, _H2D = \
-    0, 1, 2, 3, 4, 5, 8, 11, 13
+_DEGREE, _FLOPS32, _FLOPS16, _MEM, _LAUNCH, _PARAM_RING, _REPLICA_RING, _D2H, _H2D, \
+    _FLOPS_BF16 = 0, 1, 2, 3, 4, 5, 8, 11, 13, 15
 
 
 @njit
@@ -77,9 +77,8 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
     precision = sim.precision_of(strategy)
     half = ga.half | (precision != "fp32")
     # bfloat16 runs at the 16-bit rate only on devices with bf16 units (LayoutCost.flops_bf16)
-    bf16 = np.array([lc.flops_bf16 for lc in lcs])[L]
-    rate = np.where(half, np.where(bf16_units(sim.graph, precision), bf16, rates[L, _FLOPS16]),
-                    rates[L, _FLOPS32])
+    rate = np.where(half, np.where(bf16_units(sim.graph, precision), rates[L, _FLOPS_BF16],
+                                   rates[L, _FLOPS16]), rates[L, _FLOPS32])
     per_unit = np.empty((5, ga.n))       # forward, its cheap ops, backward, gather, scatter
     _unit_durations(deg, rate, rates[L, _MEM], rates[L, _LAUNCH],
                     rates[L, _PARAM_RING:_PARAM_RING + 3],

@@ -163,7 +163,8 @@ class Simulator:
         if row is None:
             row = self._rows[key] = np.array(
                 [key[0] * key[1] * key[2], lc.flops32, lc.flops16, lc.mem_rate, lc.launch,
-                 *lc.param_ring, *lc.replica_ring, *lc.d2h[1:], *lc.h2d[1:]], np.float64)
+                 *lc.param_ring, *lc.replica_ring, *lc.d2h[1:], *lc.h2d[1:], lc.flops_bf16],
+                np.float64)
         return row
 
     def _cc(self, src: tuple, dst: tuple, per_sample: bool):
