@@ -27,6 +27,7 @@ counted apart (on a machine without GPU the host and the device are both ``cpu``
 from __future__ import annotations
 
 import gc
+import time
 from typing import Any, Callable
 
 import torch
@@ -58,6 +59,14 @@ def _plain(tree) -> list[torch.Tensor]:
     return out
 
 
+_COLLECTIVES = ("_c10d_functional", "c10d")
+"""Namespaces of the collective ops whose outputs a gloo ``Work`` object may still hold."""
+
+SETTLE_S = 0.25
+"""How long :func:`held_bytes` waits at most for a collective's worker thread to let go of
+outputs the forward has dropped."""
+
+
 class _Allocations(TorchDispatchMode):
     """Weak references to every storage an op allocates while the mode is on, and the keys of
     the storages FSDP2's own ops touch (``comm``)."""
@@ -66,6 +75,7 @@ class _Allocations(TorchDispatchMode):
         super().__init__()
         self.made: dict[int, tuple[StorageWeakRef, int, str]] = {}
         self.comm: set[int] = set()
+        self.collective: set[int] = set()
 
     def note(self, t: torch.Tensor) -> None:
         for t in _plain(t):
@@ -83,6 +93,8 @@ class _Allocations(TorchDispatchMode):
             # is not enough: the flat output of an asynchronous gloo all-gather can outlive that
             # state while its Work object lives, so a loaded machine counted 1 KiB as held.
             self.comm |= seen | {storage_key(t) for t in _plain(out)}
+        elif func.namespace in _COLLECTIVES:
+            self.collective |= {storage_key(t) for t in _plain(out)} - seen
         for t in _plain(out):
             if storage_key(t) not in seen:
                 self.note(t)
@@ -133,6 +145,7 @@ def held_bytes(model: nn.Module, example_inputs: Any, *, forwards: int = 1,
     # then, on a tensor-parallel rank)
     gc.collect()
     weights |= skip() | mode.comm
+    _settle(mode, weights)
     totals: dict[str, int] = {}
     for key, (ref, nbytes, device) in mode.made.items():
         if ref.expired() or key in weights or not _size_now(ref):
@@ -143,6 +156,22 @@ def held_bytes(model: nn.Module, example_inputs: Any, *, forwards: int = 1,
     if then is not None:
         then(probes)
     return totals
+
+
+def _settle(mode: _Allocations, weights: set[int]) -> None:
+    """Wait (at most :data:`SETTLE_S`) until no collective output the forward dropped is alive.
+
+    gloo completes a collective's future on its worker thread *before* that thread drops its
+    ``Work`` object, which holds the output: on a loaded machine the forward can end inside
+    that window, and an all-reduced activation nobody saved was counted as held (+768 B on a
+    tensor-parallel rank, in CI). An output autograd really saved never expires, so this
+    waits the full time only on ranks whose graph keeps a collective's output.
+    """
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline and any(
+            not mode.made[key][0].expired() for key in mode.collective - weights
+            if key in mode.made):
+        time.sleep(0.005)
 
 
 def _size_now(ref: StorageWeakRef) -> int:
