@@ -68,6 +68,7 @@ from ..errors import ExportError
 from ..graph.units import LOSS, ROOT
 from ..strategy.shard_levels import S_NONE
 from .fsdp import shard_model
+from .grad_flow import constant_inputs, detach_constants
 from .spans import unit_spans
 from .stage_tensor import parallelize_stage, stage_groups, stage_plan, stage_tensor_degree
 
@@ -298,6 +299,9 @@ def traced_stage(pipe, strategy, index: int, device: torch.device | str = "cpu",
     from .exported import apply
     module = pipe.get_stage_module(index)
     _drop_unused(module)
+    # what it receives that the model computes without grad stays so (pipelining would make
+    # it require grad: more saved, memflow.export.grad_flow)
+    detach_constants(module, constant_inputs(pipe).get(index, []))
     if tensor is not None:
         parallelize_stage(module, *tensor)
     return apply(module, stage_strategy(strategy, index), inplace=True,
