@@ -89,15 +89,21 @@ Why rows differ, and what was fixed:
      (`memflow.memory.records.placements`).
   Weights +3.8%: the norms inside split blocks stay replicated. On the chain, where the split
   units are the Linears, every byte agrees.
-- tinyllama-1.1b (added with tensor parallelism on its decoder layers): the ranks that run the
-  second half of the traced model (pipeline stage 1, with or without tensor parallelism in it;
-  the sample group of one process) hold 1,152 bytes per sample more than predicted (+11% to
-  +16%): 288 floats, in every path that runs the model cut by pipelining's tracer, never in
-  the replicas or tensor-parallel paths that run the model's own modules (0.0%). Not found
-  yet; the trace keeps `scaled_dot_product_attention` as one op (checked), so it is not the
-  attention's decomposition. The sample path failed on Llama before this run: the rotary
-  cos and sin, made from buffers without grad, were sent a gradient back (fixed in
-  `memflow.export.sample_groups`). Still failing: `dp2 x pp2 1f1b bf16` on Llama, listed below.
+- tinyllama-1.1b (added with tensor parallelism on its decoder layers; fixed, was held +11% to
+  +16% on every rank running the second half of the traced model: pipeline stage 1, with or
+  without tensor parallelism in it, and the sample group of one process): 1,152 bytes (288
+  floats) per sample more than predicted, never on the replicas or tensor-parallel paths that
+  run the model's own modules. The rotary cos and sin, which the model makes from a buffer
+  without grad, cross from stage 0 to stage 1; pipelining's `PipelineStage` (and the sample
+  groups' receive) makes every floating value a stage receives require grad, so each product
+  with cos or sin also saved q, k and their rotated halves (one layer: 96 + 48 + 96 + 48
+  floats per sample), and a gradient nobody used was sent back. The real run held the bytes,
+  but the model's own program does not: a stage now detaches, on entry, what it receives that
+  the model computes without grad, as the trace tells (`memflow.export.grad_flow`), so the
+  run holds what one process and the memory model hold. The sample path failed on Llama
+  before: the cos and sin were sent a gradient back (fixed in
+  `memflow.export.sample_groups`). Still failing: `tensor + sequence` and
+  `dp2 x pp2 1f1b bf16` on Llama, listed below.
 - Launch-to-launch variation (the same code, 2 loaded cores): single launches have measured a
   rank some KB above its usual bytes (chain tensor rank 0 +1 KB, chain fsdp zero-3 rank 0
   +4 KB, resnet50 fsdp zero-3 rank 0 +1.3%), each exact again when rerun: something the rank
