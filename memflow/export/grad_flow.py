@@ -114,7 +114,15 @@ def constant_inputs(pipe) -> dict[int, list[int]]:
 
 
 def detach_constants(stage: torch.fx.GraphModule, positions: list[int]) -> None:
-    """Make the traced ``stage`` detach its inputs at ``positions`` on entry (in place)."""
+    """Make the traced ``stage`` detach its inputs at ``positions`` on entry (in place).
+
+    >>> stage = torch.fx.symbolic_trace(lambda x, scale: x * scale)
+    >>> detach_constants(stage, [1])
+    >>> x, scale = torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
+    >>> stage(x, scale).sum().backward()
+    >>> x.grad is None, scale.grad is None
+    (False, True)
+    """
     graph = stage.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for i in positions:
