@@ -166,3 +166,20 @@ def test_model_state_moves_remake_only_the_structure_they_decide(data, optimizer
         fresh = Simulator(g, CLUSTER, optimizer=optimizer)
         _same_structure(kept.placement(s).structure, fresh.placement(s).structure)
         _same(kept.run(s), fresh.run(s))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.data(), st.integers(0, 2 ** 16))
+def test_layouts_interned_along_moves_are_the_distinct_placements_by_first_use(data, seed):
+    """The simulator keys its caches by a strategy's interned layouts: along a walk of moves
+    (device tuples shared between units and strategies, or equal ones made apart), the
+    layouts are the distinct ``(sample, parameter, attribute, devices)`` of the units in order
+    of first use, and each unit's id points at its own."""
+    g = data.draw(graphs(max_units=6))
+    s = data.draw(strategies_for(g, DEVICES)).validate(g, CLUSTER)
+    space = SearchSpace(g, CLUSTER, policies=("keep", "recompute"), runnable=False)
+    for s in _walk(s, space, np.random.default_rng(seed), 8, 0.0):
+        own = list(zip(s.sample.tolist(), s.parameter.tolist(), s.attribute.tolist(),
+                       s.devices))
+        assert [s.layouts[i] for i in s.layout_ids] == own
+        assert s.layouts == list(dict.fromkeys(own))
