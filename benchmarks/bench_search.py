@@ -11,7 +11,8 @@ Three sections of RESULTS.md:
   :class:`memflow.MCMCSearch` (keep/recompute, from keep-everything) came within 1% of it
   within 3,000 proposals, and after how many;
 * ``search_speed`` — proposals per CPU second for resnet50 on 8 GPUs (leaf units and
-  bottleneck units) and for a Llama decoder on 64 GPUs from tensor × pipeline parallelism,
+  bottleneck units, and leaf units with policy moves only: the search's own cost where no
+  proposal re-places a unit) and for a Llama decoder on 64 GPUs from tensor × pipeline parallelism,
   beside the simulator's own new-strategy rate on the same problem, measured in the same run
   (issue 15: the search at least half of it); the 175B GPT's first simulation on 1,024 GPUs;
 * ``search_time`` — best cost against wall-clock seconds for one chain and for two chains
@@ -127,6 +128,11 @@ def speed_section(quick: bool) -> None:
         rows.append(_speed(MCMCSearch(g, c8, memory_limit="8GB", seed=0), seconds,
                            {"model": "resnet50 b=256", "units": f"{label} ({len(g)})",
                             "cluster": "8xV100-32GB, 8 GB limit"}))
+        if units is None:     # the search's own cost where no proposal re-places a unit
+            rows.append(_speed(MCMCSearch(g, c8, memory_limit="8GB", seed=0,
+                                          moves={"policy": 1.0}), seconds,
+                               {"model": "resnet50 b=256", "units": f"{label}, policy moves only",
+                                "cluster": "8xV100-32GB, 8 GB limit"}))
     g = memflow.zoo.graph(LLAMA, batch_size=64, seq_len=2048, units="blocks")
     c64 = memflow.Cluster.build("A100-80GB", 8, 8)
     start = memflow.Strategy.tensor_parallel(g, c64, tp=4, pp=4, dp=4, microbatches=8)
@@ -174,15 +180,24 @@ def speed_section(quick: bool) -> None:
                       "level, optimizer place, stage) keeps the copy times, channel/device "
                       "classes and per-layout hosts, and one that changes only shard levels "
                       "or optimizer places re-makes just the block table's model-state rows "
-                      "and plans by delta; classes are one compiled pass, and so are the units' "
-                      "durations and the records' grouping and anchor rows (bit-identical to "
-                      "the numpy expressions they replace). But a new layout still rebuilds "
-                      "records, block table, copy times, durations and structure whole "
-                      "(incremental records, with copy numbers that shift when one unit "
-                      "moves, are not done): on resnet50 leaves, best of 5 at a quiet moment, "
-                      "records 0.51 CPU ms (0.80 before the compiled grouping), block table "
-                      "0.45, copy times and classes 0.29, structure 0.09, beside ~0.9 ms for "
-                      "a whole simulation of a policy change. The 96-layer 175B GPT on 1,024 "
+                      "and plans by delta, and of the structure only the DDP buckets and the "
+                      "gathered and scattered bytes (2026-11-25); classes are one compiled "
+                      "pass, and so are the units' durations and the records' grouping and "
+                      "anchor rows (bit-identical to the numpy expressions they replace). The "
+                      "row `policy moves only` is the search's own cost where no proposal "
+                      "re-places a unit (its moves, memo, chain and history): what keeps the "
+                      "other rows near a third is the new "
+                      "placements of the other ~45% of proposals, ~3 ms each above a policy "
+                      "proposal, spread over stages of similar cost, each tens of small numpy "
+                      "operations rather than work per record (resnet50 leaves, CPU ms per "
+                      "new layout at load ~8: records 1.0, copy times, classes and layout "
+                      "rows 1.1, block table 0.7, placement durations 0.5, structure 0.24, "
+                      "ledger classes 0.13; per shard move: table rows 0.55, durations 0.5; "
+                      "Llama on 64 GPUs: copy times 1.3–1.8, with each new pair of layouts' "
+                      "copy routes ~0.15–0.3 and each new layout's rings ~1.8). Splicing "
+                      "records per moved unit would not pay (copy numbers shift, and each "
+                      "stage costs its operations' count, not its rows); each stage as one "
+                      "compiled pass is what is left (not done). The 96-layer 175B GPT on 1,024 "
                       "H100 (`bench_sim.py`'s "
                       f"case) took {first:.3f} CPU s for its first simulation (target < 1 s). "
                       f"Load average while measuring: {os.getloadavg()[0]:.1f} on "

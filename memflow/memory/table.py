@@ -3,6 +3,7 @@ placement and the model states fix made once, the policy-dependent ones re-deriv
 (:func:`memflow.memory.replan.replan`)."""
 from __future__ import annotations
 
+import functools
 import weakref
 
 import numpy as np
@@ -100,6 +101,24 @@ def _unit_anchors(ga: GraphArrays) -> tuple[np.ndarray, ...]:
     return hit
 
 
+@functools.lru_cache(maxsize=16)
+def _unit_columns(n: int, optimizer_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Category and per-micro-batch columns of the unit rows, the optimizer's rows and the
+    model-state rows of ``n`` units: no placement changes them (a search had tiled them
+    for every placement)."""
+    unit_slots = np.arange(NU)     # parameter gradients: one per step; the rest per micro-batch
+    category = np.concatenate([
+        np.tile(np.select([unit_slots == PARAM_GRAD, unit_slots == CACHED],
+                          [GRADIENTS, ACTIVATIONS], TRANSIENT), n),
+        np.full(optimizer_rows, TRANSIENT),
+        np.tile([c for c, _ in STATE_SLOTS.values()], n)]).astype(np.int64)
+    per_mb = np.concatenate([np.tile(np.where(unit_slots == PARAM_GRAD, FIRST_MB, EVERY_MB), n),
+                             np.full(optimizer_rows, FIRST_MB),
+                             np.tile([m for _, m in STATE_SLOTS.values()], n)]).astype(np.int64)
+    category.flags.writeable = per_mb.flags.writeable = False
+    return category, per_mb
+
+
 _STATES: dict[tuple, tuple] = {}
 
 
@@ -146,25 +165,18 @@ class BlockTable:
         per = 1.0 / (s * p * a) / M
         o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
         self.unit_row = NS * R + G
-        unit_slots = np.arange(NU)     # parameter gradients: one per step; the rest per micro-batch
         self.state_row = self.unit_row + NU * n + len(o_lay)
         k = self.state_row + NM * n
         self.placed, self.n, self.microbatches = P, n, M
         self.saves = np.zeros(n, bool)
         self.saves[ga.savers_idx] = True
+        category, per_mb = _unit_columns(n, len(o_lay))
         self.static = {
             "layout": np.concatenate([np.repeat(P.layout, NS), P.grad_layout, np.repeat(layout, NU),
                                       o_lay, np.repeat(layout, NM)]).astype(np.int64),
-            "category": np.concatenate([np.full(NS * R, ACTIVATIONS), np.full(G, TRANSIENT),
-                                        np.tile(np.select([unit_slots == PARAM_GRAD,
-                                                           unit_slots == CACHED],
-                                                          [GRADIENTS, ACTIVATIONS], TRANSIENT), n),
-                                        np.full(len(o_lay), TRANSIENT),
-                                        np.tile([c for c, _ in STATE_SLOTS.values()], n)]).astype(np.int64),
-            "per_mb": np.concatenate([np.full(NS * R + G, EVERY_MB),
-                                      np.tile(np.where(unit_slots == PARAM_GRAD, FIRST_MB, EVERY_MB), n),
-                                      np.full(len(o_lay), FIRST_MB),
-                                      np.tile([m for _, m in STATE_SLOTS.values()], n)]).astype(np.int64)}
+            "category": np.concatenate([np.full(NS * R, ACTIVATIONS, np.int64),
+                                        np.full(G, TRANSIENT, np.int64), category]),
+            "per_mb": np.concatenate([np.full(NS * R + G, EVERY_MB, np.int64), per_mb])}
         self.bytes = np.zeros(k)
         self.host = np.zeros(k, bool)
         self.alloc = np.zeros((k, 3), np.int64)

@@ -80,6 +80,7 @@ class SearchSpace:
         self.position = {u: i for i, u in enumerate(self.names)}
         self.devices: list[str] = [str(d) for d in cluster.devices.index]
         nd = len(self.devices)
+        self._groups: dict[int, list[tuple[str, ...]]] = {}
         self.part_counts = tuple(k for k in range(1, nd + 1) if nd % k == 0)
         u = graph.units
         self.runnable = bool(runnable)
@@ -251,8 +252,13 @@ class SearchSpace:
         return out
 
     def groups(self, k: int) -> list[tuple[str, ...]]:
-        """The aligned runs of ``k`` devices."""
-        return [tuple(self.devices[j:j + k]) for j in range(0, len(self.devices), k)]
+        """The aligned runs of ``k`` devices (made once per ``k``: a replicas move asks for
+        them once per unit)."""
+        runs = self._groups.get(k)
+        if runs is None:
+            runs = self._groups[k] = [tuple(self.devices[j:j + k])
+                                      for j in range(0, len(self.devices), k)]
+        return runs
 
     def policy_choices(self, i: int) -> list[tuple[int, float]]:
         """``(policy code, error bound)`` pairs unit ``i`` may take."""

@@ -35,7 +35,7 @@ from .costs import (compress_model, compression_ratios, copy_cost, copy_times, c
                     layout_cost, parameter_tensors, saved_tensors)
 from .durations import placement_timing, policy_timing
 from .expand import expand
-from .structure import structure
+from .structure import structure, with_states
 from .folding import classes, rows_of, stack_rows
 from .ledger import ledger_plan, ledgers
 from .precision import ACTIVATION_WIDTH, activation_arrays
@@ -231,10 +231,11 @@ class Simulator:
                 self.arrays(strategy), strategy.layout_ids, degrees, optimizer=self.optimizer,
                 precision=self.precision_of(strategy), shard=strategy.shard,
                 offload=strategy.offload_optimizer)
+            S = with_states(sibling.structure, self.arrays(strategy), degrees, table.states)
         else:
             table = self._table(strategy, placed)
-        S = structure(self.arrays(strategy), placed, strategy.layout_ids, degrees, strategy.stage,
-                      strategy.microbatches, strategy.schedule, table.states)
+            S = structure(self.arrays(strategy), placed, strategy.layout_ids, degrees,
+                          strategy.stage, strategy.microbatches, strategy.schedule, table.states)
         R = self._by_layouts(strategy, placed, fold)
         timing = placement_timing(self, strategy, S, table.states, R)
         out = Placement(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from ..memory.records import Placed
 from ..memory.regions import block_edge_bytes
 from .pipeline import program_order
 
-__all__ = ["Structure", "structure", "BUCKET_CAP", "FIRST_BUCKET"]
+__all__ = ["Structure", "structure", "with_states", "BUCKET_CAP", "FIRST_BUCKET"]
 
 BUCKET_CAP = 25 * 2 ** 20       # DDP's bucket_cap_mb
 FIRST_BUCKET = 2 ** 20          # DDP's first bucket is small so communication starts early
@@ -169,13 +169,6 @@ def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage
     src_unit = np.where(ga.producer[cp.tensor] >= 0, ga.producer[cp.tensor], cp.first_reader)
     c_ids = np.arange(len(cp))
     back = np.flatnonzero(cp.grad)
-    replicated = (degrees[:, 0] * degrees[:, 2]) > 1
-    bucketed = ga.trainable_bytes / p if states is None else states.bucket
-    b_stage, b_lay, b_bytes, b_ptr, b_units = _bucketize(
-        st_ptr, st_units, layout, replicated, bucketed, float(FIRST_BUCKET), float(BUCKET_CAP))
-    none = np.zeros(n)
-    gather = none if states is None else states.gather
-    scatter = none if states is None else states.scatter
     return Structure(
         n_layouts=len(degrees), op_stage=op_stage, op_back=op_back, op_mb=op_mb,
         stage_units=(st_ptr, st_units), final_mb=final_mb, reads=placed.reads,
@@ -185,5 +178,26 @@ def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage
                      back[np.argsort(cp.first_reader[back], kind="stable")]),
         copy_src=ga.producer[cp.tensor] >= 0, copy_bytes=cp.bytes, layout=layout,
         tp_out=np.where(p > 1, out_bytes / sa, 0.0), tp_in=np.where(p > 1, in_grad / sa, 0.0),
-        buckets=(_ptr(b_stage, stages), np.arange(len(b_stage))), bucket_layout=b_lay,
-        bucket_bytes=b_bytes, bucket_units=(b_ptr, b_units), gather=gather, scatter=scatter)
+        **_state_fields(ga, layout, degrees, st_ptr, st_units, states))
+
+
+def _state_fields(ga, layout: np.ndarray, degrees: np.ndarray, st_ptr: np.ndarray,
+                  st_units: np.ndarray, states) -> dict:
+    """The fields of a :class:`Structure` the units' model states decide: the DDP buckets
+    and the bytes sharded units gather and scatter."""
+    replicated = (degrees[:, 0] * degrees[:, 2]) > 1
+    bucketed = ga.trainable_bytes / degrees[layout, 1] if states is None else states.bucket
+    b_stage, b_lay, b_bytes, b_ptr, b_units = _bucketize(
+        st_ptr, st_units, layout, replicated, bucketed, float(FIRST_BUCKET), float(BUCKET_CAP))
+    none = np.zeros(ga.n)
+    return dict(buckets=(_ptr(b_stage, len(st_ptr) - 1), np.arange(len(b_stage))),
+                bucket_layout=b_lay, bucket_bytes=b_bytes, bucket_units=(b_ptr, b_units),
+                gather=none if states is None else states.gather,
+                scatter=none if states is None else states.scatter)
+
+
+def with_states(S: Structure, ga, degrees: np.ndarray, states) -> Structure:
+    """``S`` (same graph arrays, records, layouts, stages, micro-batches and schedule) with
+    other model states: only the buckets and the gathered and scattered bytes re-made (a
+    search's shard and optimizer-place moves; :func:`structure` would give the same)."""
+    return replace(S, **_state_fields(ga, S.layout, degrees, *S.stage_units, states))

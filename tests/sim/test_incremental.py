@@ -2,6 +2,7 @@
 before it, gives exactly what a fresh simulator gives (issue 15: incremental placement)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from memflow.search.moves import MOVES
 from memflow.search.space import SearchSpace
 from memflow.sim import Simulator
-from memflow.strategy import Strategy
+from memflow.strategy import SHARD_LEVELS, Strategy
 
 from .graphs import cluster, graphs, strategies_for
 
@@ -136,3 +137,49 @@ def test_search_moves_on_zoo_graphs_give_what_a_fresh_simulator_gives(name, seed
         _same(a, b)
         for k in ("layout", "bytes", "alloc", "free", "category", "per_mb", "on_host"):
             assert np.array_equal(getattr(a.blocks, k), getattr(b.blocks, k)), k
+
+
+def _same_structure(a, b) -> None:
+    """Two Structures alike to the bit, field by field (CSR pairs compared part by part)."""
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        for u, v in (zip(x, y) if isinstance(x, tuple) else [(x, y)]):
+            assert np.array_equal(u, v), f.name
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.data(), st.sampled_from(["sgd", "adam"]),
+       st.lists(st.tuples(st.sampled_from(SHARD_LEVELS), st.booleans()), min_size=1,
+                max_size=4))
+def test_model_state_moves_remake_only_the_structure_they_decide(data, optimizer, states):
+    """A move that changes only shard levels and optimizer places re-makes only the DDP
+    buckets and the gathered and scattered bytes of the placement's structure
+    (:func:`memflow.sim.structure.with_states`): every field equals a fresh structure's."""
+    g = data.draw(graphs(max_units=6))
+    s = data.draw(strategies_for(g, DEVICES)).validate(g, CLUSTER)
+    kept = Simulator(g, CLUSTER, optimizer=optimizer)
+    kept.run(s)
+    for level, host in states:
+        unit = data.draw(st.sampled_from(g.names))
+        s = s.with_shard({unit: level}).with_model_states(offload_optimizer=[unit] if host
+                                                          else False)
+        fresh = Simulator(g, CLUSTER, optimizer=optimizer)
+        _same_structure(kept.placement(s).structure, fresh.placement(s).structure)
+        _same(kept.run(s), fresh.run(s))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.data(), st.integers(0, 2 ** 16))
+def test_layouts_interned_along_moves_are_the_distinct_placements_by_first_use(data, seed):
+    """The simulator keys its caches by a strategy's interned layouts: along a walk of moves
+    (device tuples shared between units and strategies, or equal ones made apart), the
+    layouts are the distinct ``(sample, parameter, attribute, devices)`` of the units in order
+    of first use, and each unit's id points at its own."""
+    g = data.draw(graphs(max_units=6))
+    s = data.draw(strategies_for(g, DEVICES)).validate(g, CLUSTER)
+    space = SearchSpace(g, CLUSTER, policies=("keep", "recompute"), runnable=False)
+    for s in _walk(s, space, np.random.default_rng(seed), 8, 0.0):
+        own = list(zip(s.sample.tolist(), s.parameter.tolist(), s.attribute.tolist(),
+                       s.devices))
+        assert [s.layouts[i] for i in s.layout_ids] == own
+        assert s.layouts == list(dict.fromkeys(own))
