@@ -140,11 +140,12 @@ def class_rates(table: Sequence[Sequence], classes: Sequence[str], m, n, k,
         if not mine:
             continue
         grid = np.log(np.array([r[1:4] for r in mine], float))
-        logs = np.log(np.array([r[4:6] for r in mine], float))
+        rates = np.array([r[4:6] for r in mine], float)
         dist = np.linalg.norm(at[pick][:, None, :] - grid[None, :, :], axis=2)
-        exact = dist < 1e-12
-        w = np.where(exact.any(1, keepdims=True), exact.astype(float),
-                     1.0 / np.maximum(dist, 1e-12) ** power)
-        blended = np.exp(w @ logs / w.sum(1, keepdims=True))
+        w = 1.0 / np.maximum(dist, 1e-12) ** power
+        blended = np.exp(w @ np.log(rates) / w.sum(1, keepdims=True))
+        exact = dist < 1e-12                        # on a grid point: its rates, bit for bit
+        hit = exact.any(1)
+        blended[hit] = rates[exact[hit].argmax(1)]
         fwd[pick], bwd[pick] = blended[:, 0], blended[:, 1]
     return fwd, bwd
