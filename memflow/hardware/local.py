@@ -2,7 +2,8 @@
 
 A short micro-benchmark (a few seconds; :func:`~memflow.hardware.microbench.measure`) times
 this machine's CPU: matrix product and convolution FLOP/s, copy bandwidth, dispatch, the CPU
-step's other costs (:data:`~memflow.hardware.microbench.STEP_FIGURES`) and the gloo
+step's other costs (:data:`~memflow.hardware.microbench.STEP_FIGURES`), the shape-class rate
+table of matrix products and convolutions (:mod:`memflow.hardware.kernels`) and the gloo
 all-reduce between two processes.
 
 Each one-thread figure is timed by two clocks: the wall clock (``one``) and the process's CPU
