@@ -22,12 +22,22 @@ wait for each other, so those rows are compared by wall time only, in their own 
 follow the load. Each row is run ``--repeat`` times; the table gives the median ratio
 measured / predicted, the spread and the load average.
 
+Each row is predicted twice on the same measured runs: with the shape-class rate table (every
+matrix product and convolution at the rate of its shape class, ``memflow.hardware.kernels``)
+and without it (the previous model: one rate per op class, interpolated by FLOPs per op between
+a small and a large kernel). Per model, a step run under a dispatch mode that times every
+matrix product and convolution (forward and backward, CPU time) gives the *in-step slowdown*:
+those kernels' time inside the step over the same kernels replayed alone (same shapes and
+strides, operands cycling as the micro-benchmark's do), and the table's prediction of the
+forward ones. The analysis paragraph is computed from these figures.
+
 Run: ``python benchmarks/bench_time.py`` (``--quick``: two models, single process and 2
 processes only; ``--repeat 3`` to repeat every row).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -36,6 +46,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
@@ -46,7 +57,10 @@ import memflow  # noqa: E402
 from memflow.export.timing import step_time  # noqa: E402
 from memflow.hardware import calibrate  # noqa: E402
 from memflow._jsonio import read_json, write_json  # noqa: E402
+from memflow.hardware.kernels import OPERAND_SETS, class_rates  # noqa: E402
 from memflow.hardware.local import FORMAT, cache_file, local, local_cluster, measure  # noqa: E402
+from memflow.hardware.microbench import _seconds_per_call  # noqa: E402
+from memflow.graph.opcost import kernel_shape  # noqa: E402
 
 # name -> (zoo options, batch): each a fraction of a second per step on 2 loaded cores
 MODELS = {
@@ -96,6 +110,15 @@ def unit_times(model: str, graph, reps: int = 5) -> pd.DataFrame:
     return rows
 
 
+def by_flops(cluster):
+    """``cluster`` without its shape-class rate table: the previous time model (one rate per
+    op class, interpolated by FLOPs per op)."""
+    doc = cluster.to_dict()
+    for d in doc["devices"]:
+        d.pop("kernel_rates", None)
+    return memflow.Cluster.from_dict(doc)
+
+
 def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
         calibrated: bool = False) -> dict:
     """One table row: ``repeat`` runs of the exported script, against the prediction by CPU
@@ -114,18 +137,22 @@ def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
         loads.append(os.getloadavg()[0])
         for clock, cluster in clusters.items():
             predicted = memflow.simulate(graph, s, cluster).iteration_time
-            runs[clock].append((predicted, statistics.median(r.attrs[f"{clock}_times"])))
+            before = memflow.simulate(graph, s, by_flops(cluster)).iteration_time
+            runs[clock].append((predicted, statistics.median(r.attrs[f"{clock}_times"]),
+                                before))
         if calibrated:
             fitted = calibrate(unit_times(model, graph), clusters["wall"])
             again.append(runs["wall"][-1][1] / memflow.simulate(graph, s, fitted).iteration_time)
     out: dict = {"model": model, "strategy": kind, "processes": processes}
-    for clock, pairs in runs.items():
-        ratios = [m / p for p, m in pairs]
+    for clock, triples in runs.items():
+        ratios = [m / p for p, m, _ in triples]
         name = "CPU time" if clock == "cpu" else "wall"
-        out |= {f"{name}: predicted (ms)": 1e3 * statistics.median(p for p, _ in pairs),
-                f"{name}: measured (ms)": 1e3 * statistics.median(m for _, m in pairs),
+        out |= {f"{name}: predicted (ms)": 1e3 * statistics.median(p for p, _, _ in triples),
+                f"{name}: measured (ms)": 1e3 * statistics.median(m for _, m, _ in triples),
                 f"{name}: measured / predicted": statistics.median(ratios),
-                f"{name}: spread": max(ratios) - min(ratios)}
+                f"{name}: spread": max(ratios) - min(ratios),
+                f"{name}: by FLOPs, measured / predicted": statistics.median(
+                    m / b for _, m, b in triples)}
     out["load"] = statistics.median(loads)
     out["load (figures)"] = figures["load"]
     if calibrated:
@@ -135,6 +162,107 @@ def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
     return out
 
 
+aten = torch.ops.aten
+TIMED = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution,
+                   aten.convolution_backward})
+"""The matrix products and convolutions (and their backward kernels) the in-step timer times."""
+
+
+TABLE_FORWARD = "forward at the table's rates (ms)"
+
+
+class _Operand(tuple):
+    """A tensor argument by shape, strides and dtype (hashable; replayed as new tensors)."""
+
+
+def _spec(x):
+    if isinstance(x, torch.Tensor):
+        return _Operand((tuple(x.shape), tuple(x.stride()), x.dtype))
+    if isinstance(x, (list, tuple)):
+        return tuple(_spec(i) for i in x)
+    return x
+
+
+def _made(x):
+    if isinstance(x, _Operand):
+        shape, stride, dtype = x
+        span = 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
+        return torch.randn(span).to(dtype).as_strided(shape, stride)   # views kept (expand)
+    if isinstance(x, tuple):
+        return [_made(i) for i in x]
+    return x
+
+
+class _KernelTimer(TorchDispatchMode):
+    """Times (CPU time) every op of :data:`TIMED` run under it, by phase."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase, self.ops = "forward", []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket not in TIMED:
+            return func(*args, **kwargs)
+        c0 = time.process_time()
+        out = func(*args, **kwargs)
+        seconds = time.process_time() - c0
+        shape = kernel_shape(func, args, out) if self.phase == "forward" else None
+        self.ops.append((self.phase, func, _spec(args), _spec(kwargs), seconds, shape))
+        return out
+
+
+def in_step(model: str, figures: dict, steps: int = 3) -> dict:
+    """The in-step slowdown of ``model``'s matrix products and convolutions: their CPU time
+    inside a real training step (one thread, ``steps`` steps after a warm-up, mean per step)
+    against the same kernels replayed alone (same shapes and strides, operands cycling
+    through :data:`~memflow.hardware.kernels.OPERAND_SETS` sets), forward and backward; and
+    the forward ones at the shape-class table's rates (``figures``' CPU-time table)."""
+    options, batch = MODELS[model]
+    net, inputs = memflow.zoo.get(model, batch, device="cpu", **options)
+    net.train()
+    timer = _KernelTimer()
+
+    def step(mode) -> None:
+        out = net(*inputs)
+        loss = (out if isinstance(out, torch.Tensor) else out[0]).float().sum()
+        mode.phase = "backward"
+        loss.backward()
+        mode.phase = "forward"
+        net.zero_grad(set_to_none=True)
+    with _KernelTimer() as warm:
+        step(warm)
+    with timer:
+        for _ in range(steps):
+            step(timer)
+    inside = {"forward": 0.0, "backward": 0.0}
+    alone = dict(inside)
+    groups: dict[tuple, list] = {}
+    for phase, func, args, kwargs, seconds, shape in timer.ops:
+        inside[phase] += seconds / steps
+        groups.setdefault((phase, func, args, tuple(sorted(kwargs.items())), shape),
+                          []).append(seconds)
+    table, predicted = figures["kernel_rates"]["cpu"], 0.0
+    with torch.no_grad():
+        for (phase, func, args, kwargs, shape), times in groups.items():
+            sets = [(_made(args), {k: _made(v) for k, v in kwargs}) for _ in range(OPERAND_SETS)]
+            at = itertools.cycle(sets)
+            cpu = _seconds_per_call(lambda: func(*(a := next(at))[0], **a[1]), 3, 0.02)[1]
+            alone[phase] += cpu * len(times) / steps
+            if shape is not None:
+                cls, m, n, k, count = shape
+                fwd, _ = class_rates(table, [cls], [m], [n], [k])
+                predicted += 2.0 * m * n * k * count / fwd[0] * len(times) / steps
+    return {"model": model,
+            "forward in step (ms)": 1e3 * inside["forward"],
+            "forward alone (ms)": 1e3 * alone["forward"],
+            TABLE_FORWARD: 1e3 * predicted,
+            "backward in step (ms)": 1e3 * inside["backward"],
+            "backward alone (ms)": 1e3 * alone["backward"],
+            "slowdown forward": inside["forward"] / alone["forward"],
+            "slowdown backward": inside["backward"] / alone["backward"]}
+
+
 def summary(df: pd.DataFrame, clock: str) -> str:
     ratio = df[f"{clock}: measured / predicted"]
     err = (ratio - 1).abs()
@@ -142,6 +270,61 @@ def summary(df: pd.DataFrame, clock: str) -> str:
     return (f"{int((err <= 0.15).sum())} of {len(df)} rows within 15% by {clock}; worst: "
             f"{worst['model']} {worst['strategy']} x{worst['processes']}, measured/predicted "
             f"{ratio[err.idxmax()]:.2f}; median {ratio.median():.2f}")
+
+
+def within(ratio: pd.Series) -> str:
+    """``k of n within 15%, median r`` of measured / predicted ratios."""
+    return (f"{int(((ratio - 1).abs() <= 0.15).sum())} of {len(ratio)} within 15%, median "
+            f"{ratio.median():.2f}")
+
+
+def analysis(one: pd.DataFrame, several: pd.DataFrame, slow: pd.DataFrame) -> str:
+    """What the figures say, computed from them: shape classes against the previous model
+    on the same runs, per model, the in-step slowdown and what it explains, offload against
+    keep, and the load."""
+    c = "CPU time"
+    ratio, flops = one[f"{c}: measured / predicted"], one[f"{c}: by FLOPs, measured / predicted"]
+    per_model = one.groupby("model", sort=False)[f"{c}: measured / predicted"].median()
+    text = [f"**Shape classes against one rate per op class, on the same runs (one process, "
+            f"{c}):** with the shape-class table {within(ratio)}; by FLOPs per op (the "
+            f"previous model) {within(flops)}. By wall time: "
+            f"{within(one['wall: measured / predicted'])} against "
+            f"{within(one['wall: by FLOPs, measured / predicted'])}; several processes (wall) "
+            f"{within(several['wall: measured / predicted'])} against "
+            f"{within(several['wall: by FLOPs, measured / predicted'])}. Median ratio per "
+            "model: " + ", ".join(f"{m} {r:.2f}" for m, r in per_model.items()) + "."]
+    if len(slow):
+        s = slow.set_index("model")
+        keep = one[one["strategy"] == "keep"].set_index("model")
+        parts = []
+        for m in s.index:
+            excess = (s.at[m, "forward in step (ms)"] - s.at[m, "forward alone (ms)"]
+                      + s.at[m, "backward in step (ms)"] - s.at[m, "backward alone (ms)"])
+            line = (f"{m} {s.at[m, 'slowdown forward']:.2f}x forward, "
+                    f"{s.at[m, 'slowdown backward']:.2f}x backward; the table's rates give "
+                    f"{s.at[m, TABLE_FORWARD]:.3g} ms of "
+                    f"forward kernels that ran {s.at[m, 'forward alone (ms)']:.3g} ms alone")
+            if m in keep.index:
+                measured = keep.at[m, f"{c}: measured (ms)"]
+                predicted = keep.at[m, f"{c}: predicted (ms)"]
+                line += (f"; keep measured / (predicted + the in-step excess, {excess:.3g} "
+                         f"ms) {measured / (predicted + excess):.2f} against "
+                         f"{measured / predicted:.2f}")
+            parts.append(line)
+        text.append(f"**In-step slowdown (measured, one thread, CPU time):** matrix products "
+                    f"and convolutions inside a training step against the same kernels "
+                    f"replayed alone (median over models {slow['slowdown forward'].median():.2f}x "
+                    f"forward, {slow['slowdown backward'].median():.2f}x backward): "
+                    + "; ".join(parts) + ". The time model charges kernels at their rates "
+                    "alone, so this factor is part of every row's ratio.")
+    k = one.set_index(["model", "strategy"])[f"{c}: measured / predicted"]
+    pairs = [f"{m} {k[m, 'offload']:.2f} against {k[m, 'keep']:.2f}"
+             for m in one["model"].unique() if (m, "offload") in k and (m, "keep") in k]
+    if pairs:
+        text.append("Offload rows against their model's keep row: " + ", ".join(pairs) + ".")
+    loads = pd.concat([one["load"], several["load"]])
+    text.append(f"Load during the rows: {loads.min():.1f} to {loads.max():.1f}.")
+    return "\n\n".join(text)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -161,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     if "allreduce" not in cached or cached.get("format") != FORMAT:
         local(2, remeasure=True)              # measures (and caches) the all-reduce
         cached = read_json(cache_file())
-    rows, first = [], None
+    rows, first, slow = [], None, []
     for model in models:
         cases = [(k, 1) for k in SINGLE] + [("keep", 2)] + ([] if args.quick else [("keep", 4)])
         for kind, n in cases:
@@ -173,7 +356,10 @@ def main(argv: list[str] | None = None) -> None:
             write_json(cache_file(), figures)      # this run's figures, for Cluster.local()
             first = first or figures
             rows.append(row(model, kind, n, args.repeat, figures, args.calibrate))
-    df = pd.DataFrame(rows)
+        slow.append(in_step(model, figures))
+        print(", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in slow[-1].items()), flush=True)
+    df, slow = pd.DataFrame(rows), pd.DataFrame(slow)
     one = df[df["processes"] == 1].reset_index(drop=True)
     several = df[df["processes"] > 1].dropna(axis=1).reset_index(drop=True)
     cpu = {k: v["cpu"] for k, v in first.items() if isinstance(v, dict) and "cpu" in v}
@@ -194,7 +380,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{cpu['hook_overhead'] * 1e6:.2g} µs per saved tensor through a Python hook, "
         f"{cpu['offload_bandwidth'] / 1e9:.3g} GB/s into new host images; "
         f"all-reduce (cached) {first['allreduce']['bandwidth'] / 1e9:.3g} GB/s, "
-        f"{first['allreduce']['latency'] * 1e6:.0f} µs. Ran in "
+        f"{first['allreduce']['latency'] * 1e6:.0f} µs; shape classes (`class m x n x k`: "
+        f"forward / backward GFLOP/s) "
+        + ", ".join(f"{c} {m}x{n}x{k}: {f / 1e9:.3g} / {b / 1e9:.3g}"
+                    for c, m, n, k, f, b in first["kernel_rates"]["cpu"]) + ". Ran in "
         f"{time.time() - started:.0f} s (load {load0:.1f} at the start).\n\n"
         f"**One process, by CPU time: {summary(one, 'CPU time')}.** The prediction on "
         f"`Cluster.local(clock=\"cpu\")` (figures timed by the process's CPU time) against "
@@ -205,7 +394,8 @@ def main(argv: list[str] | None = None) -> None:
         f"**Several processes (gloo), by wall time: {summary(several, 'wall')}.** A process "
         f"waits for the others at every all-reduce, so only wall time means anything here, "
         f"and it moves with the other jobs' load on the {os.cpu_count()} shared cores.\n\n"
-        + table(several, ".3g"))
+        + table(several, ".3g") + "\n\n" + analysis(one, several, slow) + "\n\n"
+        + table(slow, ".3g"))
     if not args.no_write:
         write_section("step_time", body, title="Step time: predicted vs measured (CPU)")
     print(body)

@@ -13,16 +13,23 @@ fused attention) where it has a formula, and otherwise from the op's class:
 Bytes moved are the sizes of the op's tensor inputs and outputs (the tensors, not their whole
 storages): the traffic a roofline model charges.
 
+A matrix product or convolution also gets its *kernel shape* (:func:`kernel_shape`): its class
+(:data:`KERNEL_CLASSES`) and the sizes ``m``, ``n``, ``k`` of the matrix product it is (a
+convolution as the implicit GEMM it lowers to), repeated ``count`` times: what sets a CPU
+kernel's achieved rate, which falls by several times on small or thin operands at the same
+FLOPs (``docs/data-model.md``, units column ``kernels``).
+
 >>> import torch
 >>> counter = OpCounter()
 >>> a, b = torch.ones(8, 16), torch.ones(16, 4)
 >>> out = torch.mm(a, b)
 >>> c = counter.cost(torch.ops.aten.mm.default, (a, b), {}, out)
->>> c.flops, c.bytes_moved, c.kernels
-(1024.0, 896, 1)
+>>> c.flops, c.bytes_moved, c.kernels, c.shape
+(1024.0, 896, 1, ('matmul', 8, 4, 16, 1))
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -30,7 +37,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils import flop_counter
 
-__all__ = ["OpCost", "OpCounter", "tensors_in", "PER_ELEMENT", "DATA_MOVEMENT"]
+__all__ = ["OpCost", "OpCounter", "tensors_in", "PER_ELEMENT", "DATA_MOVEMENT",
+           "KERNEL_CLASSES", "kernel_shape"]
 
 aten = torch.ops.aten
 
@@ -42,6 +50,7 @@ class OpCost:
     flops: float
     bytes_moved: int
     kernels: int
+    shape: tuple[str, int, int, int, int] | None = None   # kernel_shape(); None: not a GEMM
 
 
 def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
@@ -154,6 +163,43 @@ _SPECIAL = {
 }
 
 
+KERNEL_CLASSES = ("matmul", "conv", "conv1x1")
+"""Kernel classes of :func:`kernel_shape`: matrix products (``mm``, ``addmm``, ``bmm``,
+``baddbmm``), convolutions with a spatial kernel, and 1x1 (pointwise) convolutions, which a CPU
+runs by another path (a matrix product per sample on one thread) at their own rate."""
+
+_GEMMS = {aten.mm: 0, aten.addmm: 1, aten.bmm: 0, aten.baddbmm: 1}   # where its operands start
+
+
+def kernel_shape(func: Any, args: tuple, out: Any) -> tuple[str, int, int, int, int] | None:
+    """``(class, m, n, k, count)`` of a matrix product or convolution: ``count`` products of an
+    ``m x k`` by a ``k x n`` matrix (``2 m n k count`` FLOPs); None for any other op.
+
+    A convolution is its implicit GEMM: ``m`` output positions (batch x output spatial), ``n``
+    output channels and ``k`` input channels x kernel positions per group, ``count`` groups.
+    A transposed convolution is not classed (the time model charges it by FLOPs alone).
+
+    >>> import torch
+    >>> x, w = torch.ones(8, 16, 4, 4), torch.ones(32, 16, 1, 1)
+    >>> kernel_shape(aten.convolution.default, (x, w, None, [1, 1], [0, 0], [1, 1], False,
+    ...                                         [0, 0], 1), torch.ones(8, 32, 4, 4))
+    ('conv1x1', 128, 32, 16, 1)
+    """
+    packet = getattr(func, "overloadpacket", None)
+    if packet in _GEMMS:
+        a, b = args[_GEMMS[packet]], args[_GEMMS[packet] + 1]
+        count = a.shape[0] if a.dim() == 3 else 1
+        return "matmul", int(a.shape[-2]), int(b.shape[-1]), int(a.shape[-1]), int(count)
+    if (packet is aten.convolution and len(args) >= 9 and not args[6]
+            and isinstance(out, torch.Tensor)):
+        weight, groups = args[1], int(args[8])
+        spatial = math.prod(weight.shape[2:])
+        return ("conv1x1" if spatial == 1 else "conv",
+                int(out.shape[0] * math.prod(out.shape[2:])), int(weight.shape[0] // groups),
+                int(weight.shape[1] * spatial), groups)
+    return None
+
+
 class OpCounter:
     """Costs of aten ops; warns once per op name whose FLOPs it cannot count."""
 
@@ -199,7 +245,7 @@ class OpCounter:
         except Exception as err:  # a formula that cannot read these arguments
             self._warn(func, f"its FLOP formula failed ({type(err).__name__}: {err})")
             flops = 0.0
-        return OpCost(flops, moved, 1)
+        return OpCost(flops, moved, 1, kernel_shape(func, args, out))
 
     def _flops(self, kind: str, func: Any, args: tuple, kwargs: dict, out: Any,
                ins: list, outs: list) -> float:

@@ -27,6 +27,7 @@ import pandas as pd
 from .._jsonio import read_json, write_json
 from .._units import format_bytes
 from ..errors import GraphError
+from .opcost import KERNEL_CLASSES
 from .parameters import (UNIT_PARAMETER_COLUMNS, as_names, check_agreement, check_parameters,
                          default_parameters, framed, unit_sums)
 
@@ -71,6 +72,9 @@ UNIT_COLUMNS: dict[str, Any] = {
     "unpack_tmp_bytes": -1,
     "unpack_done_bytes": 0,      # … what the nodes run before its peak unpacked (packs gone)
     "selective_replays": True,   # no expensive output it keeps is written in place (export runs it)
+    # its forward's matrix products and convolutions: [class, m, n, k, count] each
+    # (memflow.graph.opcost.kernel_shape); empty in a graph saved before the column
+    "kernels": (),
 }
 DERIVED_UNIT_COLUMNS = ("input_bytes", "output_bytes", "saved_bytes")
 
@@ -92,6 +96,20 @@ _INT_COLUMNS = ("fwd_bytes_moved", "bwd_bytes_moved", "fwd_ops", "bwd_ops", "fwd
                 "expensive_fwd_bytes_moved", "expensive_fwd_ops", "cached_bytes",
                 "unpack_done_bytes", "tensor_degree")
 _FLOAT_COLUMNS = ("fwd_flops", "bwd_flops", "expensive_fwd_flops")
+
+
+def _kernels(unit: str, value: Any) -> list[list]:
+    """A unit's ``kernels`` cell as ``[[class, m, n, k, count], …]``, checked."""
+    try:
+        rows = [[str(c), *(int(x) for x in dims)] for c, *dims in value]
+    except (TypeError, ValueError):
+        rows = None
+    if rows is None or any(len(r) != 5 or r[0] not in KERNEL_CLASSES or min(r[1:]) < 1
+                           for r in rows):
+        raise GraphError(f"unit {unit!r}: kernels must be a list of [class, m, n, k, count] "
+                         f"with class one of {list(KERNEL_CLASSES)} and sizes >= 1, got "
+                         f"{value!r}")
+    return rows
 
 
 class OpGraph:
@@ -166,7 +184,8 @@ class OpGraph:
             if col not in units.columns:
                 if default is None:
                     raise GraphError(f"units table lacks the required column {col!r}")
-                units[col] = units.index if col == "module" else default
+                units[col] = (units.index if col == "module" else
+                              [[] for _ in units.index] if default == () else default)
         for col in _INT_COLUMNS:
             units[col] = pd.to_numeric(units[col], errors="raise").astype(np.int64)
         for col in _FLOAT_COLUMNS:
@@ -174,6 +193,7 @@ class OpGraph:
         for col in ("shard_axis", "unpack_tmp_bytes"):        # -1: none, not recorded
             units[col] = pd.to_numeric(units[col], errors="raise").astype(np.int64)
         units["selective_replays"] = units["selective_replays"].astype(bool)
+        units["kernels"] = [_kernels(u, v) for u, v in zip(units.index, units["kernels"])]
         for col in _INT_COLUMNS + _FLOAT_COLUMNS:
             bad = units.index[units[col] < 0].tolist()
             if bad:

@@ -73,6 +73,8 @@ class Span:
     expensive_flops: float = 0.0
     expensive_bytes: int = 0
     expensive_ops: int = 0
+    # its forward's matrix products and convolutions: (class, m, n, k) -> count (opcost)
+    kernels: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
     # selective checkpointing replays its forward: no op writes an expensive output it keeps
     # so that recompute would read another value (:func:`~.selective.unreplayable_write`)
     selective_replays: bool = True
@@ -375,6 +377,8 @@ class Recorder(TorchDispatchMode):
                 span.expensive_flops += cost.flops
                 span.expensive_bytes += cost.bytes_moved
                 span.expensive_ops += cost.kernels
+            if cost.shape is not None:
+                span.kernels[cost.shape[:4]] = span.kernels.get(cost.shape[:4], 0) + cost.shape[4]
             written = unreplayable_write(func, args, _EXPENSIVE, self._read_expensive,
                                          self._storage_of)
             if written is not None:          # neither the writer nor the producer replays

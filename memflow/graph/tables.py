@@ -118,6 +118,7 @@ def unit_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFram
             "expensive_fwd_flops": s.expensive_flops,
             "expensive_fwd_bytes_moved": s.expensive_bytes,
             "expensive_fwd_ops": s.expensive_ops, "cached_bytes": cached[s.index],
+            "kernels": [[*shape, count] for shape, count in s.kernels.items()],
             "unpack_tmp_bytes": s.unpack_tmp,
             "unpack_done_bytes": s.unpack_done,
             "selective_replays": s.selective_replays,

@@ -97,7 +97,7 @@ EFFICIENCY: tuple[Efficiency, ...] = (
     *(Efficiency("cpu", figure, 1.0, SOURCES["measured"]) for figure in _FIGURES[:2]),
     Efficiency("cpu", "cpu_adam_rate", 1.0e9, SOURCES["cpu-adam"]),
     *(Efficiency("cpu", figure, 1.0, SOURCES["cpu-step"])
-      for figure in ("backward_flops", "small_flops", "small_backward_flops",
+      for figure in ("backward_flops", "small_flops", "small_backward_flops", "kernel_flops",
                      "elementwise_bandwidth", "op_overhead", "backward_op_overhead",
                      "optimizer_overhead", "offload_bandwidth", "hook_overhead")),
     Efficiency("cpu", "compress_rate", 1.0, SOURCES["cpu-compress"]),

@@ -2,7 +2,8 @@
 
 A short micro-benchmark (a few seconds; :func:`~memflow.hardware.microbench.measure`) times
 this machine's CPU: matrix product and convolution FLOP/s, copy bandwidth, dispatch, the CPU
-step's other costs (:data:`~memflow.hardware.microbench.STEP_FIGURES`) and the gloo
+step's other costs (:data:`~memflow.hardware.microbench.STEP_FIGURES`), the shape-class rate
+table of matrix products and convolutions (:mod:`memflow.hardware.kernels`) and the gloo
 all-reduce between two processes.
 
 Each one-thread figure is timed by two clocks: the wall clock (``one``) and the process's CPU
@@ -30,6 +31,7 @@ is why both figures are measured. The devices' ``figures`` column says ``measure
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -68,6 +70,13 @@ EXAMPLE_FIGURES: dict[str, Any] = {
     "offload_bandwidth": {"one": 3e9, "cpu": 3.2e9},
     "hook_overhead": {"one": 2e-6, "cpu": 1.8e-6},
     "allreduce": {"processes": 2, "bandwidth": 1.5e9, "latency": 6e-5},
+    "kernel_rates": {clock: [["matmul", 32, 64, 64, 8e9 * f, 6e9 * f],
+                             ["matmul", 512, 512, 512, 32e9 * f, 28e9 * f],
+                             ["conv", 128, 16, 144, 6e9 * f, 4e9 * f],
+                             ["conv", 2048, 128, 1152, 22e9 * f, 18e9 * f],
+                             ["conv1x1", 32, 256, 256, 5e9 * f, 4e9 * f],
+                             ["conv1x1", 2048, 256, 256, 20e9 * f, 16e9 * f]]
+                     for clock, f in (("one", 1.0), ("cpu", 1.1))},
 }
 """Figures of the shape :func:`measure` returns (for examples and tests)."""
 
@@ -108,13 +117,15 @@ def _rates_of(figures: dict[str, Any], processes: int, threads: int | None,
     figures are one thread's). One thread each: the one-thread figures, compute shared when
     there are more processes than cores, memory bandwidth shared over all of them (the
     machine's total is the all-thread copy rate). ``clock="cpu"``: one process's one-thread
-    figures timed by CPU time."""
+    figures timed by CPU time. ``kernel_rates``: the shape-class rate table (one thread's,
+    shared as the step figures are)."""
     main = ("matmul_flops", "conv_flops", "copy_bandwidth")
+    table = figures["kernel_rates"]["cpu" if clock == "cpu" else "one"]
     if clock == "cpu":
-        return {k: figures[k]["cpu"] for k in (*main, *STEP_FIGURES)}
+        return {k: figures[k]["cpu"] for k in (*main, *STEP_FIGURES)} | {"kernel_rates": table}
     step = {k: figures[k]["one"] for k in STEP_FIGURES}
     if threads is None or (threads > 1 and processes == 1):
-        return {**{k: figures[k]["all"] for k in main}, **step}
+        return {**{k: figures[k]["all"] for k in main}, **step, "kernel_rates": table}
     share = min(1.0, int(figures["cores"]) / (processes * threads))
     copy = figures["copy_bandwidth"]
     # sharing a core: rates shrink, seconds per op grow, by the share
@@ -122,7 +133,8 @@ def _rates_of(figures: dict[str, Any], processes: int, threads: int | None,
             "conv_flops": figures["conv_flops"]["one"] * share,
             "copy_bandwidth": copy["one"] if processes == 1 else min(copy["one"],
                                                                    copy["all"] / processes),
-            **{k: v / share if k.endswith("overhead") else v * share for k, v in step.items()}}
+            **{k: v / share if k.endswith("overhead") else v * share for k, v in step.items()},
+            "kernel_rates": [[*row[:4], row[4] * share, row[5] * share] for row in table]}
 
 
 def _op_flops(size: str) -> dict[str, float]:
@@ -146,8 +158,10 @@ def local_cluster(figures: dict[str, Any], processes: int = 1,
     thread: its rates timed by CPU time, to predict a step's CPU time).
 
     Besides the catalogue's columns, the devices carry the CPU step's figures
-    (:data:`STEP_FIGURES`; ``backward_flops`` the mean of the two backward rates), which
-    :mod:`memflow.sim.costs` charges on CPU devices only."""
+    (:data:`STEP_FIGURES`; ``backward_flops`` the mean of the two backward rates) and the
+    shape-class rate table (``kernel_rates``, JSON text of its rows;
+    :mod:`memflow.hardware.kernels`), which :mod:`memflow.sim.costs` charges on CPU devices
+    only."""
     n = int(processes)
     threads = threads_per_process(n) if threads == -1 else threads
     if n < 1:
@@ -182,7 +196,9 @@ def local_cluster(figures: dict[str, Any], processes: int = 1,
         "small_backward_flops": (r["small_matmul_backward_flops"]
                                  + r["small_conv_backward_flops"]) / 2,
         **_op_flops(figures.get("size", "default")),
-        **{k: r[k] for k in STEP_FIGURES[6:]}})
+        **{k: r[k] for k in STEP_FIGURES[6:]},
+        # the shape-class rate table (memflow.hardware.kernels) as JSON text: one cell
+        "kernel_rates": json.dumps(r["kernel_rates"])})
     links = [(d, h, "memcpy", copy / 2, np.nan) for d, h in zip(names, hosts)]
     links += [(h, d, "memcpy", copy / 2, np.nan) for d, h in zip(names, hosts)]
     switches = None

@@ -12,12 +12,15 @@ processes with ``OMP_NUM_THREADS=1``):
   matrix product and the convolution (their backward does twice the forward's FLOPs, at its
   own rate; timed on the aten kernels, without autograd), the same four rates on small
   kernels (a CPU kernel's rate falls with its size; the small convolution is a 3x3 and a 1x1
-  one), every kernel cycling through :data:`OPERAND_SETS` operand sets as a model's layers do,
+  one), every kernel cycling through :data:`~.kernels.OPERAND_SETS` operand sets as a
+  model's layers do,
   the bandwidth of a mix of memory-bound training ops (normalisations, activations, a
   residual add, a softmax: forward and backward), the dispatch and autograd overhead per op
   recorded in forward and per node run in backward, the optimizer's overhead per parameter
   tensor, and what an offloading unit's hooks cost (bytes per second into new host images,
   seconds per saved tensor of the Python pack and unpack hooks);
+* ``kernel_rates`` — the shape-class rate table (:mod:`memflow.hardware.kernels`): forward and
+  backward FLOP/s of a small grid of matrix-product and convolution shapes, one thread;
 * ``allreduce`` — gloo all-reduce between 2 processes of this machine: ``bandwidth`` and
   ``latency`` fitted to the ring formula ``2(n-1)/n · S/B + 2(n-1) · latency``.
 
@@ -27,7 +30,6 @@ time (``cpu``): see :mod:`memflow.hardware.local`.
 from __future__ import annotations
 
 import datetime as _dt
-import itertools
 import os
 import platform
 import socket
@@ -38,10 +40,11 @@ from typing import Any, Callable
 
 from .._jsonio import read_json, write_json
 from ..errors import ClusterError
+from .kernels import Kernel, conv_kernel, matmul_kernel, measure_grid
 
 __all__ = ["measure", "FORMAT", "SIZES", "SIZES_SMALL", "STEP_FIGURES"]
 
-FORMAT = "memflow.local/3"
+FORMAT = "memflow.local/4"
 
 # problem sizes: "default" takes a few seconds, "tiny" (tests) well under one; each size is
 # (matmul n, conv (batch, channels, side), copy bytes, all-reduce bytes, repetitions,
@@ -57,11 +60,6 @@ SIZES_STEP: dict[str, tuple[int, int]] = {"default": (2**18, 200), "tiny": (2**1
 # 3x3 and of a 1x1 convolution
 SIZES_SMALL: dict[str, tuple[int, tuple[int, int, int], tuple[int, int, int]]] = {
     "default": (128, (8, 16, 16), (8, 32, 16)), "tiny": (16, (1, 4, 4), (1, 8, 4))}
-OPERAND_SETS = 8
-"""Operand sets a kernel benchmark cycles through: in a model each layer reads its own
-weights and maps, which a kernel called again and again on the same operands finds in cache
-(faster than a model's layers run: resnet50's small convolutions ran at ~15 GFLOP/s in a
-step against ~40 for one 3x3 kernel repeated)."""
 STEP_FIGURES = ("matmul_backward_flops", "conv_backward_flops", "small_matmul_flops",
                 "small_conv_flops", "small_matmul_backward_flops", "small_conv_backward_flops",
                 "elementwise_bandwidth", "op_overhead", "backward_op_overhead",
@@ -83,40 +81,14 @@ def _seconds_per_call(fn: Callable[[], Any], reps: int, window: float) -> tuple[
     return (time.perf_counter() - t0) / calls, (time.process_time() - c0) / calls
 
 
-def _cycling(make: Callable[[], tuple], fn: Callable[..., Any]) -> Callable[[], Any]:
-    """``fn`` called on :data:`OPERAND_SETS` operand sets (each from ``make()``) in turn."""
-    sets = itertools.cycle([make() for _ in range(OPERAND_SETS)])
-    return lambda: fn(*next(sets))
-
-
-def _kernels(n: int, convs: tuple[tuple[int, int, int, int], ...]
-             ) -> dict[str, tuple[float, Callable[[], Any], Callable[[], Any]]]:
+def _kernels(n: int, convs: tuple[tuple[int, int, int, int], ...]) -> dict[str, Kernel]:
     """FLOPs, forward call and backward call of an ``n``-square matrix product
     (``matmul``) and of each convolution of ``convs`` = ((batch, channels, side, kernel),
-    …) (``conv``, ``conv1``, …), their operands cycling (:func:`_cycling`). The backward
-    calls the aten kernels autograd runs (two products; ``convolution_backward`` for input
-    and weight) without autograd, whose per-node cost is a figure of its own
-    (``backward_op_overhead``)."""
-    import torch
-
-    back = torch.ops.aten.convolution_backward
-
-    def mm() -> tuple:
-        return torch.randn(n, n), torch.randn(n, n), torch.randn(n, n)
-    out = {"matmul": (2 * n ** 3, _cycling(mm, lambda a, b, g: torch.mm(a, b)),
-                      _cycling(mm, lambda a, b, g: (torch.mm(g, b.t()), torch.mm(a.t(), g))))}
-    for i, (batch, ch, side, k) in enumerate(convs):
-        def cv(batch=batch, ch=ch, side=side, k=k) -> tuple:
-            return (torch.randn(batch, ch, side, side), torch.randn(ch, ch, k, k),
-                    torch.randn(batch, ch, side, side))
-        pad = k // 2
-        out["conv" + (str(i) if i else "")] = (
-            2 * batch * ch * ch * k * k * side * side,
-            _cycling(cv, lambda x, w, g, pad=pad: torch.nn.functional.conv2d(x, w, padding=pad)),
-            _cycling(cv, lambda x, w, g, pad=pad: back(g, x, w, None, [1, 1], [pad, pad],
-                                                        [1, 1], False, [0, 0], 1,
-                                                        [True, True, False])))
-    return out
+    …) (``conv``, ``conv1``, …), their operands cycling (:func:`~.kernels.cycling`). The
+    backward calls the aten kernels autograd runs without autograd, whose per-node cost is a
+    figure of its own (``backward_op_overhead``)."""
+    return {"matmul": matmul_kernel(n, n, n),
+            **{"conv" + (str(i) if i else ""): conv_kernel(*conv) for i, conv in enumerate(convs)}}
 
 
 def _rates(size: str, threads: int) -> dict[str, tuple[float, float]]:
@@ -212,6 +184,19 @@ def _small_kernels(size: str, reps: int, window: float) -> dict[str, tuple[float
     return {"small_matmul_flops": rates["matmul"][0],
             "small_matmul_backward_flops": rates["matmul"][1],
             "small_conv_flops": conv[0], "small_conv_backward_flops": conv[1]}
+
+
+def _kernel_rates(size: str) -> dict[str, list[list]]:
+    """The shape-class rate table (:mod:`memflow.hardware.kernels`), one thread."""
+    import torch
+
+    _, _, _, _, reps, window = SIZES[size]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure_grid(size, lambda call: _seconds_per_call(call, reps, window))
+    finally:
+        torch.set_num_threads(before)
 
 
 def _memory_bound_mix(elements: int, reps: int, window: float) -> tuple[float, tuple]:
@@ -347,7 +332,7 @@ def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any
 
     >>> f = measure("tiny", collectives=False)
     >>> f["format"], f["matmul_flops"]["all"] > 0, "allreduce" in f
-    ('memflow.local/3', True, False)
+    ('memflow.local/4', True, False)
     """
     import torch
 
@@ -368,6 +353,7 @@ def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any
         **{k: {"all": every[k][0], "one": one[k][0], "cpu": one[k][1]} for k in every},
         **{k: {"one": wall, "cpu": cpu} for k, (wall, cpu) in step.items()},
         "launch_overhead": _launch_overhead(200 if size == "tiny" else 2000, SIZES[size][-1]),
+        "kernel_rates": _kernel_rates(size),
     }
     if collectives:
         figures["allreduce"] = _allreduce(size)

@@ -8,6 +8,7 @@ the consumer's partitions).
 from __future__ import annotations
 
 from dataclasses import dataclass
+import json
 from functools import lru_cache
 from typing import Callable
 
@@ -318,7 +319,19 @@ def cpu_figures(cluster) -> dict[str, float] | None:
     for k in CPU_FIGURES[:3] + CPU_FIGURES[5:]:
         eff = efficiency("cpu", k)
         out[k] = out[k] / eff if k.endswith("overhead") else out[k] * eff
-    return out | {"clock": clock}
+    return out | {"clock": clock, "kernel_rates": _kernel_rates(devices)}
+
+
+def _kernel_rates(devices) -> list[list] | None:
+    """The slowest device's shape-class rate table (:mod:`memflow.hardware.kernels`; its
+    lowest forward rates), at the efficiency table's row for it; None where there is none."""
+    cells = devices["kernel_rates"].dropna() if "kernel_rates" in devices.columns else ()
+    tables = [json.loads(c) for c in cells if isinstance(c, str)]
+    if not tables:
+        return None
+    eff = efficiency("cpu", "kernel_flops")
+    slow = min(tables, key=lambda t: sum(row[4] for row in t))
+    return [[*row[:4], row[4] * eff, row[5] * eff] for row in slow]
 
 
 def parameter_tensors(graph) -> np.ndarray:
@@ -345,7 +358,8 @@ def kernel_rate(op_flops: np.ndarray, small: float, large: float,
 
 
 def cpu_compute(ga, cpu: dict[str, float], rate: np.ndarray, deg: np.ndarray,
-                tensors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                tensors: np.ndarray, shaped: tuple | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Forward, cheap-forward (selective replay) and backward seconds per unit on a CPU.
 
     A GPU overlaps a unit's memory traffic with its arithmetic (the roofline's max); a CPU
@@ -355,6 +369,9 @@ def cpu_compute(ga, cpu: dict[str, float], rate: np.ndarray, deg: np.ndarray,
     other ops' bytes at the measured bandwidth of memory-bound ops, and a dispatch (forward)
     or autograd node (backward, one more per parameter tensor: its gradient accumulation)
     per op. The backward splits its FLOPs and bytes between the two kinds as the forward does.
+    ``shaped`` (:func:`memflow.sim.shapes.shaped_rates`: per replica, the FLOPs of each unit's
+    kernels of a known shape class, and their forward and backward rates) charges that share
+    of the expensive FLOPs at the shape classes' rates instead.
     """
     cheap_bytes = np.maximum(ga.fwd_bytes_moved - ga.expensive_fwd_bytes_moved, 0.0)
     cheap_ops = np.maximum(ga.fwd_ops - ga.expensive_fwd_ops, 0.0)
@@ -367,6 +384,12 @@ def cpu_compute(ga, cpu: dict[str, float], rate: np.ndarray, deg: np.ndarray,
                      where=ga.expensive_fwd_ops > 0)
     forward = kernel_rate(size, cpu["small_flops"], rate, cpu)
     backward = kernel_rate(size, cpu["small_backward_flops"], cpu["backward_flops"], cpu)
+    if shaped is not None:            # the shaped share at its rates: harmonic means again
+        flops, shaped_fwd, shaped_bwd = shaped
+        share = np.clip(np.divide(flops * deg, ga.expensive_fwd_flops, out=np.zeros(ga.n),
+                                  where=ga.expensive_fwd_flops > 0), 0.0, 1.0)
+        forward = 1.0 / (share / shaped_fwd + (1.0 - share) / forward)
+        backward = 1.0 / (share / shaped_bwd + (1.0 - share) / backward)
     bw, op, back_op = cpu["elementwise_bandwidth"], cpu["op_overhead"], cpu["backward_op_overhead"]
     cheap = cheap_bytes / deg / bw + cheap_ops * op
     fwd = cheap + ga.expensive_fwd_flops / deg / forward + ga.expensive_fwd_ops * op

@@ -16,6 +16,7 @@ from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, cpu_compute, cpu_hooks, c
 from .expand import Timing
 from .precision import bf16_units
 from .run import ByLayouts, Placement
+from .shapes import shaped_rates
 from .structure import Structure
 
 __all__ = ["placement_timing", "policy_timing"]
@@ -88,10 +89,12 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
                     ga.bwd_flops, ga.bwd_bytes_moved, ga.bwd_ops, per_unit)
     fwd, cheap, bwd, gather, scatter = per_unit
     if sim._cpu is not None:              # a CPU measured here: its own time model
-        tensors = sim._cpu_tensors[0]
+        tensors, table = sim._cpu_tensors[0], sim._cpu["kernel_rates"]
         ring = rates[L, _PARAM_RING:_PARAM_RING + 3]
+        # the units' matmuls and convolutions at their shape classes' rates, where measured
+        shaped = None if table is None else shaped_rates(sim._cpu_tensors[2], table, deg)
         fwd, cheap, bwd = (t + ring_time(w, ring[:, 0], ring[:, 1], ring[:, 2]) for t, w in
-                           zip(cpu_compute(ga, sim._cpu, rate, deg, tensors),
+                           zip(cpu_compute(ga, sim._cpu, rate, deg, tensors, shaped),
                                (S.tp_out, S.tp_out, S.tp_in)))
     mem = rates[:, _MEM]
     rr = rates[:, _REPLICA_RING:_REPLICA_RING + 3][S.bucket_layout]

@@ -34,6 +34,7 @@ from ..strategy.strategy import Strategy
 from .costs import (compress_model, compression_ratios, copy_cost, copy_times, cpu_figures,
                     layout_cost, parameter_tensors, saved_tensors)
 from .durations import placement_timing, policy_timing
+from .shapes import unit_kernels
 from .expand import expand
 from .structure import structure, with_states
 from .folding import classes, rows_of, stack_rows
@@ -78,7 +79,8 @@ class Simulator:
         self._cpu = cpu_figures(cluster)      # a CPU measured here: its own time model
         # per unit, parameter and saved tensors: graph constants the CPU model reads per timing
         self._cpu_tensors = None if self._cpu is None else (parameter_tensors(graph),
-                                                            saved_tensors(graph))
+                                                            saved_tensors(graph),
+                                                            unit_kernels(graph))
         self._layout_cost: dict[tuple, Any] = {}
         self._rows: dict[tuple, np.ndarray] = {}      # per layout: its rates as one row
         self._copy_cost: dict[tuple, Any] = {}
