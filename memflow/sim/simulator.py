@@ -35,6 +35,7 @@ from .costs import (compress_model, compression_ratios, copy_cost, copy_times, c
                     layout_cost, parameter_tensors, saved_tensors)
 from .durations import placement_timing, policy_timing
 from .expand import expand
+from .replication import as_run, replicated_arrays
 from .structure import structure
 from .folding import classes, rows_of, stack_rows
 from .ledger import ledger_plan, ledgers
@@ -113,7 +114,7 @@ class Simulator:
         layout, M = strategy.layout_ids, strategy.microbatches
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
         key = (layout.tobytes(), degrees.tobytes(), M, self.precision_of(strategy),
-               strategy.sequence_parallel.tobytes())
+               strategy.sequence_parallel.tobytes(), self._scale_key(strategy))
         placed = self._placed.get(key)
         if placed is None:
             if len(self._placed) > 4 * self.cache_size:   # placements seen long ago
@@ -130,15 +131,23 @@ class Simulator:
     def arrays(self, strategy: Strategy) -> GraphArrays:
         """The graph's arrays with activations at the width ``strategy``'s precision computes
         them in (:func:`memflow.sim.precision.activation_arrays`); in a pipeline, a weight is
-        charged to every stage that reads it (:func:`memflow.memory.states.stage_copies`)."""
-        key = (self.precision_of(strategy), strategy.stage.tobytes())
+        charged to every stage that reads it (:func:`memflow.memory.states.stage_copies`); a
+        unit replicated on its tensor-parallel group, whole on each of its devices
+        (:mod:`memflow.sim.replication`)."""
+        key = (self.precision_of(strategy), strategy.stage.tobytes(), self._scale_key(strategy))
         ga = self._arrays.get(key)
         if ga is None:    # a pipeline's copies make new arrays: once per stage assignment, so
             if len(self._arrays) > self.cache_size:     # that the records' pairs are reused
                 self._arrays.clear()
-            ga = self._arrays[key] = stage_arrays(activation_arrays(self.graph, key[0]),
-                                                  strategy.stage)
+            ga = self._arrays[key] = replicated_arrays(
+                stage_arrays(activation_arrays(self.graph, key[0]), strategy.stage),
+                as_run(strategy, self.graph)[1])
         return ga
+
+    def _scale_key(self, strategy: Strategy) -> bytes:
+        """What :func:`~memflow.sim.replication.as_run` scales, as part of a cache key."""
+        scale = as_run(strategy, self.graph)[1]
+        return b"" if scale is None else scale.tobytes()
 
     def _table(self, strategy: Strategy, placed: Placed, foreach: bool = True) -> BlockTable:
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
@@ -149,6 +158,7 @@ class Simulator:
 
     def blocks(self, strategy: Strategy, *, foreach: bool = True) -> StepBlocks:
         """The memory plan of ``strategy`` (blocks with anchors)."""
+        strategy = as_run(strategy, self.graph)[0]
         table = self._table(strategy, self._placed_of(strategy), foreach)
         return table.derive(strategy.policy, strategy.segment, self._ratios(strategy))
 
@@ -211,11 +221,13 @@ class Simulator:
         return self._layouts_cache[key]
 
     def placement(self, strategy: Strategy, fold: bool = True) -> Placement:
-        """What the placements of ``strategy`` decide (cached)."""
+        """What the placements of ``strategy`` (:func:`~memflow.sim.replication.as_run`)
+        decide (cached)."""
+        strategy, scale = as_run(strategy, self.graph)
         key = (strategy.layout_ids.tobytes(), tuple(strategy.layouts), strategy.stage.tobytes(),
                strategy.microbatches, strategy.schedule, fold, strategy.shard.tobytes(),
                strategy.offload_optimizer.tobytes(), self.precision_of(strategy),
-               strategy.sequence_parallel.tobytes())
+               strategy.sequence_parallel.tobytes(), self._scale_key(strategy))
         hit = self._placements.get(key)
         if hit is not None:
             self._placements.move_to_end(key)
@@ -235,6 +247,9 @@ class Simulator:
             table = self._table(strategy, placed)
         S = structure(self.arrays(strategy), placed, strategy.layout_ids, degrees, strategy.stage,
                       strategy.microbatches, strategy.schedule, table.states)
+        if scale is not None:       # a replicated unit exchanges nothing within its group
+            S = replace(S, tp_out=np.where(scale > 1, 0.0, S.tp_out),
+                        tp_in=np.where(scale > 1, 0.0, S.tp_in))
         R = self._by_layouts(strategy, placed, fold)
         timing = placement_timing(self, strategy, S, table.states, R)
         out = Placement(
@@ -260,7 +275,7 @@ class Simulator:
                strategy.stage.tobytes(), tuple(strategy.layouts),
                strategy.layout_ids.tobytes(), strategy.microbatches, strategy.schedule, fold,
                strategy.shard.tobytes(), strategy.offload_optimizer.tobytes(),
-               self.precision_of(strategy))
+               self.precision_of(strategy), self._scale_key(strategy))
         hit = self._prepared_cache.get(key)
         if hit is not None:
             self._prepared_cache.move_to_end(key)
@@ -279,9 +294,11 @@ class Simulator:
         return prep
 
     def run(self, strategy: Strategy, *, fold: bool = True) -> Run:
-        """Simulate one step of ``strategy``; every array of the outcome."""
+        """Simulate one step of ``strategy``; every array of the outcome (its ``strategy``
+        the one run: :func:`~memflow.sim.replication.as_run`)."""
         if self.ca is None:
             raise SimulationError("this simulator has no cluster; give one to time a strategy")
+        strategy = as_run(strategy, self.graph)[0]
         p = self._prepared(strategy, fold)
         T, P = p.tasks, p.placement
         start, end = schedule((T.dep_ptr, T.dep_idx), T.channel_set, P.sets, T.duration,
@@ -303,4 +320,6 @@ class Simulator:
     def result(self, strategy: Strategy, *, fold: bool = True):
         """The full :class:`~memflow.sim.result.SimResult` of ``strategy``."""
         from .result import SimResult
-        return SimResult(self, self.run(strategy, fold=fold))
+        out = SimResult(self, self.run(strategy, fold=fold))
+        out.strategy = strategy     # the one asked for; its run's layouts place the tasks
+        return out

@@ -1,6 +1,7 @@
 """Per-rank validation (issue 14 item 4): the exported script's ranks, run by torchrun on gloo,
 hold per rank the held-for-backward bytes the memory model predicts for their devices, and the
-model-state bytes ``SimResult.model_states`` gives, within 1%. One launch per kind."""
+model-state bytes ``SimResult.model_states`` gives, within 1% (a tensor-parallel group's unsplit
+unit on every rank of the group). One launch per kind."""
 import pytest
 
 import memflow
@@ -25,7 +26,10 @@ def _strategies():
         # dp2 × pp2: each stage's replicas shard its units (FSDP2) in bf16
         "pipeline": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2, schedule="1f1b")
         .with_shard("parameters").with_model_states(precision="pure-bf16"),
-        "tensor": Strategy.tensor_parallel(g, 2, tp=2),
+        # a and c split over both ranks, b left unsplit: each rank runs b whole (SPMD), and
+        # the simulator charges its weights, states and what it holds on both
+        "tensor": Strategy.tensor_parallel(g, 2, tp=2).with_config(b, parameter=1,
+                                                                  devices=["gpu1"]),
         # per-unit degrees: a over 2 processes, b and c on gpu1, b offloading its input
         "sample": Strategy.data_parallel(g, 2).with_config(
             {u: {"sample": 1, "devices": ["gpu1"]} for u in (b, c)}).with_policy(
