@@ -87,6 +87,7 @@ from ..errors import ExportError
 from ..graph.slicing import declared_degree
 from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
+from ..strategy.tensor_groups import NORM_KINDS
 from ..strategy.tensor_groups import tensor_groups as groups_of
 from .spans import check_modules, unit_spans
 from .tp_styles import SEQUENCE_DIM, PartSaved, full_gradients, read_full, relayout, styles
@@ -101,9 +102,9 @@ the same for a fused q, k, v projection regrouped by heads, row-parallel (second
 a normalization on its rank's part of the sequence, a container's child run on the whole
 sequence (sequence parallelism)."""
 
-# A split normalization runs replicated: its weights are a vector, and sharding its hidden
-# dimension would need the statistics all-reduced (no parallelize_module style does that).
-_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
+# A split normalization runs replicated (memflow.strategy.tensor_groups.NORM_KINDS, which the
+# simulator charges whole on every rank too)
+_NORMS = tuple(getattr(nn, kind) for kind in NORM_KINDS)
 _ELEMENTWISE = {"ReLU", "GELU", "Tanh", "SiLU", "Sigmoid", "Dropout", "Identity", "LeakyReLU"}
 
 

@@ -9,7 +9,9 @@ the split units' shards (SPMD), so a unit left unsplit (an embedding without a p
 norm, the loss, a CNN's convolutions before a split classifier) runs on every device of its
 group, on the same whole tensors: its compute, weights, gradients and optimizer states are
 on each, the gradients identical there (no all-reduce in the group; averaged over the
-data-parallel replicas as every weight is). :func:`spmd_devices` gives those devices.
+data-parallel replicas as every weight is). So does a split normalization (:data:`NORM_KINDS`)
+outside sequence parallelism: the tensor plan leaves it whole. :func:`spmd_devices` gives
+those devices.
 
 The tensor path is taken when its groups exist (:func:`tensor_groups`; in a pipeline,
 :func:`~memflow.strategy.stage_groups.stage_groups`) and no split unit is one it cannot shard
@@ -26,12 +28,20 @@ as the strategy says, and nothing is replicated.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .policies import M_COMPRESSED, M_HOST, POLICIES
 from .stage_groups import stage_groups
 
-__all__ = ["tensor_groups", "tensor_path_problem", "spmd_devices"]
+__all__ = ["tensor_groups", "tensor_path_problem", "spmd_devices", "NORM_KINDS"]
+
+NORM_KINDS = ("LayerNorm", "RMSNorm", "GroupNorm")
+"""Normalizations the tensor path runs whole on every rank even when split: their weights are
+one vector, and sharding their features would need the statistics all-reduced (no
+``parallelize_module`` style does that); under sequence parallelism, on the rank's part of the
+sequence."""
 
 # the unit kinds the tensor path shards whole (a container shards the linears inside it)
 _SHARDED = ("Linear", "Embedding")
@@ -43,33 +53,38 @@ def tensor_groups(strategy) -> list[tuple[str, ...]] | str:
     such groups, naming the unit: every unit the same sample degree and no attribute split,
     no pipeline stages, every split unit of a replica on one group, every unsplit unit of a
     replica on a device of its group."""
-    replicas = int(strategy.sample[0])
+    sample, parameter = np.asarray(strategy.sample), np.asarray(strategy.parameter)
+    replicas = int(sample[0])
+    odd = np.flatnonzero((sample != replicas) | (np.asarray(strategy.attribute) > 1))
+    if len(odd):
+        i = int(odd[0])
+        return (f"unit {strategy.units[i]!r} has sample degree {int(sample[i])} (unit "
+                f"{strategy.units[0]!r}: {replicas}) or an attribute split; export runs "
+                "tensor parallelism in whole replicas. Valid: every unit the same sample "
+                "degree, attribute=1")
+    staged = np.flatnonzero(np.asarray(strategy.stage) > 0)
+    if len(staged):
+        i = int(staged[0])
+        return (f"unit {strategy.units[i]!r} is in pipeline stage {int(strategy.stage[i])}; "
+                "export runs tensor parallelism inside a pipeline on the pipeline path "
+                "(memflow.strategy.stage_groups)")
     groups: list[tuple[str, ...]] = []
     first = None
-    for i, u in enumerate(strategy.units):
-        if int(strategy.sample[i]) != replicas or int(strategy.attribute[i]) > 1:
-            return (f"unit {u!r} has sample degree {int(strategy.sample[i])} (unit "
-                    f"{strategy.units[0]!r}: {replicas}) or an attribute split; export runs "
-                    "tensor parallelism in whole replicas. Valid: every unit the same sample "
-                    "degree, attribute=1")
-        if int(strategy.stage[i]) > 0:
-            return (f"unit {u!r} is in pipeline stage {int(strategy.stage[i])}; export runs "
-                    "tensor parallelism inside a pipeline on the pipeline path "
-                    "(memflow.strategy.stage_groups)")
-        p = int(strategy.parameter[i])
-        if p > 1:
-            mine = [strategy.devices[i][r * p:(r + 1) * p] for r in range(replicas)]
-            if groups and mine != groups:
-                return (f"unit {u!r} is split over {strategy.devices[i]} but unit {first!r} "
-                        f"over {sum(groups, ())}; export runs one tensor-parallel group per "
-                        "replica: split every unit over the same devices")
-            groups, first = mine, first or u
-    for i, u in enumerate(strategy.units):
-        for r, group in enumerate(groups if int(strategy.parameter[i]) == 1 else ()):
-            if strategy.devices[i][r] not in group:
-                return (f"unit {u!r} runs replica {r} on {strategy.devices[i][r]!r}, outside "
-                        f"that replica's tensor-parallel group {group}; place it on one of "
-                        "those devices")
+    for i in np.flatnonzero(parameter > 1).tolist():
+        p, devs = int(parameter[i]), strategy.devices[i]
+        mine = [devs[r * p:(r + 1) * p] for r in range(replicas)]
+        if groups and mine != groups:
+            return (f"unit {strategy.units[i]!r} is split over {devs} but unit {first!r} over "
+                    f"{sum(groups, ())}; export runs one tensor-parallel group per replica: "
+                    "split every unit over the same devices")
+        groups, first = mine, first or strategy.units[i]
+    members = [set(g) for g in groups]
+    for i in np.flatnonzero(parameter == 1).tolist() if groups else ():
+        for r, devs in enumerate(members):
+            if strategy.devices[i][r] not in devs:
+                return (f"unit {strategy.units[i]!r} runs replica {r} on "
+                        f"{strategy.devices[i][r]!r}, outside that replica's tensor-parallel "
+                        f"group {groups[r]}; place it on one of those devices")
     return groups
 
 
@@ -87,29 +102,48 @@ def tensor_path_problem(strategy, graph) -> str | None:
     >>> tensor_path_problem(s, g) is None, tensor_path_problem(s.with_policy(recompute=["layers.0"]), g)[:40]
     (True, "unit 'layers.0' (a Dense) is split over ")
     """
-    kind = graph.units["kind"].to_numpy(str) if graph is not None else None
-    mechanism = POLICIES.mechanism_codes[strategy.policy]
-    for i in np.flatnonzero(np.asarray(strategy.parameter) > 1):
-        u = strategy.units[i]
-        if kind is not None and kind[i].startswith("Conv"):
-            return (f"unit {u!r} is a {kind[i]} split over parameters, which tensor "
-                    "parallelism (parallelize_module) cannot shard")
-        if mechanism[i] in (M_HOST, M_COMPRESSED):
-            return (f"unit {u!r} is split over parameters and {strategy.policies[i]!r}: what "
-                    "it saves for backward are DTensors, which offload and compression do "
-                    "not move")
-        if kind is not None and kind[i] not in _SHARDED and POLICIES.recomputes(
-                strategy.policy[i:i + 1])[0]:
-            return (f"unit {u!r} (a {kind[i]}) is split over parameters and recomputed: "
-                    "DTensor's conversions run inside it, which recompute cannot replay")
-    return None
+    split = np.asarray(strategy.parameter) > 1
+    conv, container, _ = _kinds(graph, len(split))
+    moved = np.isin(POLICIES.mechanism_codes[strategy.policy], (M_HOST, M_COMPRESSED))
+    replayed = POLICIES.recomputes(strategy.policy) & container
+    bad = np.flatnonzero(split & (conv | moved | replayed))
+    if not len(bad):
+        return None
+    i = int(bad[0])
+    u, kind = strategy.units[i], graph.units["kind"].iat[i] if graph is not None else ""
+    if conv[i]:
+        return (f"unit {u!r} is a {kind} split over parameters, which tensor parallelism "
+                "(parallelize_module) cannot shard")
+    if moved[i]:
+        return (f"unit {u!r} is split over parameters and {strategy.policies[i]!r}: what it "
+                "saves for backward are DTensors, which offload and compression do not move")
+    return (f"unit {u!r} (a {kind}) is split over parameters and recomputed: DTensor's "
+            "conversions run inside it, which recompute cannot replay")
+
+
+_KINDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _kinds(graph, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per unit of ``graph`` (kept per graph: every simulation asks): a convolution, a unit
+    the tensor path shards as a container (neither a Linear nor an Embedding), a
+    normalization; all False without a graph."""
+    if graph is None:
+        return np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+    hit = _KINDS.get(graph)
+    if hit is None:
+        kind = graph.units["kind"].to_numpy(str)
+        hit = _KINDS[graph] = (np.char.startswith(kind, "Conv"), ~np.isin(kind, _SHARDED),
+                               np.isin(kind, NORM_KINDS))
+    return hit
 
 
 def spmd_devices(strategy, graph=None) -> tuple[tuple[str, ...] | None, ...] | None:
-    """Per unit, the devices its processes run it on where that is more than the strategy
-    places it on — an unsplit unit's tensor-parallel groups, one per replica (module
-    docstring) —, None for the others; None when no unit is replicated. ``graph`` tells
-    whether the tensor path takes the split units (:func:`tensor_path_problem`)."""
+    """Per unit, the devices its processes each run it whole on — an unsplit unit's
+    tensor-parallel groups, one per replica, a split normalization's own devices (module
+    docstring) —, None for the units run as placed; None when there are none. ``graph``
+    tells whether the tensor path takes the split units (:func:`tensor_path_problem`) and
+    which are normalizations."""
     parameter = np.asarray(strategy.parameter)
     if not (parameter > 1).any() or (strategy.sample != strategy.sample[0]).any():
         return None
@@ -128,5 +162,7 @@ def spmd_devices(strategy, graph=None) -> tuple[tuple[str, ...] | None, ...] | N
         if isinstance(groups, str):
             return None
         mine = [sum(groups, ())] * len(parameter)
-    out = tuple(m if p == 1 and len(m) > replicas else None for m, p in zip(mine, parameter))
+    norm = _kinds(graph, len(parameter))[2] & ~np.asarray(strategy.sequence_parallel)
+    out = tuple(m if (p == 1 and len(m) > replicas) or (p > 1 and whole) else None
+                for m, p, whole in zip(mine, parameter, norm))
     return out if any(d is not None for d in out) else None
