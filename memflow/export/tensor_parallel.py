@@ -6,7 +6,8 @@ the same sample degree) the processes form a ``replicas × group`` grid: rank ``
 device ``t`` of replica ``r``'s group (:func:`tensor_ranks`), and gradients are averaged over
 the replicas after each step. Every other unit runs replicated on every rank (SPMD: each rank
 computes it on the same full tensors, so its gradients agree without communication), where
-FlexFlow would run it on one device while the others wait.
+FlexFlow would run it on one device while the others wait; the simulator charges it so, on
+every device of the group (:mod:`memflow.strategy.tensor_groups`, :mod:`memflow.sim.replication`).
 
 The plan (:func:`tensor_plan`), per split unit, in FlexFlow's per-unit semantics — the next
 unit sees the whole tensor — unless two adjacent linears allow Megatron's pairing:
@@ -53,7 +54,8 @@ all-reduces its whole output in forward and its input gradient in backward. For 
 pair that is twice what runs (one all-reduce each way for the pair); for a gathered
 column-parallel unit the forward is an all-gather, half an all-reduce. So the simulator is
 pessimistic for tensor parallelism; it charges weights and gradients at ``1/p`` per device, as
-runs here.
+runs here, but for what runs whole on every rank: unsplit units and split normalizations (as
+above), not yet the normalizations, row-parallel biases and buffers inside a split block.
 
 Refused (:class:`~memflow.errors.ExportError`, naming the unit): split convolutions (no
 ``parallelize_module`` style shards a convolution), glue, split units on different groups,
