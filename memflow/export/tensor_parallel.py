@@ -54,8 +54,8 @@ all-reduces its whole output in forward and its input gradient in backward. For 
 pair that is twice what runs (one all-reduce each way for the pair); for a gathered
 column-parallel unit the forward is an all-gather, half an all-reduce. So the simulator is
 pessimistic for tensor parallelism; it charges weights and gradients at ``1/p`` per device, as
-runs here, but for what runs whole on every rank: unsplit units and split normalizations (as
-above), not yet the normalizations, row-parallel biases and buffers inside a split block.
+runs here, but for what runs whole on every rank: unsplit units (as above), but not yet a split
+normalization, nor the normalizations, row-parallel biases and buffers inside a split block.
 
 Refused (:class:`~memflow.errors.ExportError`, naming the unit): split convolutions (no
 ``parallelize_module`` style shards a convolution), glue, split units on different groups,
@@ -89,7 +89,6 @@ from ..errors import ExportError
 from ..graph.slicing import declared_degree
 from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
-from ..strategy.tensor_groups import NORM_KINDS
 from ..strategy.tensor_groups import tensor_groups as groups_of
 from .spans import check_modules, unit_spans
 from .tp_styles import SEQUENCE_DIM, PartSaved, full_gradients, read_full, relayout, styles
@@ -104,9 +103,9 @@ the same for a fused q, k, v projection regrouped by heads, row-parallel (second
 a normalization on its rank's part of the sequence, a container's child run on the whole
 sequence (sequence parallelism)."""
 
-# A split normalization runs replicated (memflow.strategy.tensor_groups.NORM_KINDS, which the
-# simulator charges whole on every rank too)
-_NORMS = tuple(getattr(nn, kind) for kind in NORM_KINDS)
+# A split normalization runs replicated: its weights are a vector, and sharding its hidden
+# dimension would need the statistics all-reduced (no parallelize_module style does that).
+_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
 _ELEMENTWISE = {"ReLU", "GELU", "Tanh", "SiLU", "Sigmoid", "Dropout", "Identity", "LeakyReLU"}
 
 

@@ -1,9 +1,9 @@
 """Units replicated on their tensor-parallel group, as the simulator charges them.
 
 Where a strategy's parameter splits run as processes, a unit left unsplit runs on every
-device of its group, and a split normalization whole on each of its devices
-(:func:`memflow.strategy.tensor_groups.spmd_devices`): each device computes it whole on its
-replica's share of the batch and holds its whole weights, gradients and optimizer states. The simulator charges this as the strategy *as run*
+device of its group (:func:`memflow.strategy.tensor_groups.spmd_devices`): each device
+computes it whole on its replica's share of the batch and holds its whole weights,
+gradients and optimizer states. The simulator charges this as the strategy *as run*
 (:func:`as_run`): the unit placed on its group's layout (the split units' degrees and
 devices, so what it reads and saves are the records the group holds already, with no copy
 between placements) and its per-unit figures scaled by the group's degree

@@ -9,9 +9,7 @@ the split units' shards (SPMD), so a unit left unsplit (an embedding without a p
 norm, the loss, a CNN's convolutions before a split classifier) runs on every device of its
 group, on the same whole tensors: its compute, weights, gradients and optimizer states are
 on each, the gradients identical there (no all-reduce in the group; averaged over the
-data-parallel replicas as every weight is). So does a split normalization (:data:`NORM_KINDS`)
-outside sequence parallelism: the tensor plan leaves it whole. :func:`spmd_devices` gives
-those devices.
+data-parallel replicas as every weight is). :func:`spmd_devices` gives those devices.
 
 The tensor path is taken when its groups exist (:func:`tensor_groups`; in a pipeline,
 :func:`~memflow.strategy.stage_groups.stage_groups`) and no split unit is one it cannot shard
@@ -35,13 +33,7 @@ import numpy as np
 from .policies import M_COMPRESSED, M_HOST, POLICIES
 from .stage_groups import stage_groups
 
-__all__ = ["tensor_groups", "tensor_path_problem", "spmd_devices", "NORM_KINDS"]
-
-NORM_KINDS = ("LayerNorm", "RMSNorm", "GroupNorm")
-"""Normalizations the tensor path runs whole on every rank even when split: their weights are
-one vector, and sharding their features would need the statistics all-reduced (no
-``parallelize_module`` style does that); under sequence parallelism, on the rank's part of the
-sequence."""
+__all__ = ["tensor_groups", "tensor_path_problem", "spmd_devices"]
 
 # the unit kinds the tensor path shards whole (a container shards the linears inside it)
 _SHARDED = ("Linear", "Embedding")
@@ -103,7 +95,7 @@ def tensor_path_problem(strategy, graph) -> str | None:
     (True, "unit 'layers.0' (a Dense) is split over ")
     """
     split = np.asarray(strategy.parameter) > 1
-    conv, container, _ = _kinds(graph, len(split))
+    conv, container = _kinds(graph, len(split))
     moved = np.isin(POLICIES.mechanism_codes[strategy.policy], (M_HOST, M_COMPRESSED))
     replayed = POLICIES.recomputes(strategy.policy) & container
     bad = np.flatnonzero(split & (conv | moved | replayed))
@@ -124,26 +116,24 @@ def tensor_path_problem(strategy, graph) -> str | None:
 _KINDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _kinds(graph, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _kinds(graph, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Per unit of ``graph`` (kept per graph: every simulation asks): a convolution, a unit
-    the tensor path shards as a container (neither a Linear nor an Embedding), a
-    normalization; all False without a graph."""
+    the tensor path shards as a container (neither a Linear nor an Embedding); all False
+    without a graph."""
     if graph is None:
-        return np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+        return np.zeros(n, bool), np.zeros(n, bool)
     hit = _KINDS.get(graph)
     if hit is None:
         kind = graph.units["kind"].to_numpy(str)
-        hit = _KINDS[graph] = (np.char.startswith(kind, "Conv"), ~np.isin(kind, _SHARDED),
-                               np.isin(kind, NORM_KINDS))
+        hit = _KINDS[graph] = (np.char.startswith(kind, "Conv"), ~np.isin(kind, _SHARDED))
     return hit
 
 
 def spmd_devices(strategy, graph=None) -> tuple[tuple[str, ...] | None, ...] | None:
-    """Per unit, the devices its processes each run it whole on — an unsplit unit's
-    tensor-parallel groups, one per replica, a split normalization's own devices (module
-    docstring) —, None for the units run as placed; None when there are none. ``graph``
-    tells whether the tensor path takes the split units (:func:`tensor_path_problem`) and
-    which are normalizations."""
+    """Per unit, the devices its processes each run it whole on where that is more than the
+    strategy places it on — an unsplit unit's tensor-parallel groups, one per replica (module
+    docstring) —, None for the others; None when no unit is replicated. ``graph`` tells
+    whether the tensor path takes the split units (:func:`tensor_path_problem`)."""
     parameter = np.asarray(strategy.parameter)
     if not (parameter > 1).any() or (strategy.sample != strategy.sample[0]).any():
         return None
@@ -162,7 +152,5 @@ def spmd_devices(strategy, graph=None) -> tuple[tuple[str, ...] | None, ...] | N
         if isinstance(groups, str):
             return None
         mine = [sum(groups, ())] * len(parameter)
-    norm = _kinds(graph, len(parameter))[2] & ~np.asarray(strategy.sequence_parallel)
-    out = tuple(m if (p == 1 and len(m) > replicas) or (p > 1 and whole) else None
-                for m, p, whole in zip(mine, parameter, norm))
+    out = tuple(m if p == 1 and len(m) > replicas else None for m, p in zip(mine, parameter))
     return out if any(d is not None for d in out) else None
