@@ -85,7 +85,9 @@ def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False,
     """
     from ..sim.costs import compression_ratios
     from ..sim.precision import activation_arrays
-    from ..sim.replication import as_run, replicated_arrays
+    from ..memory.blocks import placement_key
+    from ..memory.records import placements
+    from ..sim.replication import as_run, replicated_arrays, split_degrees
 
     strategy.validate(graph)
     scale = None
@@ -93,9 +95,12 @@ def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False,
         strategy, scale = as_run(strategy, graph)
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
     ga = replicated_arrays(activation_arrays(graph, strategy.precision), scale)
-    plan = step_blocks(ga, strategy.policy, strategy.segment, strategy.layout_ids, degrees,
-                       strategy.microbatches, compression_ratios(strategy, ga.half),
-                       sequence=strategy.sequence_parallel)
+    layout, M, seq = strategy.layout_ids, strategy.microbatches, strategy.sequence_parallel
+    placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(float),
+                        split_degrees(strategy, degrees), M, sequence=seq)
+    plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
+                       compression_ratios(strategy, ga.half), sequence=seq,
+                       cache={placement_key(layout, degrees, M, seq): placed})
     device, host = plan.held_for_backward()
     if accumulates(strategy):      # activations are per micro-batch; one is held at a time
         device, host = device / strategy.microbatches, host / strategy.microbatches

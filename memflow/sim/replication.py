@@ -8,8 +8,9 @@ gradients and optimizer states. The simulator charges this as the strategy *as r
 devices, so what it reads and saves are the records the group holds already, with no copy
 between placements) and its per-unit figures scaled by the group's degree
 (:func:`replicated_arrays`): a unit ``t`` times larger split ``t`` ways is the whole unit on
-each part. It exchanges nothing within the group (no tensor-parallel all-reduce:
-:func:`~memflow.sim.simulator.Simulator.placement` drops them).
+each part. Its own parameter degree stays 1 (:func:`split_degrees`): it exchanges nothing
+within the group (no tensor-parallel all-reduce), and what it holds is never a split unit's
+shard (its block is not split whole: :func:`memflow.memory.regions.whole_blocks`).
 
 >>> import memflow
 >>> from memflow.strategy import Strategy
@@ -28,7 +29,7 @@ import numpy as np
 
 from ..strategy.tensor_groups import spmd_devices
 
-__all__ = ["as_run", "replicated_arrays"]
+__all__ = ["as_run", "replicated_arrays", "split_degrees"]
 
 # per-unit figures a placement divides among the parts of a unit (weights by the parameter
 # degree; compute, bytes moved and transients by every degree)
@@ -64,6 +65,15 @@ def as_run(strategy, graph):
         run._cache["as_run"] = (graph, out)
     strategy._cache["as_run"] = (graph, out)
     return out
+
+
+def split_degrees(run, degrees: np.ndarray) -> np.ndarray:
+    """Per unit of ``run`` (a strategy as run, :func:`as_run`), its own parameter degree: its
+    placement's (``degrees``: per layout), 1 for a unit replicated on its group."""
+    p = degrees[run.layout_ids, 1]
+    hit = run._cache.get("as_run")
+    scale = None if hit is None else hit[1][1]
+    return p if scale is None else np.where(scale > 1, 1, p)
 
 
 def replicated_arrays(ga, scale: np.ndarray | None):

@@ -35,7 +35,7 @@ from .costs import (compress_model, compression_ratios, copy_cost, copy_times, c
                     layout_cost, parameter_tensors, saved_tensors)
 from .durations import placement_timing, policy_timing
 from .expand import expand
-from .replication import as_run, replicated_arrays
+from .replication import as_run, replicated_arrays, split_degrees
 from .structure import structure
 from .folding import classes, rows_of, stack_rows
 from .ledger import ledger_plan, ledgers
@@ -121,7 +121,7 @@ class Simulator:
                 self._placed.clear()
             placed = self._placed[key] = placements(
                 self.arrays(strategy), layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
-                degrees[layout, 1], M, sequence=strategy.sequence_parallel)
+                split_degrees(strategy, degrees), M, sequence=strategy.sequence_parallel)
         return placed
 
     def precision_of(self, strategy: Strategy) -> str:
@@ -223,7 +223,7 @@ class Simulator:
     def placement(self, strategy: Strategy, fold: bool = True) -> Placement:
         """What the placements of ``strategy`` (:func:`~memflow.sim.replication.as_run`)
         decide (cached)."""
-        strategy, scale = as_run(strategy, self.graph)
+        strategy = as_run(strategy, self.graph)[0]
         key = (strategy.layout_ids.tobytes(), tuple(strategy.layouts), strategy.stage.tobytes(),
                strategy.microbatches, strategy.schedule, fold, strategy.shard.tobytes(),
                strategy.offload_optimizer.tobytes(), self.precision_of(strategy),
@@ -246,10 +246,8 @@ class Simulator:
         else:
             table = self._table(strategy, placed)
         S = structure(self.arrays(strategy), placed, strategy.layout_ids, degrees, strategy.stage,
-                      strategy.microbatches, strategy.schedule, table.states)
-        if scale is not None:       # a replicated unit exchanges nothing within its group
-            S = replace(S, tp_out=np.where(scale > 1, 0.0, S.tp_out),
-                        tp_in=np.where(scale > 1, 0.0, S.tp_in))
+                      strategy.microbatches, strategy.schedule, table.states,
+                      split_degrees(strategy, degrees))
         R = self._by_layouts(strategy, placed, fold)
         timing = placement_timing(self, strategy, S, table.states, R)
         out = Placement(
