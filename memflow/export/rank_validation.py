@@ -8,7 +8,8 @@ the ranks alone (:mod:`memflow.export.rank_measure`: held-for-backward bytes, an
 weights, gradients and optimizer states).
 
 The predicted side, per rank, sums over the strategy's devices that rank runs
-(:func:`rank_devices`; a tensor-parallel rank also runs its group's unsplit units, SPMD):
+(:func:`rank_devices`; the simulator places a tensor-parallel group's unsplit units on every
+device of the group, as its ranks run them: :func:`memflow.sim.replication.as_run`):
 held bytes from the memory model the simulator charges
 (:func:`~memflow.export.validation.predicted_held`, scaled to the micro-batches a 1F1B stage
 holds at once), model states from ``SimResult.model_states``. Columns are in
@@ -31,9 +32,9 @@ from ..errors import ExportError
 from .pipelining import stage_ranks, stages
 from .rank_measure import STEPS, in_flight
 from .sample_groups import group_ranks
-from .stage_tensor import stage_groups, stage_tensor_degree
+from .stage_tensor import stage_tensor_degree
 from .scripts import _model_graph, script, written_path
-from .tensor_parallel import tensor_groups, tensor_ranks
+from .tensor_parallel import tensor_ranks
 from .validation import predicted_held
 
 __all__ = ["validate_ranks", "rank_devices", "METRICS"]
@@ -69,34 +70,19 @@ def rank_devices(strategy, path: str | None) -> list[tuple[str, ...]]:
 def _predicted(graph, strategy, cluster, optimizer: str, path, devices) -> list[dict]:
     from .. import simulate
 
-    held = predicted_held(graph, strategy)
+    held = predicted_held(graph, strategy, processes=True)
     states = simulate(graph, strategy, cluster, optimizer=optimizer).model_states
     n, m = stages(strategy), strategy.microbatches
     t = stage_tensor_degree(strategy) if path == "pipeline" else 1     # rank (r·n + s)·t + k
     rows = []
     for rank, names in enumerate(devices):
-        group = (next(g for g in tensor_groups(strategy) if names[0] in g) if path == "tensor"
-                 else next(g for g in stage_groups(strategy).values() if names[0] in g)
-                 if t > 1 else None)
-        row = {"held": (sum(held.get(d, 0.0) for d in names) if group is None else
-                        _tensor_rank_held(graph, strategy, names, group))}
+        row = {"held": sum(held.get(d, 0.0) for d in names)}
         if path == "pipeline":      # the memory model holds every micro-batch (GPipe)
             row["held"] *= in_flight(rank // t % n, n, m, strategy.schedule) / m
         for k in METRICS[1:]:
             row[k] = float(sum(states.at[d, k] for d in names if d in states.index))
         rows.append(row)
     return rows
-
-
-def _tensor_rank_held(graph, strategy, names: tuple[str, ...], group) -> float:
-    """Held bytes of a tensor-parallel rank running device ``names[0]`` of ``group`` (its
-    replica's, or its stage's): its part of every split placement, and every unsplit
-    placement of its group whole, since the export runs unsplit units on every rank of the
-    group (SPMD, :mod:`~memflow.export.tensor_parallel`) where the strategy places them on
-    one device."""
-    held = predicted_held(graph, strategy, by_layout=True)
-    return float(sum(b for (s, p, a, devs), b in zip(strategy.layouts, held)
-                     if names[0] in devs or (int(p) == 1 and not set(devs).isdisjoint(group))))
 
 
 def validate_ranks(strategy, model: str, *, model_options: Mapping[str, Any] | None = None,

@@ -6,7 +6,8 @@ the same sample degree) the processes form a ``replicas × group`` grid: rank ``
 device ``t`` of replica ``r``'s group (:func:`tensor_ranks`), and gradients are averaged over
 the replicas after each step. Every other unit runs replicated on every rank (SPMD: each rank
 computes it on the same full tensors, so its gradients agree without communication), where
-FlexFlow would run it on one device while the others wait.
+FlexFlow would run it on one device while the others wait; the simulator charges it so, on
+every device of the group (:mod:`memflow.strategy.tensor_groups`, :mod:`memflow.sim.replication`).
 
 The plan (:func:`tensor_plan`), per split unit, in FlexFlow's per-unit semantics — the next
 unit sees the whole tensor — unless two adjacent linears allow Megatron's pairing:
@@ -53,7 +54,8 @@ all-reduces its whole output in forward and its input gradient in backward. For 
 pair that is twice what runs (one all-reduce each way for the pair); for a gathered
 column-parallel unit the forward is an all-gather, half an all-reduce. So the simulator is
 pessimistic for tensor parallelism; it charges weights and gradients at ``1/p`` per device, as
-runs here.
+runs here, but for what runs whole on every rank: unsplit units (as above), but not yet a split
+normalization, nor the normalizations, row-parallel biases and buffers inside a split block.
 
 Refused (:class:`~memflow.errors.ExportError`, naming the unit): split convolutions (no
 ``parallelize_module`` style shards a convolution), glue, split units on different groups,
@@ -87,6 +89,7 @@ from ..errors import ExportError
 from ..graph.slicing import declared_degree
 from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
+from ..strategy.tensor_groups import tensor_groups as groups_of
 from .spans import check_modules, unit_spans
 from .tp_styles import SEQUENCE_DIM, PartSaved, full_gradients, read_full, relayout, styles
 
@@ -108,34 +111,11 @@ _ELEMENTWISE = {"ReLU", "GELU", "Tanh", "SiLU", "Sigmoid", "Dropout", "Identity"
 
 def tensor_groups(strategy) -> list[tuple[str, ...]]:
     """Per data-parallel replica, the devices of the parameter group every split unit of that
-    replica uses (checked as the module docstring says); ``[]`` when no unit is split."""
-    replicas = int(strategy.sample[0])
-    groups: list[tuple[str, ...]] = []
-    first = None
-    for i, u in enumerate(strategy.units):
-        if int(strategy.sample[i]) != replicas or int(strategy.attribute[i]) > 1:
-            raise ExportError(f"unit {u!r} has sample degree {int(strategy.sample[i])} (unit "
-                              f"{strategy.units[0]!r}: {replicas}) or an attribute split; export "
-                              "runs tensor parallelism in whole replicas. Valid: every unit the "
-                              "same sample degree, attribute=1")
-        if int(strategy.stage[i]) > 0:
-            raise ExportError(f"unit {u!r} is in pipeline stage {int(strategy.stage[i])}; "
-                              "export does not yet run tensor parallelism inside a pipeline")
-        p = int(strategy.parameter[i])
-        if p > 1:
-            mine = [strategy.devices[i][r * p:(r + 1) * p] for r in range(replicas)]
-            if groups and mine != groups:
-                raise ExportError(f"unit {u!r} is split over {strategy.devices[i]} but unit "
-                                  f"{first!r} over {sum(groups, ())}; export runs one "
-                                  "tensor-parallel group per replica: split every unit over "
-                                  "the same devices")
-            groups, first = mine, first or u
-    for i, u in enumerate(strategy.units):
-        for r, group in enumerate(groups if int(strategy.parameter[i]) == 1 else ()):
-            if strategy.devices[i][r] not in group:
-                raise ExportError(f"unit {u!r} runs replica {r} on {strategy.devices[i][r]!r}, "
-                                  f"outside that replica's tensor-parallel group {group}; "
-                                  "place it on one of those devices")
+    replica uses (:func:`memflow.strategy.tensor_groups.tensor_groups`: its reason raised
+    here); ``[]`` when no unit is split."""
+    groups = groups_of(strategy)
+    if isinstance(groups, str):
+        raise ExportError(groups)
     return groups
 
 

@@ -68,10 +68,14 @@ def local_strategy(strategy: Strategy, replica: int = 0,
                     name=strategy.name)
 
 
-def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False):
+def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False,
+                   processes: bool = False):
     """Bytes the memory model holds for backward at the end of the forward, by device name,
     offloaded bytes under ``"host"`` (summed over the parts of each placement); with
-    ``by_layout``, on the device per part of each of ``strategy.layouts`` (an array).
+    ``by_layout``, on the device per part of each of ``strategy.layouts`` (an array). With
+    ``processes``, the strategy as a process per device runs it, each unsplit unit of a
+    tensor-parallel group on every device of the group (:func:`memflow.sim.replication.as_run`; its
+    layouts then).
 
     What :meth:`~memflow.memory.blocks.StepBlocks.held_for_backward` counts, per part of each
     placement. Micro-batches add up (GPipe holds them all; gradient accumulation — 1F1B with
@@ -81,13 +85,22 @@ def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False):
     """
     from ..sim.costs import compression_ratios
     from ..sim.precision import activation_arrays
+    from ..memory.blocks import placement_key
+    from ..memory.records import placements
+    from ..sim.replication import as_run, replicated_arrays, split_degrees
 
     strategy.validate(graph)
+    scale = None
+    if processes:
+        strategy, scale = as_run(strategy, graph)
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-    ga = activation_arrays(graph, strategy.precision)
-    plan = step_blocks(ga, strategy.policy, strategy.segment, strategy.layout_ids, degrees,
-                       strategy.microbatches, compression_ratios(strategy, ga.half),
-                       sequence=strategy.sequence_parallel)
+    ga = replicated_arrays(activation_arrays(graph, strategy.precision), scale)
+    layout, M, seq = strategy.layout_ids, strategy.microbatches, strategy.sequence_parallel
+    placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(float),
+                        split_degrees(strategy, degrees), M, sequence=seq)
+    plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
+                       compression_ratios(strategy, ga.half), sequence=seq,
+                       cache={placement_key(layout, degrees, M, seq): placed})
     device, host = plan.held_for_backward()
     if accumulates(strategy):      # activations are per micro-batch; one is held at a time
         device, host = device / strategy.microbatches, host / strategy.microbatches

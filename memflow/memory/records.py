@@ -272,7 +272,7 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     share = np.where(per_sample, 1.0 / sa[np.maximum(lead_unit, 0)], 1.0)
     # read only inside its producer's block if the block runs whole on one placement
     # (.regions), else by no other unit
-    internal = np.where(whole_blocks(ga.block, layout)[np.maximum(rec_prod, 0)],
+    internal = np.where(whole_blocks(ga.block, layout, p > 1)[np.maximum(rec_prod, 0)],
                         ga.internal[rec_t], (ga.readers_ptr[rec_t + 1] == ga.readers_ptr[rec_t])
                         & ~ga.is_output[rec_t])
     prod = np.maximum(rec_prod, 0)

@@ -48,17 +48,23 @@ def internal_tensors(producer: np.ndarray, readers_ptr: np.ndarray, readers_idx:
     return (producer >= 0) & ~is_output & ~outside
 
 
-def whole_blocks(block: np.ndarray, layout: np.ndarray) -> np.ndarray:
+def whole_blocks(block: np.ndarray, layout: np.ndarray, split: np.ndarray | None = None
+                 ) -> np.ndarray:
     """Per unit, whether every unit of its block (``block``: :func:`unit_blocks`) runs on its
-    placement (``layout``: placement per unit).
+    placement (``layout``: placement per unit) and, given ``split`` (per unit: a parameter
+    split), is split as it is (a unit replicated on a tensor-parallel group shares the group's
+    placement, not its split: :mod:`memflow.sim.replication`).
 
     >>> whole_blocks(np.array([0, 1, 1, 3, 3]), np.array([0, 1, 1, 1, 0])).tolist()
     [True, True, True, False, False]
+    >>> whole_blocks(np.array([0, 0]), np.array([1, 1]), np.array([True, False])).tolist()
+    [False, False]
     """
+    key = layout if split is None else 2 * layout + split
     lo = np.full(len(block), np.iinfo(np.int64).max)
     hi = np.full(len(block), -1)
-    np.minimum.at(lo, block, layout)
-    np.maximum.at(hi, block, layout)
+    np.minimum.at(lo, block, key)
+    np.maximum.at(hi, block, key)
     return lo[block] == hi[block]
 
 
@@ -85,7 +91,7 @@ def block_edge_bytes(ga, layout: np.ndarray, split: np.ndarray, out_bytes: np.nd
         return out_bytes, in_grad
     size = ga.bytes / np.where(ga.per_sample, microbatches, 1)
     rows = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.readers_ptr))
-    whole = whole_blocks(ga.block, layout)
+    whole = whole_blocks(ga.block, layout, split)
     crosses = ~(ga.internal & whole[np.maximum(ga.producer, 0)])
     out = np.flatnonzero((ga.producer >= 0) & ((np.diff(ga.readers_ptr) > 0) | ga.is_output)
                          & crosses)

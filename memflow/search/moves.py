@@ -219,7 +219,7 @@ def copy(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal 
     sp, pp, ap, devs = _config_of(s, j)
     if (sp, pp, ap, devs) == _config_of(s, i) and s.stage[i] == s.stage[j]:
         return None
-    if pp > space.max_p[i] or ap > space.max_a[i]:
+    if not space.fits(i, pp) or ap > space.max_a[i]:
         return None
     name = space.names[i]
     return Proposal("copy", name, s.with_config(name, sample=sp, parameter=pp, attribute=ap,

@@ -27,6 +27,7 @@ from ..strategy import POLICIES, parse_policy
 from ..strategy.runnable import (RUNNABLE, model_state_problem, parameter_limits,
                                  pipeline_problem, root_sharded, sample_problem, unrunnable)
 from ..strategy.shard_levels import S_GRADIENTS
+from ..strategy.validate import divides_tensor_degree
 
 __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label", "OPTIMIZER_PLACES",
            "shard_choices", "precision_choices"]
@@ -93,6 +94,8 @@ class SearchSpace:
             self.max_p = u["max_parameter_degree"].to_numpy(np.int64)
             self.max_a = u["max_attribute_degree"].to_numpy(np.int64)
             self.root_sharded = np.zeros(self.n, bool)
+        # a block Megatron splits takes only degrees dividing its heads and widths
+        self.tensor_degree = u["tensor_degree"].to_numpy(np.int64)
         self.batch = int(graph.meta.get("batch_size") or 0)
         self.recomputable = graph_arrays(graph).recomputable
         # selective where it differs from recompute (the unit has expensive ops to keep) and,
@@ -147,6 +150,12 @@ class SearchSpace:
         return np.flatnonzero(~self.pinned)
 
     # ------------------------------------------------------------------ choices
+    def fits(self, i: int, p: int) -> bool:
+        """Whether unit ``i`` may take parameter degree ``p``: within its largest split, and
+        dividing its ``tensor_degree`` (:func:`~memflow.strategy.validate.divides_tensor_degree`).
+        """
+        return p <= self.max_p[i] and bool(divides_tensor_degree(self.tensor_degree[i], p))
+
     def degrees(self, i: int, microbatches: int,
                 sample: int | None = None) -> list[tuple[int, int, int]]:
         """Every ``(sample, parameter, attribute)`` unit ``i`` may take (with sample degree
@@ -154,7 +163,7 @@ class SearchSpace:
         out = []
         for k in self.part_counts:
             for s, p, a in _factorizations(k):
-                if p <= self.max_p[i] and a <= self.max_a[i] and sample in (None, s) and (
+                if self.fits(i, p) and a <= self.max_a[i] and sample in (None, s) and (
                         not self.batch or (self.batch % s == 0
                                            and s * microbatches <= self.batch)):
                     out.append((s, p, a))
@@ -175,10 +184,11 @@ class SearchSpace:
 
     def config_for(self, i: int, strategy, sample: int) -> dict[str, Any]:
         """Unit ``i``'s configuration with data-parallel degree ``sample``: its parameter
-        degree lowered until it fits (``sample × parameter`` parts dividing the device count),
+        degree lowered until it fits (``sample × parameter`` parts dividing the device count,
+        :meth:`fits`),
         no attribute split, on the aligned run of devices that holds its first device."""
         p = min(int(strategy.parameter[i]), int(self.max_p[i]))
-        while p > 1 and sample * p not in self.part_counts:
+        while p > 1 and (sample * p not in self.part_counts or not self.fits(i, p)):
             p -= 1
         k = sample * p
         first = self.devices.index(strategy.devices[i][0]) if strategy.devices[i][0] in \
@@ -193,6 +203,7 @@ class SearchSpace:
         return (unrunnable(strategy) is None and pipeline_problem(strategy, self.graph) is None
                 and not (mixed and sample_problem(strategy, self.graph) is not None)
                 and bool((np.asarray(strategy.parameter) <= self.max_p).all())
+                and bool(divides_tensor_degree(self.tensor_degree, strategy.parameter).all())
                 and bool((root == root[:1]).all()) and self.holds_states(strategy))
 
     def holds_states(self, strategy) -> bool:

@@ -61,7 +61,7 @@ class SimResult:
         r, sim = self._run, self._sim
         T = r.tasks
         names = np.array(list(sim.ga.names) + [""], dtype=object)
-        keys = self.strategy.layouts
+        keys = r.strategy.layouts
         links = sim.cluster.links
         n = len(sim.ca.devices)
         raw_ptr, raw = r.placement.raw_sets
@@ -189,9 +189,9 @@ class SimResult:
         role, key = r.tasks.role, r.tasks.key
         compute = role == R_COMPUTE
         per_layout = np.bincount(key[compute], weights=r.duration[compute],
-                                 minlength=len(self.strategy.layouts))
+                                 minlength=len(r.strategy.layouts))
         busy = np.zeros(len(sim.ca.devices))
-        for L, k in enumerate(self.strategy.layouts):
+        for L, k in enumerate(r.strategy.layouts):
             busy[sim.ca.devices.get_indexer(list(k[3]))] += per_layout[L]
         busy = pd.Series(busy[r.devices_used], index=self.peak_memory.index)
         return ReadableFrame({"peak": self.peak_memory, "capacity": self.capacity,

@@ -36,6 +36,7 @@ from .costs import (compress_model, compression_ratios, copy_cost, copy_times, c
 from .durations import placement_timing, policy_timing
 from .shapes import unit_kernels
 from .expand import expand
+from .replication import as_run, replicated_arrays, split_degrees
 from .structure import structure, with_states
 from .folding import classes, rows_of, stack_rows
 from .ledger import ledger_plan, ledgers
@@ -115,14 +116,14 @@ class Simulator:
         layout, M = strategy.layout_ids, strategy.microbatches
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
         key = (layout.tobytes(), degrees.tobytes(), M, self.precision_of(strategy),
-               strategy.sequence_parallel.tobytes())
+               strategy.sequence_parallel.tobytes(), self._scale_key(strategy))
         placed = self._placed.get(key)
         if placed is None:
             if len(self._placed) > 4 * self.cache_size:   # placements seen long ago
                 self._placed.clear()
             placed = self._placed[key] = placements(
                 self.arrays(strategy), layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
-                degrees[layout, 1], M, sequence=strategy.sequence_parallel)
+                split_degrees(strategy, degrees), M, sequence=strategy.sequence_parallel)
         return placed
 
     def precision_of(self, strategy: Strategy) -> str:
@@ -132,15 +133,23 @@ class Simulator:
     def arrays(self, strategy: Strategy) -> GraphArrays:
         """The graph's arrays with activations at the width ``strategy``'s precision computes
         them in (:func:`memflow.sim.precision.activation_arrays`); in a pipeline, a weight is
-        charged to every stage that reads it (:func:`memflow.memory.states.stage_copies`)."""
-        key = (self.precision_of(strategy), strategy.stage.tobytes())
+        charged to every stage that reads it (:func:`memflow.memory.states.stage_copies`); a
+        unit replicated on its tensor-parallel group, whole on each of its devices
+        (:mod:`memflow.sim.replication`)."""
+        key = (self.precision_of(strategy), strategy.stage.tobytes(), self._scale_key(strategy))
         ga = self._arrays.get(key)
         if ga is None:    # a pipeline's copies make new arrays: once per stage assignment, so
             if len(self._arrays) > self.cache_size:     # that the records' pairs are reused
                 self._arrays.clear()
-            ga = self._arrays[key] = stage_arrays(activation_arrays(self.graph, key[0]),
-                                                  strategy.stage)
+            ga = self._arrays[key] = replicated_arrays(
+                stage_arrays(activation_arrays(self.graph, key[0]), strategy.stage),
+                as_run(strategy, self.graph)[1])
         return ga
+
+    def _scale_key(self, strategy: Strategy) -> bytes:
+        """What :func:`~memflow.sim.replication.as_run` scales, as part of a cache key."""
+        scale = as_run(strategy, self.graph)[1]
+        return b"" if scale is None else scale.tobytes()
 
     def _table(self, strategy: Strategy, placed: Placed, foreach: bool = True) -> BlockTable:
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
@@ -151,6 +160,7 @@ class Simulator:
 
     def blocks(self, strategy: Strategy, *, foreach: bool = True) -> StepBlocks:
         """The memory plan of ``strategy`` (blocks with anchors)."""
+        strategy = as_run(strategy, self.graph)[0]
         table = self._table(strategy, self._placed_of(strategy), foreach)
         return table.derive(strategy.policy, strategy.segment, self._ratios(strategy))
 
@@ -213,11 +223,13 @@ class Simulator:
         return self._layouts_cache[key]
 
     def placement(self, strategy: Strategy, fold: bool = True) -> Placement:
-        """What the placements of ``strategy`` decide (cached)."""
+        """What the placements of ``strategy`` (:func:`~memflow.sim.replication.as_run`)
+        decide (cached)."""
+        strategy = as_run(strategy, self.graph)[0]
         key = (strategy.layout_ids.tobytes(), tuple(strategy.layouts), strategy.stage.tobytes(),
                strategy.microbatches, strategy.schedule, fold, strategy.shard.tobytes(),
                strategy.offload_optimizer.tobytes(), self.precision_of(strategy),
-               strategy.sequence_parallel.tobytes())
+               strategy.sequence_parallel.tobytes(), self._scale_key(strategy))
         hit = self._placements.get(key)
         if hit is not None:
             self._placements.move_to_end(key)
@@ -237,7 +249,8 @@ class Simulator:
         else:
             table = self._table(strategy, placed)
             S = structure(self.arrays(strategy), placed, strategy.layout_ids, degrees,
-                          strategy.stage, strategy.microbatches, strategy.schedule, table.states)
+                          strategy.stage, strategy.microbatches, strategy.schedule, table.states,
+                          split_degrees(strategy, degrees))
         R = self._by_layouts(strategy, placed, fold)
         timing = placement_timing(self, strategy, S, table.states, R)
         out = Placement(
@@ -263,7 +276,7 @@ class Simulator:
                strategy.stage.tobytes(), tuple(strategy.layouts),
                strategy.layout_ids.tobytes(), strategy.microbatches, strategy.schedule, fold,
                strategy.shard.tobytes(), strategy.offload_optimizer.tobytes(),
-               self.precision_of(strategy))
+               self.precision_of(strategy), self._scale_key(strategy))
         hit = self._prepared_cache.get(key)
         if hit is not None:
             self._prepared_cache.move_to_end(key)
@@ -282,9 +295,11 @@ class Simulator:
         return prep
 
     def run(self, strategy: Strategy, *, fold: bool = True) -> Run:
-        """Simulate one step of ``strategy``; every array of the outcome."""
+        """Simulate one step of ``strategy``; every array of the outcome (its ``strategy``
+        the one run: :func:`~memflow.sim.replication.as_run`)."""
         if self.ca is None:
             raise SimulationError("this simulator has no cluster; give one to time a strategy")
+        strategy = as_run(strategy, self.graph)[0]
         p = self._prepared(strategy, fold)
         T, P = p.tasks, p.placement
         start, end = schedule((T.dep_ptr, T.dep_idx), T.channel_set, P.sets, T.duration,
@@ -306,4 +321,6 @@ class Simulator:
     def result(self, strategy: Strategy, *, fold: bool = True):
         """The full :class:`~memflow.sim.result.SimResult` of ``strategy``."""
         from .result import SimResult
-        return SimResult(self, self.run(strategy, fold=fold))
+        out = SimResult(self, self.run(strategy, fold=fold))
+        out.strategy = strategy     # the one asked for; its run's layouts place the tasks
+        return out

@@ -151,10 +151,14 @@ def _unit_bytes(ga, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage: np.ndarray,
-              microbatches: int, schedule: str, states=None) -> Structure:
+              microbatches: int, schedule: str, states=None,
+              parameter: np.ndarray | None = None) -> Structure:
     """The placement-only part of the expansion of one strategy; ``states`` (its units'
     :class:`~memflow.memory.states.UnitStates`, default: unsharded, the graph's widths)
-    decides what the DDP buckets reduce and what sharded units gather and scatter."""
+    decides what the DDP buckets reduce and what sharded units gather and scatter;
+    ``parameter`` (per unit, default its placement's) the units whose parameter split
+    all-reduces (a unit replicated on its group's placement exchanges nothing:
+    :mod:`memflow.sim.replication`)."""
     n, M = ga.n, int(microbatches)
     stage = np.maximum(stage, 0)
     stages = int(stage.max()) + 1
@@ -162,7 +166,7 @@ def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage
     st_ptr = _ptr(stage, stages)
     st_units = np.argsort(stage, kind="stable")
     # bytes of each unit's outputs and of the gradients of its inputs (tensor parallelism)
-    p = degrees[layout, 1]
+    p = degrees[layout, 1] if parameter is None else parameter
     sa = degrees[layout, 0] * degrees[layout, 2]
     out_bytes, in_grad = block_edge_bytes(ga, layout, p > 1, *_unit_bytes(ga, M), M)
     cp = placed.copies

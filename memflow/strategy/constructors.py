@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..errors import StrategyError
 from .strategy import Strategy
-from .validate import block_limits
+from .validate import block_limits, divides_tensor_degree
 
 __all__ = ["device_list", "balanced_split", "single_device", "data_parallel", "model_parallel",
            "hybrid", "pipeline", "tensor_parallel"]
@@ -143,8 +143,9 @@ def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 
 
     Device ``(r * pp + s) * tp + t`` is tensor rank ``t`` of stage ``s`` of replica ``r``.
     Units that hold parameters and can be split ``tp`` ways over their parameter dimension
-    (blocks, embeddings, large linears) get ``parameter=tp``; the rest run on tensor rank 0
-    of their stage. With ``whole_blocks`` the units of a block (the graph's ``block`` column: a
+    (blocks whose ``tensor_degree`` ``tp`` divides, embeddings, large linears) get
+    ``parameter=tp``; the rest are placed on tensor rank 0 of their stage, and run on every
+    rank of its group (:mod:`memflow.strategy.tensor_groups`). With ``whole_blocks`` the units of a block (the graph's ``block`` column: a
     layer captured finer than ``"blocks"``) split together, parameter-free ones included, when
     its parameter units all can — Megatron's layer, whose attention core and GELU run on each
     rank's heads and features (the memory model holds what they pass among themselves at
@@ -186,7 +187,9 @@ def tensor_parallel(graph, devices: Devices, *, tp: int, pp: int = 1, dp: int = 
         raise StrategyError(f"tensor_parallel: tp × pp × dp = {tp * pp * dp} but {len(devs)} "
                             "devices were given; choose degrees whose product is the count")
     limit = np.where(inside, block_limits(u), u["max_parameter_degree"].to_numpy())
-    split = (limit >= tp) & ((u["param_bytes"].to_numpy() > 0) | inside) & (tp > 1)
+    # a block Megatron splits (its tensor_degree) only where tp divides its heads and widths
+    even = divides_tensor_degree(u["tensor_degree"].to_numpy(), tp) | inside
+    split = (limit >= tp) & even & ((u["param_bytes"].to_numpy() > 0) | inside) & (tp > 1)
     stage = balanced_split(_cost(graph), pp)
     placed, param = [], []
     for i in range(len(graph)):

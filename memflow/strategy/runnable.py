@@ -24,8 +24,8 @@ The rules of :data:`RUNNABLE`:
   ``Conv*`` with one group or ``Embedding`` (the graph's ``shard_axis``,
   :mod:`memflow.graph.slicing`), up to its ``max_parameter_degree``, or of a block whose
   linears all declare a Megatron ``tp_plan`` (a Llama decoder layer, a GPT-2 or BERT block:
-  attention by heads, MLP by hidden units), up to its ``tensor_degree`` (a smaller degree
-  that does not divide it runs too, the modules it does not divide gathered), called once,
+  attention by heads, MLP by hidden units), at a degree dividing its ``tensor_degree``
+  (its heads and widths split evenly; validation refuses others), called once,
   whose weights no other module shares;
 * **shard levels over data-parallel replicas** — any of ``shard_levels``, written as FSDP2
   ``fully_shard`` per unit and ZeRO-1's ``ZeroRedundancyOptimizer``

@@ -7,7 +7,7 @@ from ..errors import StrategyError
 from .policies import POLICIES
 from .strategy import Strategy
 
-__all__ = ["validate", "block_limits"]
+__all__ = ["validate", "block_limits", "divides_tensor_degree"]
 
 
 def block_limits(units) -> np.ndarray:
@@ -35,12 +35,26 @@ def block_limits(units) -> np.ndarray:
     return out
 
 
+def divides_tensor_degree(tensor_degree, parameter) -> np.ndarray:
+    """Per unit, whether its parameter degree splits it evenly: it divides the unit's
+    ``tensor_degree`` (capture's record of how far Megatron splits a block: the largest degree
+    dividing its heads and sharded widths, :mod:`memflow.graph.slicing`), or the unit has none
+    (0: split by ``max_parameter_degree`` alone). Works on arrays and on numbers.
+
+    >>> divides_tensor_degree([12, 12, 0], [4, 8, 3]).tolist()
+    [True, False, True]
+    """
+    td = np.asarray(tensor_degree, np.int64)
+    return (td <= 0) | (td % np.maximum(np.asarray(parameter, np.int64), 1) == 0)
+
+
 def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
     """Raise :class:`~memflow.errors.StrategyError` if ``strategy`` cannot run; else return it.
 
     Checks: the units are the graph's, in order; each unit's degrees multiply to its number of
     devices, which are distinct (and, given ``cluster``, exist); degrees stay within the
-    unit's largest splits; each unit's sample degree divides the batch (every replica gets an
+    unit's largest splits, and a parameter degree divides the unit's ``tensor_degree``
+    (:func:`divides_tensor_degree`); each unit's sample degree divides the batch (every replica gets an
     equal shard, as DistributedDataParallel and the exported script's ``batch_size // world``
     need) and sample × micro-batches <= batch (micro-batches may be uneven: export splits a
     shard with ``torch.tensor_split``, as pipelining does); recompute only
@@ -74,6 +88,9 @@ def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
     max_p = u["max_parameter_degree"].to_numpy()
     max_p = np.where(u["param_bytes"].to_numpy() > 0, max_p, np.maximum(max_p, block_limits(u)))
     max_a = u["max_attribute_degree"].to_numpy()
+    td = u["tensor_degree"].to_numpy(np.int64) if "tensor_degree" in u.columns else np.zeros(
+        len(u), np.int64)
+    even = divides_tensor_degree(td, strategy.parameter)
     for i, name in enumerate(names):
         s, p, a = int(strategy.sample[i]), int(strategy.parameter[i]), int(strategy.attribute[i])
         devs = strategy.devices[i]
@@ -95,6 +112,12 @@ def validate(strategy: Strategy, graph, cluster=None) -> Strategy:
         if p > max_p[i]:
             raise StrategyError(f"unit {name!r}: parameter degree {p} is above its "
                                 f"max_parameter_degree {int(max_p[i])}; valid: 1..{int(max_p[i])}")
+        if not even[i]:
+            valid = [d for d in range(1, min(int(td[i]), int(max_p[i])) + 1) if td[i] % d == 0]
+            raise StrategyError(f"unit {name!r}: parameter degree {p} does not divide its "
+                                f"tensor_degree {int(td[i])} (Megatron splits its heads and "
+                                "hidden sizes evenly over the ranks); valid: parameter "
+                                f"{', '.join(map(str, valid))}")
         if a > max_a[i]:
             raise StrategyError(f"unit {name!r}: attribute degree {a} is above its "
                                 f"max_attribute_degree {int(max_a[i])}; valid: 1..{int(max_a[i])}")

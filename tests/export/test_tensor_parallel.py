@@ -197,10 +197,14 @@ def test_the_plan_pairs_megatron_linears_and_gathers_the_rest():
     assert plan["h.1.mlp.fc"] == "colwise-sharded" and plan["h.1.mlp.proj"] == "rowwise"
     assert plan["h.1.attn.qkv"] == "colwise-qkv" and plan["h.1.attn.proj"] == "rowwise"
     assert "ln_f" not in plan
-    # heads that do not divide among the ranks: the attention's linears stay gathered
+    # heads that do not divide among the ranks: the attention's linears stay gathered (a
+    # split validation refuses, tensor_degree 3: Strategy.tensor_parallel leaves the blocks
+    # whole, so the blocks are split here by hand)
     odd = dict(GPT2, hidden=18, n_head=3)
     three = _graph("gpt2", odd, "blocks")
-    plan = tensor_plan(_model("gpt2", odd)[0], Strategy.tensor_parallel(three, 2, tp=2), three)
+    uneven = Strategy.tensor_parallel(three, 2, tp=2).with_config(
+        ["h.0", "h.1"], parameter=2, devices=["gpu0", "gpu1"])
+    plan = tensor_plan(_model("gpt2", odd)[0], uneven, three)
     assert plan["h.1.attn.qkv"] == plan["h.1.attn.proj"] == "colwise"
     # Llama's decoder layers: q, k, v by heads (2 key/value heads), the SwiGLU MLP by rows
     llama = _graph("tinyllama-1.1b", LLAMA, "blocks")
@@ -213,7 +217,10 @@ def test_the_plan_pairs_megatron_linears_and_gathers_the_rest():
         "mlp.gate_proj": "colwise-sharded", "mlp.up_proj": "colwise-sharded",
         "mlp.down_proj": "rowwise"}
     # 4 ranks do not divide 2 key/value heads: the attention stays gathered, the MLP pairs
-    plan = tensor_plan(decoder, Strategy.tensor_parallel(llama, 4, tp=4), llama)
+    # (a split validation refuses, tensor_degree 2: made by hand)
+    four = ["gpu0", "gpu1", "gpu2", "gpu3"]
+    plan = tensor_plan(decoder, Strategy.tensor_parallel(llama, 4, tp=4).with_config(
+        ["layers.0", "layers.1"], parameter=4, devices=four), llama)
     assert plan["layers.1.self_attn.k_proj"] == plan["layers.1.self_attn.o_proj"] == "colwise"
     assert plan["layers.1.mlp.down_proj"] == "rowwise"
     sp = tensor_plan(model, Strategy.tensor_parallel(blocks, 2, tp=2, sequence_parallel=True),
