@@ -2,10 +2,12 @@
 pins included, from a data-parallel start or a projected baseline — on a CNN, a transformer,
 the chain and Llama's decoder layers (blocks, split as Megatron blocks) over 1, 2 and 4 devices
 is one export runs: ``memflow.export.apply`` takes it (and ``script`` writes it, and one step
-trains), never refusing."""
+trains), never refusing; and a sample of them — bf16 pipelines of a ResNet and a Llama among
+them — runs on its processes, one step giving the single-process original's loss."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import numpy as np
 import pytest
@@ -22,6 +24,8 @@ from memflow.search.initial import data_parallel
 from memflow.search.moves import MOVES
 from memflow.search.space import SearchSpace
 from memflow.strategy.runnable import unrunnable
+
+from gloo_ranks import run_scripts
 
 BATCH = 8
 MODELS = {
@@ -165,3 +169,74 @@ def test_a_search_started_anywhere_stays_runnable():
         assert unrunnable(search.best, g) is None and unrunnable(search.current, g) is None
     full = memflow.MCMCSearch(g, c, init=start, seed=1, runnable=False)
     assert full.current == start
+
+
+RUN_CLUSTER = "2xA100-80GB"     # bf16 units: the precision move offers bf16 there
+RUNS = {    # what the sample must hold: (model, what) -> test of (strategy, path)
+    ("resnet50", "bf16 pipeline"): lambda s, path: path == "pipeline" and s.precision == "bf16",
+    ("tinyllama-1.1b", "bf16 pipeline"):
+        lambda s, path: path == "pipeline" and s.precision == "bf16",
+    ("tinyllama-1.1b", "tensor-parallel blocks"): lambda s, path: path == "tensor",
+    ("resnet50", "replicas"): lambda s, path: path is None and s.sample[0] == 2,
+}
+
+
+def drawn() -> dict:
+    """For each entry of :data:`RUNS`, the first walk (seeds in order, from data parallelism
+    and from a pipeline) on two devices that has it and runs on two processes: strategies
+    the search's own moves reach, drawn deterministically."""
+    out = {}
+    for (model, what), wanted in RUNS.items():
+        for seed in range(20):
+            g, s = next(((g, s) for g, s in (walk(model, RUN_CLUSTER, seed, 40, 0, pipe)
+                                             for pipe in (False, True))
+                         if processes(s, p := process_path(s, meta_model(model), g)) == 2
+                         and wanted(s, p)), (None, None))
+            if s is not None:
+                out[model, what] = g, s
+                break
+        else:
+            raise AssertionError(f"no walk of {model} on {RUN_CLUSTER} reaches {what}")
+    return out
+
+
+def _reference(path, model: str, s) -> float:
+    """The loss of the single-process original for the exported script ``path``: each
+    replica's batch and target (as the script draws them) through rank 0's weights, in its
+    micro-batches (batch norms see the micro-batches the stages see), averaged."""
+    spec = importlib.util.spec_from_file_location("reference_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    replicas = int(s.sample[0])
+    share = BATCH // replicas
+    original = module.build_model(model, share, MODELS[model], device="cpu", seed=0)[0]
+    losses = []
+    for r in range(replicas):
+        inputs = module.build_model(model, share, MODELS[model], device="cpu", seed=r)[1]
+        args, _ = module.as_args(inputs)
+        with torch.no_grad():
+            out = torch.cat([original(*part) for part in zip(
+                *(a.tensor_split(s.microbatches) for a in args))])
+        losses.append(module.loss_of("auto", out, None, 1000 + r)[0])
+    return float(torch.stack(losses).mean())
+
+
+@pytest.mark.slow       # one launch of 2 processes, every drawn strategy in turn
+def test_walked_strategies_run_on_their_processes(tmp_path):
+    """Search space = export space, run: walked strategies (bf16 pipelines of a ResNet and a
+    Llama, Llama's blocks split over tensor-parallel ranks, ResNet replicas) exported and run
+    by their scripts on gloo, two processes each, one step; the loss is the single-process
+    original's (bf16: within bf16's rounding)."""
+    cases = drawn()
+    paths, expected = [], []
+    for k, ((model, what), (g, s)) in enumerate(cases.items()):
+        assert unrunnable(s, g) is None, what
+        path = script(s, tmp_path / f"train{k}.py", model=model, model_options=MODELS[model],
+                      batch_size=BATCH, graph=g)
+        paths.append(path)
+        expected.append(_reference(path, model, s))
+    losses = run_scripts(paths, 2, tmp_path, ["--steps", "1"])
+    for ((model, what), (_, s)), got, want in zip(cases.items(), losses, expected):
+        bf16 = s.precision in ("bf16", "pure-bf16")
+        assert got[0] == pytest.approx(want, rel=3e-2 if bf16 else 1e-4), (model, what,
+                                                                            s.precision)
