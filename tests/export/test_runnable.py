@@ -182,7 +182,7 @@ RUNS = {    # what the sample must hold: (model, units, what) -> test of (strate
     ("tinyllama-1.1b", "blocks", "bf16 pipeline"):
         lambda s, path: path == "pipeline" and s.precision == "bf16",
     ("tinyllama-1.1b", "blocks", "tensor-parallel blocks"): lambda s, path: path == "tensor",
-    ("resnet50", "leaves", "replicas"): lambda s, path: path is None and s.sample[0] == 2,
+    ("resnet50", "blocks", "replicas"): lambda s, path: path is None and s.sample[0] == 2,
 }
 
 
