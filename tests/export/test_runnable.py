@@ -245,3 +245,19 @@ def test_walked_strategies_run_on_their_processes(tmp_path):
         bf16 = s.precision in ("bf16", "pure-bf16")
         assert got[0] == pytest.approx(want, rel=2e-2 if bf16 else 1e-4), (model, what,
                                                                             s.precision)
+
+
+def test_a_stage_cannot_start_by_writing_its_input_in_place():
+    """A ResNet cut between a batch norm and its in-place ReLU: the stage would write the
+    activation it receives, a leaf that requires grad, which autograd refuses; a cut one unit
+    later runs."""
+    g = graph("resnet50")
+    s = memflow.Strategy.pipeline(g, 2, stages=2, microbatches=2, schedule="1f1b")
+    cut = g.names.index("layer1.0.relu2")
+
+    def cut_at(k: int):
+        return s.with_config({u: {"stage": int(i >= k), "devices": [f"gpu{int(i >= k)}"]}
+                              for i, u in enumerate(g.names)})
+    assert "unit 'layer1.0.relu2' starts a new stage or group and writes its input in place" \
+        in unrunnable(cut_at(cut), g)
+    assert unrunnable(cut_at(cut + 1), g) is None
