@@ -208,25 +208,6 @@ def shard_problem(strategy, graph) -> str | None:
     units = list(strategy.units)     # the messages below only: this runs on every proposal
     if graph is not None:
         root = np.flatnonzero(root_sharded(graph))
-        # a unit that is a fully_shard group of its own, inside a recompute segment begun by
-        # an earlier unit: FSDP2's pre-forward passes the group's inputs that require grad
-        # through an autograd Function (to run its post-backward) inside the checkpoint,
-        # which recompute cannot replay
-        seg = strategy.segment
-        inner = [i for i in np.flatnonzero((levels >= S_GRADIENTS) & ~root_sharded(graph)
-                                           & (seg >= 0) & (np.r_[-1, seg[:-1]] == seg))
-                 if _grad_input(graph, units[i])]
-        if inner:
-            i = start = int(inner[0])
-            while start > 0 and seg[start - 1] == seg[i]:
-                start -= 1
-            return (f"unit {units[i]!r} is a fully_shard group of its own (shard level "
-                    f"{SHARD_LEVELS[levels[i]]!r}) inside the recompute segment begun by unit "
-                    f"{units[start]!r}: FSDP2's pre-forward passes its inputs that require "
-                    "grad through an autograd Function inside the checkpoint, which recompute "
-                    "cannot replay. Valid: a segment "
-                    f"that starts at {units[i]!r} (segment_break), or shard level 'none' or "
-                    "'optimizer' for it")
         odd = [i for i in root if levels[i] != levels[root[0]]]
         if odd:
             a, b = units[int(root[0])], units[int(odd[0])]
@@ -236,14 +217,6 @@ def shard_problem(strategy, graph) -> str | None:
                     f"a shared weight), which has one level. Valid: one level for "
                     f"{', '.join(units[int(i)] for i in root)}")
     return None
-
-
-def _grad_input(graph, unit: str) -> bool:
-    """Whether ``unit`` reads a tensor another unit made that requires grad."""
-    t = graph.tensors
-    return bool(any(unit in c and p != unit
-                    for c, p in zip(t["consumers"][t["requires_grad"].to_numpy(bool)],
-                                    t["producer"][t["requires_grad"].to_numpy(bool)])))
 
 
 def model_state_problem(strategy, graph=None) -> str | None:

@@ -261,19 +261,3 @@ def test_a_stage_cannot_start_by_writing_its_input_in_place():
     assert "unit 'layer1.0.relu2' starts a new stage or group and writes its input in place" \
         in unrunnable(cut_at(cut), g)
     assert unrunnable(cut_at(cut + 1), g) is None
-
-
-def test_a_recompute_segment_does_not_run_into_a_fully_shard_group():
-    """FSDP2's pre-forward marks a group's inputs that require grad with an autograd Function,
-    which recompute cannot replay inside a segment begun by an earlier unit (found on a walked
-    ResNet: a selective segment over two blocks, the second at ZeRO-2); a segment that starts
-    at the group runs (tests/export/test_fsdp.py), and so does one whose group reads no
-    gradient-carrying input (GPT-2's position embedding after the token embedding)."""
-    g = memflow.zoo.graph("chain", batch_size=BATCH, units="blocks", n=3, width=8)
-    a, b, _ = g.names
-    s = memflow.Strategy.data_parallel(g, 2).with_shard({b: "gradients"})
-    assert "unit 'layers.1' is a fully_shard group of its own (shard level 'gradients') " \
-        "inside the recompute segment begun by unit 'layers.0'" in unrunnable(
-            s.with_policy(selective=[a, b]), g)
-    assert unrunnable(s.with_policy(selective=[b]), g) is None
-    assert unrunnable(s.with_policy(selective=[a, b]).with_segments([b]), g) is None
