@@ -42,8 +42,9 @@ from torch import nn
 from ..errors import ExportError
 from ..graph.units import ROOT
 from ..strategy.shard_levels import S_GRADIENTS, S_NONE, S_OPTIMIZER, S_PARAMETERS, SHARD_LEVELS
-from .model_states import (Steps, average_gradients, cast_inputs, cast_parameters, compute_dtype,
-                           fp32_allreduce_hook, mp_policy, offload_policy)
+from .model_states import (Steps, average_gradients, cast_inputs, cast_parameters,
+                           cast_statistics, compute_dtype, fp32_allreduce_hook, mp_policy,
+                           offload_policy)
 
 __all__ = ["sharded", "shard_model", "Sharding"]
 
@@ -183,6 +184,7 @@ def shard_model(exported, device: torch.device | None = None, *, levels=None,
     precision, offload = strategy.precision, strategy.offload_optimizer
     # bf16: FSDP2 casts its own groups' parameters (mp_policy), the rest are cast here
     cast_parameters(whole if precision == "bf16" else exported.parameters(), precision)
+    cast_statistics(exported, precision)
     # FSDP2 groups take their offload policy; the rest step host copies (ids of live objects)
     host = {id(p) for s in exported.spans if offload[s.index]
             for p in _unit_params(exported, s)} & {id(p) for p in whole}

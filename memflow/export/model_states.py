@@ -20,7 +20,9 @@
 
 Floating inputs enter in bf16 (:func:`cast_inputs`; FSDP2's own cast in its groups); the loss is
 computed in fp32 (the script's ``loss_of``); buffers keep their dtype, as the memory model
-(:mod:`memflow.memory.states`) charges them.
+(:mod:`memflow.memory.states`) charges them, but for a batch norm's running statistics
+(:func:`cast_statistics`): PyTorch's batch norm takes a bf16 input with its weight and
+statistics all fp32 or all bf16, and the weight computes in bf16.
 
 >>> from torch import nn
 >>> m = nn.Linear(4, 2)
@@ -39,8 +41,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
-__all__ = ["compute_dtype", "mp_policy", "offload_policy", "cast_parameters", "cast_inputs",
-           "average_gradients", "fp32_allreduce_hook", "Steps"]
+__all__ = ["compute_dtype", "mp_policy", "offload_policy", "cast_parameters", "cast_statistics",
+           "cast_inputs", "average_gradients", "fp32_allreduce_hook", "Steps"]
 
 HOST = torch.device("cpu")
 
@@ -81,6 +83,27 @@ def cast_parameters(params: Iterable[nn.Parameter], precision: str | None) -> No
                 torch.utils.swap_tensors(p, nn.Parameter(p.detach().to(dtype), p.requires_grad))
             elif p.is_floating_point():
                 p.data = p.data.to(dtype)
+
+
+def cast_statistics(module: nn.Module, precision: str | None) -> None:
+    """Cast the running statistics of ``module``'s batch norms in place to ``precision``'s
+    compute dtype, as ``nn.Module.to(torch.bfloat16)`` casts them: the batch norm kernel
+    takes a bf16 input with its weight, bias and statistics all in one dtype (or all fp32),
+    and its weight computes in bf16 (cast here, or by FSDP2's all-gather). Statistics are
+    running averages, never stepped: no master copy.
+
+    >>> bn = nn.BatchNorm1d(3)
+    >>> cast_statistics(bn, "bf16"); cast_parameters(bn.parameters(), "bf16")
+    >>> bn.running_var.dtype, bn(torch.ones(2, 3, dtype=torch.bfloat16)).dtype
+    (torch.bfloat16, torch.bfloat16)
+    """
+    dtype = compute_dtype(precision)
+    for m in module.modules() if dtype is not None else ():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            for name in ("running_mean", "running_var"):
+                stat = getattr(m, name)
+                if stat is not None and stat.is_floating_point():
+                    setattr(m, name, stat.to(dtype))
 
 
 def cast_inputs(tree: Any, precision: str | None) -> Any:

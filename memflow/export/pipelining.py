@@ -69,6 +69,7 @@ from ..graph.units import LOSS, ROOT
 from ..strategy.shard_levels import S_NONE
 from .fsdp import shard_model
 from .grad_flow import constant_inputs, detach_constants
+from .model_states import cast_inputs, cast_statistics, compute_dtype
 from .spans import unit_spans
 from .stage_tensor import parallelize_stage, stage_groups, stage_plan, stage_tensor_degree
 
@@ -194,6 +195,35 @@ def _traceable(model: nn.Module):
                 del m.forward, m._orig_forward
 
 
+@contextlib.contextmanager
+def _computing(model: nn.Module, precision: str | None):
+    """The model in ``precision``'s compute dtype while it is traced, its parameters as they
+    were afterwards (yields their tensors by every name, ``{}`` without a cast).
+
+    The trace is specialised to the dtypes it sees: a ``.to(torch.float32)`` of an fp32
+    activation (Llama's RMSNorm upcast) is traced as a dtype check, not a cast, so a stage
+    traced in fp32 refuses (or would not upcast) the bf16 activations it gets under a bf16
+    precision. Traced in bf16, the stage casts where the model casts. The parameters go back
+    to their own dtype: they are the fp32 masters FSDP2 shards, or are cast again by
+    :func:`~memflow.export.model_states.cast_parameters`. Batch norms' running statistics
+    stay in bf16 (:func:`~memflow.export.model_states.cast_statistics`)."""
+    dtype = compute_dtype(precision)
+    if dtype is None:
+        yield {}
+        return
+    cast_statistics(model, precision)
+    masters = {n: p.data for n, p in model.named_parameters(remove_duplicate=False)}
+    saved = [(p, p.data) for p in model.parameters()]
+    for p, data in saved:
+        if p.is_floating_point():
+            p.data = data.to(dtype)
+    try:
+        yield masters
+    finally:
+        for p, data in saved:
+            p.data = data
+
+
 def _drop_unused(stage: nn.Module) -> None:
     """Remove what the stage's graphs never read: the tracer also leaves copies of a tied
     weight under its other names (GPT-2's ``lm_head.weight`` beside ``wte.weight``), which
@@ -282,8 +312,13 @@ def trace(model: nn.Module, strategy, example: tuple[tuple, dict], graph=None):
     micro = [t[:batch // m] if isinstance(t, torch.Tensor) else t for t in args]
     micro_kw = {k: t[:batch // m] if isinstance(t, torch.Tensor) else t
                 for k, t in kwargs.items()}
-    with _traceable(model):
-        pipe = pipeline(model, tuple(micro), micro_kw, split_spec=split)
+    micro, micro_kw = cast_inputs((tuple(micro), micro_kw), strategy.precision)
+    with _traceable(model), _computing(model, strategy.precision) as masters:
+        pipe = pipeline(model, micro, micro_kw, split_spec=split)
+    for i in range(pipe.num_stages):    # the tracer's copies of tied weights, made in bf16
+        for name, p in pipe.get_stage_module(i).named_parameters(remove_duplicate=False):
+            if name in masters and p.dtype != masters[name].dtype:
+                p.data = masters[name].clone()
     if pipe.num_stages != n:
         raise ExportError(f"the trace of the model gave {pipe.num_stages} stages where the "
                           f"strategy has {n}; split points: {split_points(strategy, graph)}")

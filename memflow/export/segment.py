@@ -115,6 +115,8 @@ def _saves_for_backward(outputs: list[torch.Tensor]) -> bool:
 
 
 def _call_name(func: Callable) -> str:
+    if isinstance(func, torch._ops.OpOverload):     # a traced stage calls aten.relu_.default
+        return func.overloadpacket.__name__
     name = getattr(func, "__name__", None)
     if name == "__get__":       # a property such as Tensor.T
         name = getattr(getattr(func, "__self__", None), "__name__", "property")

@@ -120,10 +120,19 @@ def split_policy_problem(strategy, graph) -> str | None:
 
 def uncut(units, group: np.ndarray, graph, valid: str) -> str | None:
     """Why the model cannot be cut where ``group`` (per unit: a stage, or a sample group)
-    changes: each cut needs a module called once on one side of it (None: every cut can)."""
+    changes: each cut needs a module called once on one side of it, and a unit after it that
+    does not write its input in place (None: every cut can).
+
+    A stage's (or group's) input is the activation it receives, which the process makes a
+    leaf tensor that requires grad (``torch.distributed.pipelining``'s stage inputs), and
+    autograd lets no in-place op write a leaf that requires grad; in one process the same
+    unit (an in-place ReLU) writes its producer's output. Capture shows such a unit as one
+    that runs ops but makes no tensor."""
     u = graph.units
     calls, _ = sharing(graph)
     role, module = u["role"].to_numpy(), u["module"].to_numpy()
+    writes = ((u["fwd_ops"].to_numpy() > 0) & (u["output_bytes"].to_numpy() == 0)
+              & (u["input_bytes"].to_numpy() > 0))
 
     def cut(i: int) -> bool:     # <root> and <loss> are no module calls to cut at
         return (role[i] == "module" and not str(module[i]).startswith("<")
@@ -133,6 +142,12 @@ def uncut(units, group: np.ndarray, graph, valid: str) -> str | None:
             return (f"unit {units[i + 1]!r} starts a new stage or group after unit "
                     f"{units[i]!r}, but neither is a module called once, so the model "
                     f"cannot be cut there. {valid}, or move the boundary next to a module unit")
+        if writes[i + 1]:
+            return (f"unit {units[i + 1]!r} starts a new stage or group and writes its input "
+                    "in place (as an in-place ReLU does); that input is the activation the "
+                    "stage receives, a leaf that requires grad, which autograd lets no "
+                    f"in-place op write. {valid}, or move the boundary so that "
+                    f"{units[i]!r} and {units[i + 1]!r} are on one side of it")
     return None
 
 

@@ -61,7 +61,8 @@ The rules of :data:`RUNNABLE`:
   one split degree, a split unit in every stage, unsplit units inside their stage's group:
   :mod:`memflow.strategy.stage_groups`; no offload or compression of a split unit, no
   recomputed split block) —, no attribute split, and stage boundaries at a module called
-  once (checked with the graph);
+  once, not before a unit that writes its input in place (checked with the graph:
+  :func:`~memflow.strategy.process_paths.uncut`);
   so must a GPipe pipeline whose model states are sharded over its replicas, in bf16 or
   with the optimizer on the host (else its stages would run in one process per replica).
   Stage ``s`` then holds ``min(m, stages - s)`` micro-batches' activations, as memflow's

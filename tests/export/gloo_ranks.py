@@ -52,3 +52,29 @@ def gathered(results: list[dict], model: torch.nn.Module) -> dict[str, torch.Ten
                 torch.testing.assert_close(g, out[name], msg=f"{name} differs between ranks")
             out.setdefault(name, g)
     return out
+
+
+def _scripts_entry(rank: int, scripts: list[str], world: int, ports: list[int], folder: str,
+                   argv: list[str]) -> None:
+    import importlib.util
+    torch.set_num_threads(1)
+    losses = []
+    for k, (path, port) in enumerate(zip(scripts, ports)):
+        # what torchrun gives each rank; the script starts and ends its own process group
+        os.environ.update(OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank),
+                          WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        spec = importlib.util.spec_from_file_location(f"exported_{k}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        losses.append(module.main(argv))
+    torch.save(losses, Path(folder) / f"rank{rank}.pt")
+
+
+def run_scripts(scripts: list[Path], world: int, folder: Path, argv: list[str]) -> list[list]:
+    """Each exported training script's ``main(argv)`` in turn on ``world`` spawned processes,
+    as ``torchrun --nproc_per_node world`` runs it (its environment, a port per script), in one
+    launch: the processes import torch and memflow once. Rank 0's losses, by script."""
+    ports = [_free_port() for _ in scripts]
+    mp.spawn(_scripts_entry, ([str(p) for p in scripts], world, ports, str(folder), argv),
+             nprocs=world)
+    return torch.load(folder / "rank0.pt", weights_only=False)

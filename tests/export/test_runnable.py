@@ -2,10 +2,12 @@
 pins included, from a data-parallel start or a projected baseline — on a CNN, a transformer,
 the chain and Llama's decoder layers (blocks, split as Megatron blocks) over 1, 2 and 4 devices
 is one export runs: ``memflow.export.apply`` takes it (and ``script`` writes it, and one step
-trains), never refusing."""
+trains), never refusing; and a sample of them — bf16 pipelines of a ResNet and a Llama among
+them — runs on its processes, one step giving the single-process original's loss."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import numpy as np
 import pytest
@@ -23,6 +25,8 @@ from memflow.search.moves import MOVES
 from memflow.search.space import SearchSpace
 from memflow.strategy.runnable import unrunnable
 
+from gloo_ranks import run_scripts
+
 BATCH = 8
 MODELS = {
     "resnet50": dict(num_classes=5, width=4, image_size=32, blocks=(1, 1, 1, 1)),
@@ -36,8 +40,9 @@ CLUSTERS = ("1xV100-16GB", "2xV100-16GB", "4xV100-16GB")
 
 
 @functools.cache
-def graph(model: str):
-    return zoo.graph(model, batch_size=BATCH, units=UNITS.get(model, "leaves"), **MODELS[model])
+def graph(model: str, units: str | None = None):
+    return zoo.graph(model, batch_size=BATCH, units=units or UNITS.get(model, "leaves"),
+                     **MODELS[model])
 
 
 @functools.cache
@@ -54,12 +59,13 @@ def _steps(s, space, rng, steps: int):
     return s
 
 
-def walk(model: str, cluster: str, seed: int, steps: int, pins: int, pipeline: bool = False):
+def walk(model: str, cluster: str, seed: int, steps: int, pins: int, pipeline: bool = False,
+         units: str | None = None):
     """A random walk of ``steps`` proposals (each taken) in the default search space, from
     data parallelism, from a walk in FlexFlow's full space (per-unit sample degrees,
     attribute splits, 1F1B micro-batches) projected into it, as the search projects its
     starts and offers (or, with ``pipeline``, from a projected 1F1B pipeline)."""
-    g, c = graph(model), memflow.Cluster.preset(cluster)
+    g, c = graph(model, units), memflow.Cluster.preset(cluster)
     space = SearchSpace(g, c)
     rng = np.random.default_rng(seed)
     s = data_parallel(g, c)
@@ -165,3 +171,96 @@ def test_a_search_started_anywhere_stays_runnable():
         assert unrunnable(search.best, g) is None and unrunnable(search.current, g) is None
     full = memflow.MCMCSearch(g, c, init=start, seed=1, runnable=False)
     assert full.current == start
+
+
+RUN_CLUSTER = "2xA100-80GB"     # bf16 units: the precision move offers bf16 there
+RUNS = {    # what the sample must hold: (model, units, what) -> test of (strategy, path)
+    # the bottleneck blocks as units: a cut among a ResNet's leaves falls before an in-place
+    # ReLU as often as not, which a pipeline stage cannot start with (strategy.process_paths)
+    ("resnet50", "blocks", "bf16 pipeline"):
+        lambda s, path: path == "pipeline" and s.precision == "bf16",
+    ("tinyllama-1.1b", "blocks", "bf16 pipeline"):
+        lambda s, path: path == "pipeline" and s.precision == "bf16",
+    ("tinyllama-1.1b", "blocks", "tensor-parallel blocks"): lambda s, path: path == "tensor",
+    # (on the blocks graph the first such walk runs a selective segment from layer2.0 into
+    # layer3.0, a fully_shard group of its own: FSDP2's RegisterPostBackwardFunction inside
+    # the checkpoint, which export's recompute cannot replay yet — issue 14, open)
+    ("resnet50", "leaves", "replicas"): lambda s, path: path is None and s.sample[0] == 2,
+}
+
+
+def drawn() -> dict:
+    """For each entry of :data:`RUNS`, the first walk (seeds in order, from data parallelism
+    and from a pipeline) on two devices that has it and runs on two processes: strategies
+    the search's own moves reach, drawn deterministically."""
+    out = {}
+    for (model, units, what), wanted in RUNS.items():
+        for seed in range(20):
+            g, s = next(((g, s) for g, s in (walk(model, RUN_CLUSTER, seed, 40, 0, pipe, units)
+                                             for pipe in (False, True))
+                         if processes(s, p := process_path(s, meta_model(model), g)) == 2
+                         and wanted(s, p)), (None, None))
+            if s is not None:
+                out[model, what] = g, s
+                break
+        else:
+            raise AssertionError(f"no walk of {model} on {RUN_CLUSTER} reaches {what}")
+    return out
+
+
+def _reference(path, model: str, s) -> float:
+    """The loss of the single-process original for the exported script ``path``: each
+    replica's batch and target (as the script draws them) through rank 0's weights, in its
+    micro-batches (batch norms see the micro-batches the stages see), averaged."""
+    spec = importlib.util.spec_from_file_location("reference_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    replicas = int(s.sample[0])
+    share = BATCH // replicas
+    original = module.build_model(model, share, MODELS[model], device="cpu", seed=0)[0]
+    losses = []
+    for r in range(replicas):
+        inputs = module.build_model(model, share, MODELS[model], device="cpu", seed=r)[1]
+        args, _ = module.as_args(inputs)
+        with torch.no_grad():
+            out = torch.cat([original(*part) for part in zip(
+                *(a.tensor_split(s.microbatches) for a in args))])
+        losses.append(module.loss_of("auto", out, None, 1000 + r)[0])
+    return float(torch.stack(losses).mean())
+
+
+@pytest.mark.slow       # one launch of 2 processes, every drawn strategy in turn
+def test_walked_strategies_run_on_their_processes(tmp_path):
+    """Search space = export space, run: walked strategies (bf16 pipelines of a ResNet and a
+    Llama, Llama's blocks split over tensor-parallel ranks, ResNet replicas) exported and run
+    by their scripts on gloo, two processes each, one step; the loss is the single-process
+    original's (bf16: within bf16's rounding)."""
+    cases = drawn()
+    paths, expected = [], []
+    for k, ((model, what), (g, s)) in enumerate(cases.items()):
+        assert unrunnable(s, g) is None, what
+        path = script(s, tmp_path / f"train{k}.py", model=model, model_options=MODELS[model],
+                      batch_size=BATCH, graph=g)
+        paths.append(path)
+        expected.append(_reference(path, model, s))
+    losses = run_scripts(paths, 2, tmp_path, ["--steps", "1"])
+    for ((model, what), (_, s)), got, want in zip(cases.items(), losses, expected):
+        bf16 = s.precision in ("bf16", "pure-bf16")
+        assert got[0] == pytest.approx(want, rel=2e-2 if bf16 else 1e-4), (model, what,
+                                                                            s.precision)
+
+
+def test_a_stage_cannot_start_by_writing_its_input_in_place():
+    """A ResNet cut between a batch norm and its in-place ReLU: the stage would write the
+    activation it receives, a leaf that requires grad, which autograd refuses; a cut one unit
+    later runs."""
+    g = graph("resnet50")
+    s = memflow.Strategy.pipeline(g, 2, stages=2, microbatches=2, schedule="1f1b")
+    cut = g.names.index("layer1.0.relu2")
+
+    def cut_at(k: int):
+        return s.with_config({u: {"stage": int(i >= k), "devices": [f"gpu{int(i >= k)}"]}
+                              for i, u in enumerate(g.names)})
+    assert "unit 'layer1.0.relu2' starts a new stage or group and writes its input in place" \
+        in unrunnable(cut_at(cut), g)
+    assert unrunnable(cut_at(cut + 1), g) is None
