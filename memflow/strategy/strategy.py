@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..errors import StrategyError
 from .policies import KEEP, POLICIES, parse_policy
-from .shard_levels import SHARD_LEVELS, check_precision, shard_codes
+from .shard_levels import S_GRADIENTS, SHARD_LEVELS, check_precision, shard_codes
 
 __all__ = ["Strategy", "SCHEDULES"]
 
@@ -310,7 +310,15 @@ class Strategy:
         A segment is a maximal run of consecutive recomputed units with the same placement and
         pipeline stage and no :attr:`segment_break` after its first unit, as one
         ``torch.utils.checkpoint`` call would run them; ``selective`` and ``recompute`` units
-        never share one (a selective segment's checkpoint has a selective policy).
+        never share one (a selective segment's checkpoint has a selective policy). A unit
+        whose gradients or parameters are sharded over its replicas (FSDP2's ``fully_shard``)
+        starts a segment: FSDP2 runs a group's inputs through an autograd
+        function that a checkpoint entered before the group cannot replay.
+
+        >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu1")] * 2, sample=[2, 2])
+        >>> s = s.with_policy(recompute=["a", "b"])
+        >>> s.segment.tolist(), s.with_shard({"b": "parameters"}).segment.tolist()
+        ([0, 0], [0, 1])
         """
         seg = self._cache.get("segment")
         if seg is None:
@@ -318,8 +326,10 @@ class Strategy:
             rec = POLICIES.recomputes(self.policy)
             sel = POLICIES.selective(self.policy)
             start = rec.copy()
+            group = (self.shard >= S_GRADIENTS) & (self.sample > 1)    # its own fully_shard
             start[1:] &= ~(rec[:-1] & (layout[1:] == layout[:-1]) & (sel[1:] == sel[:-1])
-                           & (self.stage[1:] == self.stage[:-1]) & ~self.segment_break[1:])
+                           & (self.stage[1:] == self.stage[:-1]) & ~self.segment_break[1:]
+                           & ~group[1:])
             seg = np.where(rec, np.cumsum(start) - 1, -1)
             seg = self._cache["segment"] = _frozen(seg.astype(np.int64))
         return seg

@@ -23,7 +23,9 @@ def _strategies():
     a, b, c = g.names
     return {
         "ddp": Strategy.data_parallel(g, 2).with_policy(recompute=[b], offload=[a]),
-        "fsdp": Strategy.data_parallel(g, 2).with_shard({a: "parameters", c: "parameters"}),
+        # b and c recomputed: c, a fully_shard group of its own, starts a second segment
+        "fsdp": Strategy.data_parallel(g, 2).with_shard({a: "parameters", c: "parameters"})
+        .with_policy(recompute=[b, c]),
         # dp2 × pp2: each stage's replicas shard its units (FSDP2) in bf16
         "pipeline": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2, schedule="1f1b")
         .with_shard("parameters").with_model_states(precision="pure-bf16"),

@@ -182,10 +182,9 @@ RUNS = {    # what the sample must hold: (model, units, what) -> test of (strate
     ("tinyllama-1.1b", "blocks", "bf16 pipeline"):
         lambda s, path: path == "pipeline" and s.precision == "bf16",
     ("tinyllama-1.1b", "blocks", "tensor-parallel blocks"): lambda s, path: path == "tensor",
-    # (on the blocks graph the first such walk runs a selective segment from layer2.0 into
-    # layer3.0, a fully_shard group of its own: FSDP2's RegisterPostBackwardFunction inside
-    # the checkpoint, which export's recompute cannot replay yet — issue 14, open)
-    ("resnet50", "leaves", "replicas"): lambda s, path: path is None and s.sample[0] == 2,
+    # the first such walk recomputes layer2.0 and layer3.0 selectively, layer3.0 a
+    # fully_shard group of its own: two segments (Strategy.segment), as FSDP2 needs
+    ("resnet50", "blocks", "replicas"): lambda s, path: path is None and s.sample[0] == 2,
 }
 
 
