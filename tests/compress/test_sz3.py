@@ -11,7 +11,7 @@ from memflow.compress import choose, compress, compressed_saved_tensors, decompr
 from memflow.compress import quantizer
 from memflow.errors import CompressionError
 
-from test_quantizer import check_round_trip, tensors
+from test_quantizer import check_round_trip, tensors, tracked_peak
 
 needs_pysz = pytest.mark.skipif(not sz3.available(), reason="pysz (SZ3) is not installed: "
                                 "pip install 'memflow[compress]'")
@@ -111,18 +111,9 @@ def test_sz3_holds_one_map_decompressing_and_little_scratch_compressing():
     """Backward unpacks a saved map node by node, and the memory model charges the map
     itself: SZ3's decompression once held 3.5 maps (a shifted copy, a mask, a ``where``), so
     inception_v3's step under compress peaked 5% above the estimate."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     x = relu_map(2, (4, 16, 128, 128))           # 4 MiB: several chunks
-
-    def peak(fn):
-        tracker = MemTracker()
-        with tracker:
-            out = fn()
-        return out, tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
-
-    packed, packing = peak(lambda: sz3.compress(x, 1e-2))
-    y, unpacking = peak(lambda: decompress(packed))
+    packed, packing = tracked_peak(lambda: sz3.compress(x, 1e-2))
+    y, unpacking = tracked_peak(lambda: decompress(packed))
     assert torch.equal(y == 0, x == 0) and ((y - x).abs() <= 1e-2).all()
     stream = packed.stream.numel()
     assert unpacking <= stream + 1.01 * packed.original_bytes
