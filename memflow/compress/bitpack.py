@@ -79,11 +79,18 @@ def _bit_tables(device: torch.device) -> torch.Tensor:
     return _TABLES[device]
 
 
-def unpack_bits(planes: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """Inverse of :func:`pack_bits`: the first ``n`` codes, as uint8 (``bits <= 8``) or int32.
+def unpack_bits(planes: torch.Tensor, bits: int, n: int,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Inverse of :func:`pack_bits`: the first ``n`` codes, as uint8 (``bits <= 8``) or int32,
+    or as ``dtype`` (a float: codes below 2**24 are exact in float32).
 
     Each plane byte expands to 8 code bytes through a 256-entry table (one gather), which
-    moves less memory than shifting and masking each bit out.
+    moves less memory than shifting and masking each bit out. A float ``dtype`` sums the code
+    bytes into the result itself: no integer codes beside it (decompression's scratch).
+
+    >>> unpack_bits(pack_bits(torch.tensor([700, 3], dtype=torch.int32), 10), 10, 2,
+    ...             torch.float32).tolist()
+    [700.0, 3.0]
     """
     words = (n + 7) // 8
     tables = _bit_tables(planes.device)
@@ -94,7 +101,12 @@ def unpack_bits(planes: torch.Tensor, bits: int, n: int) -> torch.Tensor:
             part.add_(tables[j - m][planes[j].long()].view(-1))  # disjoint bits: add == or
         parts.append(part)
     if not parts:
-        return torch.zeros(n, dtype=torch.uint8, device=planes.device)
+        return torch.zeros(n, dtype=dtype or torch.uint8, device=planes.device)
+    if dtype is not None and dtype.is_floating_point:
+        codes = parts[0][:n].to(dtype)
+        for m, part in enumerate(parts[1:], start=1):
+            codes.add_(part[:n], alpha=256 ** m)
+        return codes
     if len(parts) == 1:
         return parts[0][:n]
     codes = parts[0].to(torch.int32)

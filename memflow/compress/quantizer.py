@@ -270,8 +270,10 @@ def decompress(packed: Packed) -> torch.Tensor:
             buf = bytearray(zlib.decompress(packed.zipped))
             planes = torch.frombuffer(buf, dtype=torch.uint8).view(packed.bits, -1)
             planes = planes.to(packed.device)
-        codes = unpack_bits(planes, packed.bits, n)
-    out = _reconstruct(codes, packed, work).to(packed.dtype)
+        # as floats, rebuilt in place: one map's bytes (integer codes beside them, then
+        # their float copy, held 3.8 maps at a node's backward where one is charged)
+        codes = unpack_bits(planes, packed.bits, n, work)
+    out = _reconstruct(codes, packed, work, inplace=True).to(packed.dtype)
     if packed.outlier_index is not None:
         out[packed.outlier_index.long()] = packed.outlier_value
     return out.view(packed.shape)

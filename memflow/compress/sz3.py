@@ -54,6 +54,7 @@ from .quantizer import decompress as dequantize
 
 __all__ = ["available", "compress", "decompress", "INSTALL"]
 
+_CHUNK = 1 << 18     # elements shifted or checked at a time: a chunk's scratch, not a map's
 INSTALL = "pip install 'memflow[compress]' (or: pip install pysz)"
 
 
@@ -101,35 +102,63 @@ def compress(tensor: torch.Tensor, error_bound: float, *, relative: bool = False
     data = values if finite is None else torch.where(finite, values, 0.0)
     if low == 0.0:   # >= 0 with zeros: keep zeros exact (see the module's notes)
         packed.shift = half
-        data = torch.where(data > 0, data + half, -half)
+        data = _shifted(data, half)
     config = config_of()
     config.errorBoundMode = mode.ABS
     config.absErrorBound = half
     stream, _ = sz.compress(np.ascontiguousarray(data.numpy()), config)
+    del data        # what SZ3 was given: the check below needs only the reconstruction
     if stream.size + HEADER_BYTES >= packed.original_bytes:
         packed.raw = x.clone()
         return packed
     packed.stream = torch.from_numpy(stream).clone()
     recon = _rebuild(packed, sz).to(work)
-    miss = (recon - values).abs_() > threshold(bound, work)
-    if packed.shift:     # by construction already; checked like the bound
-        miss |= (recon > 0) != (values > 0)
+    miss = _misses(recon, values, threshold(bound, work), bool(packed.shift))
     if finite is not None:
         miss |= ~finite
     keep_outliers(packed, flat, miss)
     return packed
 
 
+def _shifted(data: torch.Tensor, half: float) -> torch.Tensor:
+    """A finite map >= 0 as SZ3 is given it: positives up by ``half``, zeros to ``-half``; made
+    a chunk at a time, so that its scratch is a chunk's, not a map's."""
+    out = torch.empty_like(data)
+    for part, into in zip(data.split(_CHUNK), out.split(_CHUNK)):
+        torch.add(part, half, out=into).masked_fill_(part <= 0, -half)
+    return out
+
+
+def _misses(recon: torch.Tensor, values: torch.Tensor, limit: float, shifted: bool
+            ) -> torch.Tensor:
+    """Where the reconstruction is off by more than ``limit`` (or, ``shifted``, has the wrong
+    sign: by construction not, checked like the bound), a chunk at a time."""
+    miss = torch.empty(values.shape, dtype=torch.bool)
+    for r, v, m in zip(recon.split(_CHUNK), values.split(_CHUNK), miss.split(_CHUNK)):
+        torch.gt((r - v).abs_(), limit, out=m)
+        if shifted:
+            m |= (r > 0) != (v > 0)
+    return miss
+
+
 def _rebuild(packed: Packed, sz) -> torch.Tensor:
-    """The reconstruction in the map's dtype, flat, before outliers are put back."""
+    """The reconstruction in the map's dtype, flat, before outliers are put back.
+
+    Built in SZ3's own output buffer: backward holds one decompressed map per autograd node,
+    as the memory model charges it; torch ops on the whole map (a shifted copy, a mask, a
+    ``where``) once held 3.5 maps at a ReLU's backward."""
     work = np.float64 if packed.dtype == torch.float64 else np.float32
     data, _ = sz.decompress(packed.stream.numpy(), work, (packed.numel,))
-    out = torch.from_numpy(data)
     if packed.shift:
-        # a positive comes back positive: at least the dtype's smallest normal
-        tiny = torch.finfo(packed.dtype).tiny
-        out = torch.where(out > 0, (out - packed.shift).clamp_min_(tiny), 0.0)
-    return out.to(packed.dtype)
+        # a positive comes back positive (at least the dtype's smallest normal), the rest zero
+        tiny = work(torch.finfo(packed.dtype).tiny)
+        for start in range(0, data.size, _CHUNK):
+            part = data[start:start + _CHUNK]
+            zero = ~(part > 0)
+            part -= work(packed.shift)
+            np.maximum(part, tiny, out=part)
+            part[zero] = 0
+    return torch.from_numpy(data).to(packed.dtype)
 
 
 def decompress(packed: Packed) -> torch.Tensor:

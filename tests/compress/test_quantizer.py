@@ -146,3 +146,25 @@ def test_bad_tensors_are_clear_errors():
         compress(torch.ones(3, device="meta"), 0.1)
     with pytest.raises(CompressionError, match="expects a torch.Tensor"):
         compress(np.ones(3), 0.1)
+
+
+def tracked_peak(fn):
+    """``(fn(), peak bytes MemTracker saw while it ran)``: what a step's tracker would count."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    tracker = MemTracker()
+    with tracker:
+        out = fn()
+    return out, tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+@pytest.mark.parametrize("scale", [1.0, 8.0])     # codes of 8 bits and fewer, and of more
+def test_decompression_holds_little_beside_the_map(scale):
+    """Backward unpacks a saved map node by node and the memory model charges the map: integer
+    codes beside their float copy held 3.8 maps (inception_v3 under compress on the fallback,
+    -6.7% against MemTracker)."""
+    x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0)) * scale
+    packed = compress(x, 1e-2)
+    y, peak = tracked_peak(lambda: decompress(packed))
+    assert ((y - x).abs() <= 1e-2).all() and packed.bits > 8 * (scale > 1)
+    # the planes (read), the map and one byte of every code at a time
+    assert peak <= packed.planes.numel() + 1.6 * packed.original_bytes

@@ -11,7 +11,7 @@ from memflow.compress import choose, compress, compressed_saved_tensors, decompr
 from memflow.compress import quantizer
 from memflow.errors import CompressionError
 
-from test_quantizer import check_round_trip, tensors
+from test_quantizer import check_round_trip, tensors, tracked_peak
 
 needs_pysz = pytest.mark.skipif(not sz3.available(), reason="pysz (SZ3) is not installed: "
                                 "pip install 'memflow[compress]'")
@@ -104,3 +104,19 @@ def test_without_pysz_the_quantizer_is_the_fallback(no_pysz):
 def test_unknown_compressor_is_a_clear_error():
     with pytest.raises(CompressionError, match="compressor must be one of sz3, quantizer"):
         compress(torch.ones(8), 0.1, compressor="zfp")
+
+
+@needs_pysz
+def test_sz3_holds_one_map_decompressing_and_little_scratch_compressing():
+    """Backward unpacks a saved map node by node, and the memory model charges the map
+    itself: SZ3's decompression once held 3.5 maps (a shifted copy, a mask, a ``where``), so
+    inception_v3's step under compress peaked 5% above the estimate."""
+    x = relu_map(2, (4, 16, 128, 128))           # 4 MiB: several chunks
+    packed, packing = tracked_peak(lambda: sz3.compress(x, 1e-2))
+    y, unpacking = tracked_peak(lambda: decompress(packed))
+    assert torch.equal(y == 0, x == 0) and ((y - x).abs() <= 1e-2).all()
+    stream = packed.stream.numel()
+    assert unpacking <= stream + 1.01 * packed.original_bytes
+    # the map, its reconstruction to check the bound, the miss mask (1/4) and a chunk's
+    # difference and masks: no more (it held 5.5 maps)
+    assert packing <= stream + 2.25 * packed.original_bytes + 2 * 4 * sz3._CHUNK
