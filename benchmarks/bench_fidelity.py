@@ -88,7 +88,10 @@ def previous_rows() -> pd.DataFrame:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=sorted(HF_MODELS) + list(SHRUNK))
+    models = sorted(HF_MODELS) + list(SHRUNK)
+    ap.add_argument("--models", nargs="+", default=models,
+                    help="models to run (a row filter unless every model: the section keeps "
+                         "the other models' rows)")
     ap.add_argument("--plans-for", nargs="*", default=None,
                     help="models that also run the plans (default: every model)")
     ap.add_argument("--plans", nargs="+", default=list(PLANS), choices=PLANS,
@@ -96,7 +99,7 @@ def main() -> None:
     ap.add_argument("--no-keep", action="store_true",
                     help="run no keep rows (a row filter: the section keeps its other rows)")
     args = ap.parse_args()
-    filtered = args.no_keep or set(args.plans) != set(PLANS)
+    filtered = args.no_keep or set(args.plans) != set(PLANS) or set(args.models) != set(models)
     torch.set_num_threads(1)
     rows, failed = [], []
     for name in args.models:
