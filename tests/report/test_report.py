@@ -34,7 +34,7 @@ def test_plan_report_is_self_contained(plan):
 def test_report_numbers_and_data(plan, graph):
     text = (write_plan_report(plan, plan / "r.html")).read_text()
     best = memflow.Strategy.from_json(plan / "strategy.json")
-    assert "chain" in text and "60 proposals" in text
+    assert "chain" in text and "100 proposals" in text
     assert "out of memory on gpu0, gpu1" in text               # data parallel does not fit 4 MB
     for unit in graph.names:                                   # the strategy table
         assert f"<td>{unit}</td>" in text
