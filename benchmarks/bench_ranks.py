@@ -102,8 +102,12 @@ Why rows differ, and what was fixed:
   the model computes without grad, as the trace tells (`memflow.export.grad_flow`), so the
   run holds what one process and the memory model hold. The sample path failed on Llama
   before: the cos and sin were sent a gradient back (fixed in
-  `memflow.export.sample_groups`). Still failing: `tensor + sequence` and
-  `dp2 x pp2 1f1b bf16` on Llama, listed below.
+  `memflow.export.sample_groups`). Still failing: `tensor + sequence`, listed below.
+- bf16 (`dp2 x pp2 1f1b bf16`; failed on resnet50 and Llama before: stages are now traced in
+  the compute dtype, batch-norm statistics cast to it). Llama held +14.7% / +23.4%: the memory
+  model halves every fp32 activation under bf16, but RMSNorm computes in fp32 (the same +17%
+  in one process). resnet50 weights -1.3% / -3.4%: the running statistics are bf16 now, the
+  memory model charges buffers at their fp32 width.
 - Launch-to-launch variation (the same code, 2 loaded cores): single launches have measured a
   rank some KB above its usual bytes (chain tensor rank 0 +1 KB, chain fsdp zero-3 rank 0
   +4 KB, resnet50 fsdp zero-3 rank 0 +1.3%), each exact again when rerun: something the rank
