@@ -33,11 +33,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def state_bytes(module: nn.Module, optimizer) -> dict[str, int]:
-    """Local bytes of ``module``'s parameters and buffers, gradients, and ``optimizer``'s
-    states (``step`` counters excluded) with the master copies it steps in the parameters'
-    place (:class:`~memflow.export.model_states.Steps`): on the device (``optimizer``) or on
-    the host (``host``: offloaded, told by the optimizer, since on a CPU-only machine both are
-    one memory). A DTensor counts its local shard.
+    """Local bytes of ``module``'s parameters, buffers and plain tensor attributes, gradients,
+    and ``optimizer``'s states (``step`` counters excluded) with the master copies it steps in
+    the parameters' place (:class:`~memflow.export.model_states.Steps`): on the device
+    (``optimizer``) or on the host (``host``: offloaded, told by the optimizer, since on a
+    CPU-only machine both are one memory). A DTensor counts its local shard.
 
     >>> m = nn.Linear(4, 2)
     >>> opt = torch.optim.Adam(m.parameters())
@@ -53,10 +53,27 @@ def state_bytes(module: nn.Module, optimizer) -> dict[str, int]:
             held["host" if id(param) in host else "optimizer"] += sum(
                 _local(t).nbytes for k, t in state.items() if k != "step" and torch.is_tensor(t))
     masters = getattr(optimizer, "master_bytes", lambda: {"device": 0, "host": 0})()
-    return {"weights": sum(_local(t).nbytes for t in [*params, *module.buffers()]),
+    return {"weights": sum(_local(t).nbytes for t in _at_rest(module, params)),
             "gradients": sum(_local(p.grad).nbytes for p in params if p.grad is not None),
             "optimizer": held["optimizer"] + masters["device"],
             "host": held["host"] + masters["host"]}
+
+
+def _at_rest(module: nn.Module, params: list) -> list[torch.Tensor]:
+    """The tensors ``module`` holds between steps, each storage once: its parameters and
+    buffers, and tensors kept as plain attributes — pipelining's tracer leaves a model's
+    buffer (gpt2's causal mask) on a stage's ``InterpreterModule`` that way, not registered,
+    though the rank holds its bytes all the same."""
+    plain = [v for m in module.modules() for v in vars(m).values()
+             if isinstance(v, torch.Tensor)]
+    seen, out = set(), []
+    for t in [*params, *module.buffers(), *plain]:
+        local = _local(t)
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), local.nbytes)
+        if key not in seen:
+            seen.add(key)
+            out.append(local)
+    return out
 
 
 def _gathered(module: nn.Module) -> set[int]:

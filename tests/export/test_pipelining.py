@@ -11,6 +11,7 @@ import memflow
 from memflow import zoo
 from memflow.errors import ExportError
 from memflow.export import apply, held_bytes
+from memflow.export.rank_measure import state_bytes
 from memflow.export.pipelining import build_pipeline, split_points, stage_modules, stage_ranks
 from memflow.strategy import Strategy
 from memflow.strategy.runnable import unrunnable
@@ -170,6 +171,20 @@ def test_stages_chain_to_the_model_and_run_their_memory_policies():
     torch.testing.assert_close(kept[1](kept[0](micro)), model(micro))
     recomputed, _ = stage_modules(model, s.with_policy(recompute=["h.0"]), (args, {}))
     assert held_bytes(recomputed[0], micro)["cpu"] < held_bytes(kept[0], micro)["cpu"]
+
+
+def test_a_stage_holds_the_weights_and_buffers_predicted_for_its_device():
+    """The tracer leaves gpt2's causal mask on stage 0 as a plain attribute, not a buffer:
+    the rank holds it all the same, and the simulator charges it there."""
+    graph = memflow.zoo.graph("gpt2", batch_size=4, units="blocks", **GPT2)
+    s = Strategy.pipeline(graph, 2, stages=2, microbatches=2)
+    model, args = _inputs("gpt2", 4, GPT2)
+    stages_, _ = stage_modules(model, s, (args, {}))
+    states = memflow.simulate(graph, s, memflow.Cluster.preset("4xV100-16GB")).model_states
+    for device, i in stage_ranks(s).items():
+        stage = stages_[i]
+        assert state_bytes(stage, torch.optim.SGD(stage.parameters()))["weights"] == \
+            states.at[device, "weights"], device
 
 
 def test_cuts_fall_at_module_calls():
