@@ -8,6 +8,7 @@ the consumer's partitions).
 from __future__ import annotations
 
 from dataclasses import dataclass
+import itertools
 import json
 from functools import lru_cache
 from typing import Callable
@@ -63,29 +64,18 @@ def _ring(ca, groups: list[np.ndarray], route: Route) -> tuple[float, float, int
     size = len(groups[0]) if groups else 1
     if size < 2:
         return float("inf"), 0.0, size
-    use: dict[int, int] = {}
-    lat = 0.0
-    for g in groups:
-        for x, y in zip(g.tolist(), np.roll(g, -1).tolist()):
-            path = route(x, y)
-            for lid in path:
-                use[lid] = use.get(lid, 0) + 1
-            lat = max(lat, float(ca.link_latency[path].sum()))
-    bw = min(ca.link_rate[lid] / c for lid, c in use.items())
-    return float(bw), lat, size
+    flat, lens = _paths(route, np.concatenate(groups).tolist(),
+                        np.concatenate([np.roll(g, -1) for g in groups]).tolist())
+    use = np.bincount(flat)          # hops of the rings crossing each link at once
+    used = np.flatnonzero(use)
+    return float(np.min(ca.link_rate[used] / use[used])), _slowest(ca, flat, lens), size
 
 
 def _host_links(ca, devs: np.ndarray, up: bool, route: Route) -> tuple[np.ndarray, float, float]:
-    n = len(ca.devices)
-    links: list[int] = []
-    slow, lat = 0.0, 0.0
-    for d in devs.tolist():
-        h = n + int(ca.host[d])
-        path = route(d, h) if up else route(h, d)
-        links += path
-        slow = max(slow, float(np.max(1.0 / ca.link_rate[path])) if path else 0.0)
-        lat = max(lat, float(ca.link_latency[path].sum()))
-    return np.unique(np.asarray(links, np.int64)), slow, lat
+    hosts = (len(ca.devices) + ca.host[devs]).tolist()
+    flat, lens = _paths(route, *((devs.tolist(), hosts) if up else (hosts, devs.tolist())))
+    return (np.unique(flat), float(np.max(1.0 / ca.link_rate[flat], initial=0.0)),
+            _slowest(ca, flat, lens))
 
 
 def layout_cost(ca, key: tuple, route: Route | None = None) -> LayoutCost:
@@ -162,18 +152,36 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool, route: Route | None 
     held = np.zeros((s1 * a1, len(ca.devices)), bool)
     held[region, d1] = True
     need = (pj == pi % p1) & (ov > 0) & ~held[region[None, :], d2[:, None]]
-    load: dict[int, float] = {}
-    lat = 0.0
-    for k2, k1 in zip(*np.nonzero(need)):
-        path = route(int(d1[k1]), int(d2[k2]))
-        for lid in path:
-            load[lid] = load.get(lid, 0.0) + float(ov[k2, k1])
-        lat = max(lat, float(ca.link_latency[path].sum()))
-    if not load:
+    k2, k1 = np.nonzero(need)
+    flat, lens = _paths(route, d1[k1].tolist(), d2[k2].tolist())
+    if not len(flat):
         return np.zeros(0, np.int64), 0.0, 0.0
-    links = np.fromiter(load, np.int64, len(load))
-    per_byte = max(f / ca.link_rate[lid] for lid, f in load.items())
-    return links, float(per_byte), lat
+    # each link's share of the tensor, summed in the pairs' order (as a loop over them would)
+    load = np.bincount(flat, weights=np.repeat(ov[k2, k1], lens))
+    uniq, first = np.unique(flat, return_index=True)
+    links = uniq[np.argsort(first)]          # by first use
+    per_byte = float(np.max(load[uniq] / ca.link_rate[uniq]))
+    return links, per_byte, _slowest(ca, flat, lens)
+
+
+def _paths(route: Route, src: list[int], dst: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The links of the routes ``src[k] -> dst[k]``, concatenated, and each route's length:
+    a copy or a ring has tens to hundreds of them (one numpy pass, not one per route)."""
+    paths = [route(a, b) for a, b in zip(src, dst)]
+    lens = np.fromiter(map(len, paths), np.int64, len(paths))
+    return np.fromiter(itertools.chain.from_iterable(paths), np.int64, int(lens.sum())), lens
+
+
+def _slowest(ca, flat: np.ndarray, lens: np.ndarray) -> float:
+    """The largest latency of the routes ``flat`` (:func:`_paths`), each summed along its
+    links in order; 0 for none."""
+    if not len(flat):
+        return 0.0
+    lat = ca.link_latency[flat]
+    # a route's links summed one after another, as np.sum adds fewer than eight
+    starts = np.cumsum(lens) - lens
+    some = lens > 0
+    return float(np.max(np.add.reduceat(lat, starts[some]), initial=0.0))
 
 
 def copy_times(keys: list[tuple], cp, per_sample: np.ndarray, n_devices: int,

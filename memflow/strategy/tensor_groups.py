@@ -94,14 +94,12 @@ def tensor_path_problem(strategy, graph) -> str | None:
     >>> tensor_path_problem(s, g) is None, tensor_path_problem(s.with_policy(recompute=["layers.0"]), g)[:40]
     (True, "unit 'layers.0' (a Dense) is split over ")
     """
-    split = np.asarray(strategy.parameter) > 1
-    conv, container = _kinds(graph, len(split))
-    moved = np.isin(POLICIES.mechanism_codes[strategy.policy], (M_HOST, M_COMPRESSED))
-    replayed = POLICIES.recomputes(strategy.policy) & container
-    bad = np.flatnonzero(split & (conv | moved | replayed))
+    bad = _refused(strategy, graph)
     if not len(bad):
         return None
     i = int(bad[0])
+    conv = _kinds(graph, len(strategy))[0]
+    moved = _MOVED[strategy.policy]
     u, kind = strategy.units[i], graph.units["kind"].iat[i] if graph is not None else ""
     if conv[i]:
         return (f"unit {u!r} is a {kind} split over parameters, which tensor parallelism "
@@ -111,6 +109,19 @@ def tensor_path_problem(strategy, graph) -> str | None:
                 "saves for backward are DTensors, which offload and compression do not move")
     return (f"unit {u!r} (a {kind}) is split over parameters and recomputed: DTensor's "
             "conversions run inside it, which recompute cannot replay")
+
+
+# per policy code: what it saves leaves the device (offloaded or compressed)
+_MOVED = np.isin(POLICIES.mechanism_codes, (M_HOST, M_COMPRESSED))
+
+
+def _refused(strategy, graph) -> np.ndarray:
+    """The split units the tensor path refuses (:func:`tensor_path_problem`'s rules), as
+    positions: every simulation of a split strategy asks, and only whether there is one."""
+    split = np.asarray(strategy.parameter) > 1
+    conv, container = _kinds(graph, len(split))
+    replayed = POLICIES.recomputes(strategy.policy) & container
+    return np.flatnonzero(split & (conv | _MOVED[strategy.policy] | replayed))
 
 
 _KINDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -137,7 +148,7 @@ def spmd_devices(strategy, graph=None) -> tuple[tuple[str, ...] | None, ...] | N
     parameter = np.asarray(strategy.parameter)
     if not (parameter > 1).any() or (strategy.sample != strategy.sample[0]).any():
         return None
-    if tensor_path_problem(strategy, graph) is not None:
+    if len(_refused(strategy, graph)):     # the tensor path's problem, without its words
         return None
     replicas = int(strategy.sample[0])
     stage = np.asarray(strategy.stage)
