@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from ..hardware.efficiency import efficiency
+from ..memory.jit import njit
 from ..strategy.policies import M_COMPRESSED, POLICIES
 
 __all__ = ["LayoutCost", "layout_cost", "copy_cost", "copy_times", "ring_time", "compress_model",
@@ -138,30 +139,53 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool, route: Route | None 
     s2, p2, a2, n2 = dst
     d1, d2 = positions if positions is not None else (ca.devices.get_indexer(list(n1)),
                                                       ca.devices.get_indexer(list(n2)))
-    P1, P2 = _parts((s1, p1, a1)), _parts((s2, p2, a2))
-    si, ai, pi = (P2[:, j, None] for j in range(3))        # destination parts: rows
-    sj, aj, pj = (P1[None, :, j] for j in range(3))        # producer parts: columns
-    if per_sample:
-        ov = (np.maximum(0.0, np.minimum((si + 1) / s2, (sj + 1) / s1) - np.maximum(si / s2, sj / s1))
-              * np.maximum(0.0, np.minimum((ai + 1) / a2, (aj + 1) / a1)
-                           - np.maximum(ai / a2, aj / a1)))
-    else:   # replicated: from the producer part of the same replica
-        ov = ((sj == si % s1) & (aj == ai % a1)).astype(np.float64)
-    # a destination device that holds a producer part of the same region takes nothing
-    region = P1[:, 0] * a1 + P1[:, 1]
-    held = np.zeros((s1 * a1, len(ca.devices)), bool)
-    held[region, d1] = True
-    need = (pj == pi % p1) & (ov > 0) & ~held[region[None, :], d2[:, None]]
-    k2, k1 = np.nonzero(need)
-    flat, lens = _paths(route, d1[k1].tolist(), d2[k2].tolist())
+    src_dev, dst_dev, share = _transfers(s1, p1, a1, np.asarray(d1, np.int64), s2, p2, a2,
+                                         np.asarray(d2, np.int64), bool(per_sample),
+                                         len(ca.devices))
+    flat, lens = _paths(route, src_dev.tolist(), dst_dev.tolist())
     if not len(flat):
         return np.zeros(0, np.int64), 0.0, 0.0
     # each link's share of the tensor, summed in the pairs' order (as a loop over them would)
-    load = np.bincount(flat, weights=np.repeat(ov[k2, k1], lens))
+    load = np.bincount(flat, weights=np.repeat(share, lens))
     uniq, first = np.unique(flat, return_index=True)
     links = uniq[np.argsort(first)]          # by first use
     per_byte = float(np.max(load[uniq] / ca.link_rate[uniq]))
     return links, per_byte, _slowest(ca, flat, lens)
+
+
+@njit
+def _transfers(s1, p1, a1, d1, s2, p2, a2, d2, per_sample, n_devices):
+    """What a copy from parts ``(s1, p1, a1)`` on devices ``d1`` to parts ``(s2, p2, a2)`` on
+    ``d2`` moves (:func:`copy_cost`'s rules): per (destination part, producer part) pair that
+    moves anything, destination-major, the producer's device, the destination's and the
+    share of the tensor. One compiled pass: as broadcast expressions over the parts (the same
+    operations on the same numbers, so the same bits) these were most of a new copy's cost.
+    Part ``k`` of ``(s, p, a)`` is sample ``k // (p a)``, attribute ``k // p % a``,
+    parameter ``k % p`` (:func:`_parts`)."""
+    n1, n2 = s1 * p1 * a1, s2 * p2 * a2
+    # a destination device that holds a producer part of the same region takes nothing
+    held = np.zeros((s1 * a1, n_devices), np.bool_)
+    for k1 in range(n1):
+        held[k1 // p1, d1[k1]] = True
+    src = np.empty(n1 * n2, np.int64)
+    dst = np.empty(n1 * n2, np.int64)
+    share = np.empty(n1 * n2)
+    m = 0
+    for k2 in range(n2):
+        si, ai, pi = k2 // (p2 * a2), k2 // p2 % a2, k2 % p2
+        for k1 in range(n1):
+            sj, aj, pj = k1 // (p1 * a1), k1 // p1 % a1, k1 % p1
+            if pj != pi % p1 or held[k1 // p1, d2[k2]]:
+                continue
+            if per_sample:      # the overlap of the two parts' sample × attribute regions
+                ov = (max(0.0, min((si + 1) / s2, (sj + 1) / s1) - max(si / s2, sj / s1))
+                      * max(0.0, min((ai + 1) / a2, (aj + 1) / a1) - max(ai / a2, aj / a1)))
+            else:   # replicated: from the producer part of the same replica
+                ov = 1.0 if sj == si % s1 and aj == ai % a1 else 0.0
+            if ov > 0:
+                src[m], dst[m], share[m] = d1[k1], d2[k2], ov
+                m += 1
+    return src[:m], dst[:m], share[:m]
 
 
 def _paths(route: Route, src: list[int], dst: list[int]) -> tuple[np.ndarray, np.ndarray]:
