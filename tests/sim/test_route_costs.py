@@ -51,7 +51,8 @@ def _copy_loop(ca, src, dst, per_sample, route):
     si, ai, pi = (P2[:, j, None] for j in range(3))
     sj, aj, pj = (P1[None, :, j] for j in range(3))
     if per_sample:
-        ov = (np.maximum(0.0, np.minimum((si + 1) / s2, (sj + 1) / s1) - np.maximum(si / s2, sj / s1))
+        ov = (np.maximum(0.0, np.minimum((si + 1) / s2, (sj + 1) / s1)
+                         - np.maximum(si / s2, sj / s1))
               * np.maximum(0.0, np.minimum((ai + 1) / a2, (aj + 1) / a1)
                            - np.maximum(ai / a2, aj / a1)))
     else:
