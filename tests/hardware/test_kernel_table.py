@@ -44,9 +44,11 @@ def test_each_kernel_follows_the_evictor_and_its_own_time_is_taken_off():
                                                        evict)["cpu"])
 
 
-def test_cache_bytes_is_positive_and_the_evictor_streams_that_many():
+def test_cache_bytes_reads_the_cache_size_or_gives_the_default():
     assert kernels.cache_bytes() >= 2**14
     assert kernels.cache_bytes(level=99, default=123) == 123
+    out = kernels.evictor(4096)()             # a copy of 4 KiB: 1024 floats
+    assert out.numel() == 1024
 
 
 TABLE = [["matmul", 16, 16, 16, 2e9, 1e9], ["matmul", 256, 256, 256, 8e9, 6e9],
