@@ -169,6 +169,7 @@ TIMED = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution
 
 
 TABLE_FORWARD = "forward at the table's rates (ms)"
+CAL = "keep predicted, table calibrated to the step's forward kernels (ms)"
 
 
 class _Operand(tuple):
@@ -242,6 +243,9 @@ def in_step(model: str, figures: dict, steps: int = 3) -> dict:
         inside[phase] += seconds / steps
         groups.setdefault((phase, func, args, tuple(sorted(kwargs.items())), shape),
                           []).append(seconds)
+    kernel_times = pd.DataFrame(
+        [dict(zip(("class", "m", "n", "k", "count"), shape), seconds=seconds)
+         for phase, _, _, _, seconds, shape in timer.ops if shape is not None])
     table, predicted = figures["kernel_rates"]["cpu"], 0.0
     with torch.no_grad():
         for (phase, func, args, kwargs, shape), times in groups.items():
@@ -253,7 +257,14 @@ def in_step(model: str, figures: dict, steps: int = 3) -> dict:
                 cls, m, n, k, count = shape
                 fwd, _ = class_rates(table, [cls], [m], [n], [k])
                 predicted += 2.0 * m * n * k * count / fwd[0] * len(times) / steps
+    # memflow.hardware.calibrate on the forward kernels' times inside the step: the keep
+    # row predicted on the refitted table (a calibration to this model, not the time model)
+    graph = memflow.zoo.graph(model, batch_size=batch, units="blocks", **options)
+    cpu = local_cluster(figures, 1, threads=1, clock="cpu")
+    keep = strategy(graph, "keep", 1, cpu)
+    calibrated = memflow.simulate(graph, keep, calibrate(kernel_times, cpu)).iteration_time
     return {"model": model,
+            CAL: 1e3 * calibrated,
             "forward in step (ms)": 1e3 * inside["forward"],
             "forward alone (ms)": 1e3 * alone["forward"],
             TABLE_FORWARD: 1e3 * predicted,
@@ -289,9 +300,10 @@ def analysis(one: pd.DataFrame, several: pd.DataFrame, slow: pd.DataFrame) -> st
             f"{c}):** with the shape-class table {within(ratio)}; by FLOPs per op (the "
             f"previous model) {within(flops)}. By wall time: "
             f"{within(one['wall: measured / predicted'])} against "
-            f"{within(one['wall: by FLOPs, measured / predicted'])}; several processes (wall) "
-            f"{within(several['wall: measured / predicted'])} against "
-            f"{within(several['wall: by FLOPs, measured / predicted'])}. Median ratio per "
+            f"{within(one['wall: by FLOPs, measured / predicted'])}"
+            + (f"; several processes (wall) {within(several['wall: measured / predicted'])} "
+               f"against {within(several['wall: by FLOPs, measured / predicted'])}"
+               if len(several) else "") + ". Median ratio per "
             "model: " + ", ".join(f"{m} {r:.2f}" for m, r in per_model.items()) + "."]
     if len(slow):
         s = slow.set_index("model")
@@ -302,27 +314,31 @@ def analysis(one: pd.DataFrame, several: pd.DataFrame, slow: pd.DataFrame) -> st
                       + s.at[m, "backward in step (ms)"] - s.at[m, "backward alone (ms)"])
             line = (f"{m} {s.at[m, 'slowdown forward']:.2f}x forward, "
                     f"{s.at[m, 'slowdown backward']:.2f}x backward; the table's rates give "
-                    f"{s.at[m, TABLE_FORWARD]:.3g} ms of "
-                    f"forward kernels that ran {s.at[m, 'forward alone (ms)']:.3g} ms alone")
+                    f"{s.at[m, TABLE_FORWARD]:.3g} ms of forward kernels that ran "
+                    f"{s.at[m, 'forward in step (ms)']:.3g} ms in the step and "
+                    f"{s.at[m, 'forward alone (ms)']:.3g} ms alone")
             if m in keep.index:
                 measured = keep.at[m, f"{c}: measured (ms)"]
                 predicted = keep.at[m, f"{c}: predicted (ms)"]
                 line += (f"; keep measured / (predicted + the in-step excess, {excess:.3g} "
                          f"ms) {measured / (predicted + excess):.2f} against "
-                         f"{measured / predicted:.2f}")
+                         f"{measured / predicted:.2f}; on the table calibrated to the step's "
+                         f"forward kernels (memflow.hardware.calibrate) {measured / s.at[m, CAL]:.2f}")
             parts.append(line)
         text.append(f"**In-step slowdown (measured, one thread, CPU time):** matrix products "
                     f"and convolutions inside a training step against the same kernels "
                     f"replayed alone (median over models {slow['slowdown forward'].median():.2f}x "
                     f"forward, {slow['slowdown backward'].median():.2f}x backward): "
-                    + "; ".join(parts) + ". The time model charges kernels at their rates "
-                    "alone, so this factor is part of every row's ratio.")
+                    + "; ".join(parts) + ". The shape-class table times each kernel after "
+                    "an L2 cache's worth of other traffic (matrix products as nn.Linear runs "
+                    "them), which is meant to carry this factor: compare the table's forward "
+                    "milliseconds with the step's.")
     k = one.set_index(["model", "strategy"])[f"{c}: measured / predicted"]
     pairs = [f"{m} {k[m, 'offload']:.2f} against {k[m, 'keep']:.2f}"
              for m in one["model"].unique() if (m, "offload") in k and (m, "keep") in k]
     if pairs:
         text.append("Offload rows against their model's keep row: " + ", ".join(pairs) + ".")
-    loads = pd.concat([one["load"], several["load"]])
+    loads = pd.concat([one["load"], *([several["load"]] if len(several) else [])])
     text.append(f"Load during the rows: {loads.min():.1f} to {loads.max():.1f}.")
     return "\n\n".join(text)
 
@@ -334,6 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--models", nargs="*", default=None)
+    p.add_argument("--single", action="store_true",
+                   help="one-process rows only (the several-process table is left out)")
     p.add_argument("--calibrate", action="store_true",
                    help="also predict on the cluster calibrated to measured unit times")
     p.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
@@ -344,14 +362,17 @@ def main(argv: list[str] | None = None) -> None:
     if "allreduce" not in cached or cached.get("format") != FORMAT:
         local(2, remeasure=True)              # measures (and caches) the all-reduce
         cached = read_json(cache_file())
-    rows, first, slow = [], None, []
+    rows, first, slow, measuring = [], None, [], []
     for model in models:
-        cases = [(k, 1) for k in SINGLE] + [("keep", 2)] + ([] if args.quick else [("keep", 4)])
+        cases = [(k, 1) for k in SINGLE] + ([] if args.single else [("keep", 2)]) + (
+            [] if args.quick or args.single else [("keep", 4)])
         for kind, n in cases:
             # the figures again just before each row, so that both see the same load: on
             # this machine it moves CPU time too (the two vCPUs share a core's caches), and
             # only the ratio of a row to its figures means anything
+            c0 = time.process_time()
             figures = measure(collectives=False) | {"allreduce": cached["allreduce"]}
+            measuring.append(time.process_time() - c0)
             figures["load"] = os.getloadavg()[0]
             write_json(cache_file(), figures)      # this run's figures, for Cluster.local()
             first = first or figures
@@ -384,17 +405,21 @@ def main(argv: list[str] | None = None) -> None:
         f"forward / backward GFLOP/s) "
         + ", ".join(f"{c} {m}x{n}x{k}: {f / 1e9:.3g} / {b / 1e9:.3g}"
                     for c, m, n, k, f, b in first["kernel_rates"]["cpu"]) + ". Ran in "
-        f"{time.time() - started:.0f} s (load {load0:.1f} at the start).\n\n"
+        f"{time.time() - started:.0f} s (load {load0:.1f} at the start); the "
+        f"micro-benchmark (`Cluster.local()`'s measuring, without the all-reduce) took "
+        f"{statistics.median(measuring):.1f} s of CPU time per run (median).\n\n"
         f"**One process, by CPU time: {summary(one, 'CPU time')}.** The prediction on "
         f"`Cluster.local(clock=\"cpu\")` (figures timed by the process's CPU time) against "
         f"the step's CPU time (`time.process_time`): another job's load moves both less than "
         f"wall time, not nothing (the cores share caches). "
         f"The same rows by wall time (figures and steps by the wall clock): "
         f"{summary(one, 'wall')}.\n\n" + table(one, ".3g") + "\n\n"
-        f"**Several processes (gloo), by wall time: {summary(several, 'wall')}.** A process "
-        f"waits for the others at every all-reduce, so only wall time means anything here, "
-        f"and it moves with the other jobs' load on the {os.cpu_count()} shared cores.\n\n"
-        + table(several, ".3g") + "\n\n" + analysis(one, several, slow) + "\n\n"
+        + (f"**Several processes (gloo), by wall time: {summary(several, 'wall')}.** A "
+           f"process waits for the others at every all-reduce, so only wall time means "
+           f"anything here, and it moves with the other jobs' load on the {os.cpu_count()} "
+           f"shared cores.\n\n" + table(several, ".3g") + "\n\n" if len(several) else
+           "Several processes (gloo): not run this time (`--single`).\n\n")
+        + analysis(one, several, slow) + "\n\n"
         + table(slow, ".3g"))
     if not args.no_write:
         write_section("step_time", body, title="Step time: predicted vs measured (CPU)")

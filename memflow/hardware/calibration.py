@@ -15,6 +15,13 @@ The fit minimises relative errors (a 10 µs op counts as much as a 10 ms one). A
 above the datasheet peak raises the peak (the efficiency stays at most 1). The calibrated
 devices' ``figures`` column says ``calibrated``.
 
+A CPU measured here (``Cluster.local()``) charges matrix products and convolutions at its
+shape-class rate table (:mod:`memflow.hardware.kernels`) instead: measured times of kernels
+— columns ``class`` (``matmul``, ``conv``, ``conv1x1``), ``m``, ``n``, ``k``, ``seconds``, and
+optionally ``count`` (products per call, default 1) and ``phase`` (``forward``, the default, or
+``backward``: the kernels autograd runs for one forward kernel) — refit that table
+(:func:`calibrate_kernels`; :func:`calibrate` does it for a DataFrame with a ``class`` column).
+
 >>> import pandas as pd
 >>> from memflow.hardware import Cluster
 >>> c = Cluster.preset("1xV100-16GB")
@@ -37,11 +44,16 @@ from scipy.optimize import least_squares
 
 from ..errors import ClusterError
 from .cluster import Cluster
+from .kernels import GRID, fit_table
 
-__all__ = ["calibrate", "fit_rates", "predicted_seconds", "MEASURED_COLUMNS"]
+__all__ = ["calibrate", "calibrate_kernels", "fit_rates", "predicted_seconds",
+           "MEASURED_COLUMNS", "KERNEL_COLUMNS"]
 
 MEASURED_COLUMNS = ("flops", "bytes_moved", "ops", "seconds")
 """Required columns of a measured-times DataFrame (``dtype`` is optional)."""
+KERNEL_COLUMNS = ("class", "m", "n", "k", "seconds")
+"""Required columns of measured kernel times (``count`` and ``phase`` are optional)."""
+_CLASSES = sorted({shape[0] for grid in GRID.values() for shape in grid})
 
 
 def predicted_seconds(work: pd.DataFrame, flop_rate, byte_rate, launch) -> np.ndarray:
@@ -111,19 +123,85 @@ def fit_rates(measured: pd.DataFrame, flop_rate: float, byte_rate: float,
     return out
 
 
+def _devices(cluster: Cluster, devices: Iterable[str] | None) -> list[str]:
+    names = list(cluster.devices.index if devices is None else devices)
+    unknown = [d for d in names if d not in cluster.devices.index]
+    if unknown:
+        raise ClusterError(f"calibrate: unknown device {unknown[0]!r}; devices are "
+                           f"{list(cluster.devices.index[:8])}")
+    return names
+
+
+def _kernel_rows(measured: pd.DataFrame) -> pd.DataFrame:
+    if not isinstance(measured, pd.DataFrame):
+        raise ClusterError(f"measured kernel times must be a DataFrame, got "
+                           f"{type(measured).__name__}")
+    missing = [c for c in KERNEL_COLUMNS if c not in measured.columns]
+    if missing:
+        raise ClusterError(f"measured kernel times lack the columns {missing}; they need "
+                           f"{list(KERNEL_COLUMNS)} (and optionally 'count', 'phase')")
+    out = measured.assign(count=measured["count"] if "count" in measured else 1,
+                          phase=measured["phase"] if "phase" in measured else "forward")
+    for col in ("m", "n", "k", "count", "seconds"):
+        out[col] = pd.to_numeric(out[col], errors="coerce")
+        bad = out[col].isna() | (out[col] <= 0)
+        if bad.any():
+            raise ClusterError(f"measured kernel times, row {out.index[bad.to_numpy()][0]!r}: "
+                               f"{col} must be a number > 0")
+    for col, valid in (("class", _CLASSES), ("phase", ["backward", "forward"])):
+        bad = ~out[col].isin(valid)
+        if bad.any():
+            raise ClusterError(f"measured kernel times, row {out.index[bad.to_numpy()][0]!r}: "
+                               f"{col} {out[col][bad].iloc[0]!r} is not one of {valid}")
+    return out
+
+
+def calibrate_kernels(measured: pd.DataFrame, cluster: Cluster,
+                      devices: Iterable[str] | None = None) -> Cluster:
+    """``cluster`` with the shape-class rate table of ``devices`` (default: all; CPUs measured
+    here, each with its ``kernel_rates``) refitted to measured kernel times (columns
+    :data:`KERNEL_COLUMNS`, see the module doc; :func:`~memflow.hardware.kernels.fit_table`).
+
+    >>> from memflow.hardware.local import EXAMPLE_FIGURES, local_cluster
+    >>> c = local_cluster(EXAMPLE_FIGURES, 1, threads=1)
+    >>> slow = pd.DataFrame({"class": ["matmul"], "m": [32], "n": [64], "k": [64],
+    ...                      "seconds": [2 * 32 * 64 * 64 / 4e9]})
+    >>> fitted = calibrate_kernels(slow, c).devices.loc["cpu0"]
+    >>> import json; [round(r[4] / 1e9, 2) for r in json.loads(fitted["kernel_rates"])][:2]
+    [4.0, 32.0]
+    >>> fitted["figures"]
+    'calibrated'
+    """
+    import json
+
+    names = _devices(cluster, devices)
+    work = _kernel_rows(measured)
+    cells = (cluster.devices.loc[names, "kernel_rates"] if "kernel_rates"
+             in cluster.devices.columns else pd.Series(np.nan, index=names))
+    lacking = [d for d, cell in cells.items() if not isinstance(cell, str)]
+    if lacking:
+        raise ClusterError(f"calibrate: device {lacking[0]!r} has no shape-class rate table "
+                           "(kernel_rates): only a CPU measured here (Cluster.local()) has one")
+    fitted = {d: json.dumps(fit_table(json.loads(cell), work["class"], work["m"], work["n"],
+                                      work["k"], work["count"], work["phase"].eq("backward"),
+                                      work["seconds"]))
+              for d, cell in cells.items()}
+    return cluster.replace(devices=names, name=f"{cluster.name} (calibrated)",
+                           figures="calibrated", kernel_rates=fitted)
+
+
 def calibrate(measured: pd.DataFrame, cluster: Cluster,
               devices: Iterable[str] | None = None) -> Cluster:
     """``cluster`` with the efficiencies of ``devices`` (default: all; they must share one
     model) fitted to ``measured`` (see the module doc). Rows with ``dtype`` float16, and
     bfloat16 on devices with bf16 units, calibrate against the 16-bit peak, the others against
     FP32; one fit serves both, so mixed
-    rows agree on one compute efficiency.
+    rows agree on one compute efficiency. Measured kernel times (a ``class`` column) refit a
+    measured CPU's shape-class rate table instead (:func:`calibrate_kernels`).
     """
-    names = list(cluster.devices.index if devices is None else devices)
-    unknown = [d for d in names if d not in cluster.devices.index]
-    if unknown:
-        raise ClusterError(f"calibrate: unknown device {unknown[0]!r}; devices are "
-                           f"{list(cluster.devices.index[:8])}")
+    if isinstance(measured, pd.DataFrame) and "class" in measured.columns:
+        return calibrate_kernels(measured, cluster, devices)
+    names = _devices(cluster, devices)
     table = cluster.devices.loc[names]
     if table["model"].nunique() > 1:
         raise ClusterError(f"calibrate: devices {names} are of several models "

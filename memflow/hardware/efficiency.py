@@ -3,8 +3,10 @@
 Peak rates are datasheet figures (``catalogue``); what a real step achieves is a fraction of
 them. Every such fraction (and the other fixed rates of the time model) is a row of
 :data:`EFFICIENCY` — ``applies_to`` (a GPU or edge board of the catalogue, a link kind, or
-``"cpu"``), ``figure`` (the device or link column it fills), ``value`` and ``source`` (the
-datasheet, paper or measurement it comes from; "assumption" where none is published). The
+``"cpu"``), ``figure`` (the device or link column it fills), ``value``, ``source`` (the
+datasheet, paper or measurement it comes from; "assumption" where none is published) and
+``basis``: ``published`` (a datasheet, paper or vendor benchmark), ``assumption`` or
+``measured`` (on this machine, by ``Cluster.local()`` or in the simulating process). The
 catalogue's GPUs and link kinds read their figures from here, and
 :func:`memflow.hardware.calibrate` replaces them with figures fitted to measured op times.
 
@@ -12,6 +14,8 @@ catalogue's GPUs and link kinds read their figures from here, and
 0.88
 >>> table().query("applies_to == 'V100-16GB'")["value"].tolist()
 [0.6, 0.88, 5e-06]
+>>> sorted(table().query("applies_to == 'cpu'")["basis"].unique())
+['assumption', 'measured']
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
-__all__ = ["Efficiency", "EFFICIENCY", "efficiency", "table", "SOURCES"]
+__all__ = ["Efficiency", "EFFICIENCY", "efficiency", "table", "SOURCES", "BASES"]
 
 
 class Efficiency(NamedTuple):
@@ -29,6 +33,7 @@ class Efficiency(NamedTuple):
     figure: str
     value: float
     source: str
+    basis: str
 
 
 # The sources, each cited once and referred to by key below.
@@ -62,7 +67,10 @@ SOURCES: dict[str, str] = {
                 "and small-kernel FLOP/s, the bandwidth of a mix of memory-bound training ops, "
                 "seconds per op dispatched, per autograd node, per parameter tensor stepped, "
                 "per saved tensor through a Python hook, bytes per second into new host images "
-                "(memflow.hardware.local.STEP_FIGURES); charged at face value, so the "
+                "(memflow.hardware.local.STEP_FIGURES), and the shape-class rate table "
+                "(memflow.hardware.kernels: matrix products as nn.Linear runs them, each "
+                "kernel after an L2 cache's worth of other traffic, as in a step); charged at "
+                "face value, so the "
                 "efficiency is 1, and the time model adds them up on CPU devices only "
                 "(memflow.sim.costs.cpu_compute)",
     "cpu-compress": "measured in the simulating process by memflow.sim.costs."
@@ -71,6 +79,17 @@ SOURCES: dict[str, str] = {
     "cpu-adam": "assumption after ZeRO-Offload's CPU-Adam (Ren et al., USENIX ATC 2021): ~30 "
                 "bytes of DRAM traffic per parameter, ~1e9 parameters/s on a two-socket server",
 }
+
+BASES: dict[str, str] = {
+    **{key: "published" for key in SOURCES},
+    **{key: "assumption" for key in ("lpddr", "launch-arm", "ethernet", "unified", "cpu-adam")},
+    **{key: "measured" for key in ("measured", "cpu-step", "cpu-compress")}}
+"""Each source's basis: ``published``, ``assumption`` or ``measured`` (module doc)."""
+
+
+def _row(applies_to: str, figure: str, value: float, key: str) -> Efficiency:
+    return Efficiency(applies_to, figure, value, SOURCES[key], BASES[key])
+
 
 _GPU_ROWS = (  # (names, compute, memory, launch, their sources)
     (("K80-12GB", "TitanX-12GB"), 0.75, 0.8, 6e-6, ("sgemm", "gddr5", "launch")),
@@ -90,17 +109,17 @@ _LINK_ROWS = (("nvlink", 0.8, "nvlink"), ("pcie3", 0.8, "pcie"), ("pcie4", 0.8, 
 _FIGURES = ("compute_efficiency", "memory_efficiency", "launch_overhead")
 
 EFFICIENCY: tuple[Efficiency, ...] = (
-    *(Efficiency(name, figure, value, SOURCES[src])
+    *(_row(name, figure, value, src)
       for names, *values, srcs in _GPU_ROWS for name in names
       for figure, value, src in zip(_FIGURES, values, srcs)),
-    *(Efficiency(kind, "efficiency", value, SOURCES[src]) for kind, value, src in _LINK_ROWS),
-    *(Efficiency("cpu", figure, 1.0, SOURCES["measured"]) for figure in _FIGURES[:2]),
-    Efficiency("cpu", "cpu_adam_rate", 1.0e9, SOURCES["cpu-adam"]),
-    *(Efficiency("cpu", figure, 1.0, SOURCES["cpu-step"])
+    *(_row(kind, "efficiency", value, src) for kind, value, src in _LINK_ROWS),
+    *(_row("cpu", figure, 1.0, "measured") for figure in _FIGURES[:2]),
+    _row("cpu", "cpu_adam_rate", 1.0e9, "cpu-adam"),
+    *(_row("cpu", figure, 1.0, "cpu-step")
       for figure in ("backward_flops", "small_flops", "small_backward_flops", "kernel_flops",
                      "elementwise_bandwidth", "op_overhead", "backward_op_overhead",
                      "optimizer_overhead", "offload_bandwidth", "hook_overhead")),
-    Efficiency("cpu", "compress_rate", 1.0, SOURCES["cpu-compress"]),
+    _row("cpu", "compress_rate", 1.0, "cpu-compress"),
 )
 """Every efficiency constant of the time model (see the module doc)."""
 
@@ -123,5 +142,5 @@ def efficiency(applies_to: str, figure: str) -> float:
 
 def table() -> pd.DataFrame:
     """:data:`EFFICIENCY` as a DataFrame (columns ``applies_to``, ``figure``, ``value``,
-    ``source``)."""
+    ``source``, ``basis``)."""
     return pd.DataFrame(EFFICIENCY, columns=list(Efficiency._fields))

@@ -20,7 +20,8 @@ processes with ``OMP_NUM_THREADS=1``):
   tensor, and what an offloading unit's hooks cost (bytes per second into new host images,
   seconds per saved tensor of the Python pack and unpack hooks);
 * ``kernel_rates`` — the shape-class rate table (:mod:`memflow.hardware.kernels`): forward and
-  backward FLOP/s of a small grid of matrix-product and convolution shapes, one thread;
+  backward FLOP/s of a small grid of matrix-product (as ``nn.Linear`` runs them) and
+  convolution shapes, one thread, each kernel after an L2 cache's worth of other traffic;
 * ``allreduce`` — gloo all-reduce between 2 processes of this machine: ``bandwidth`` and
   ``latency`` fitted to the ring formula ``2(n-1)/n · S/B + 2(n-1) · latency``.
 
@@ -40,11 +41,11 @@ from typing import Any, Callable
 
 from .._jsonio import read_json, write_json
 from ..errors import ClusterError
-from .kernels import Kernel, conv_kernel, matmul_kernel, measure_grid
+from .kernels import Kernel, conv_kernel, evictor, matmul_kernel, measure_grid
 
 __all__ = ["measure", "FORMAT", "SIZES", "SIZES_SMALL", "STEP_FIGURES"]
 
-FORMAT = "memflow.local/4"
+FORMAT = "memflow.local/5"
 
 # problem sizes: "default" takes a few seconds, "tiny" (tests) well under one; each size is
 # (matmul n, conv (batch, channels, side), copy bytes, all-reduce bytes, repetitions,
@@ -194,7 +195,9 @@ def _kernel_rates(size: str) -> dict[str, list[list]]:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return measure_grid(size, lambda call: _seconds_per_call(call, reps, window))
+        # each kernel after an L2's worth of other traffic, as in a step (kernels module doc)
+        return measure_grid(size, lambda call: _seconds_per_call(call, reps, window),
+                            evictor())
     finally:
         torch.set_num_threads(before)
 
@@ -332,7 +335,7 @@ def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any
 
     >>> f = measure("tiny", collectives=False)
     >>> f["format"], f["matmul_flops"]["all"] > 0, "allreduce" in f
-    ('memflow.local/4', True, False)
+    ('memflow.local/5', True, False)
     """
     import torch
 

@@ -36,7 +36,7 @@ def test_measured_once_then_cached_and_remeasured_on_request(cache, monkeypatch)
     a = memflow.Cluster.local()
     b = memflow.Cluster.local()
     assert calls == ["default"] and a == b
-    assert read_json(cache_file())["format"] == "memflow.local/4"
+    assert read_json(cache_file())["format"] == "memflow.local/5"
     memflow.Cluster.local(remeasure=True)
     assert len(calls) == 2
 
@@ -45,7 +45,7 @@ def test_cache_of_another_format_is_measured_again(cache, monkeypatch):
     write_json(cache_file(), {**EXAMPLE_FIGURES, "format": "memflow.local/0"})
     monkeypatch.setattr(local_mod, "measure", lambda *a, **k: dict(EXAMPLE_FIGURES))
     memflow.Cluster.local()
-    assert read_json(cache_file())["format"] == "memflow.local/4"
+    assert read_json(cache_file())["format"] == "memflow.local/5"
 
 
 def test_tiny_micro_benchmark_gives_positive_rates():
