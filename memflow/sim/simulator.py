@@ -204,7 +204,8 @@ class Simulator:
         keys = strategy.layouts
         lcs = [self._lc(k) for k in keys]
         copy, back, links_fwd, links_back = copy_times(
-            keys, placed.copies, self.ga.per_sample[placed.copies.tensor], n, self._cc)
+            keys, placed.copies, self.arrays(strategy).per_sample[placed.copies.tensor], n,
+            self._cc)
         # channel sets: compute, comm, to-host, from-host per layout, then copies, copies back
         raw = stack_rows(rows_of([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
                                  + [2 * n + lc.d2h[0] for lc in lcs]
