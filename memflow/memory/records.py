@@ -225,7 +225,7 @@ def _pairs(ga: GraphArrays) -> tuple[np.ndarray, ...]:
 
 def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarray,
                microbatches: int, allocator: str | None = None,
-               sequence: np.ndarray | None = None) -> Placed:
+               sequence: np.ndarray | None = None, stage: np.ndarray | None = None) -> Placed:
     """The records, copies and gradient blocks of ``layout`` (placement per unit), where
     ``sa`` is each unit's sample × attribute degree and ``p`` its parameter degree.
     ``allocator="cuda"`` charges each record the CUDA caching allocator's block
@@ -238,7 +238,12 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     passed between sequence-parallel units only, or copied into them (scattered), is held at
     ``1/p`` too (Korthikanti et al.
     2022: ``sbh(10 + 24/t + 5as/(ht))`` per block, ``sbh(34 + 5as/h)/t`` with sequence
-    parallelism)."""
+    parallelism).
+
+    A pipeline stage (``stage``, per unit) keeps a storage it receives from another stage
+    with a gradient to compute until its backward, saved or not: ``PipelineStage`` computes
+    the gradients of its inputs, so autograd holds the received leaf (a bf16 Llama's hidden
+    state, which RMSNorm saves only as its fp32 copy); its first reader there saves it."""
     n, last, M = ga.n, ga.n - 1, int(microbatches)
     n_t = len(ga.bytes)
     prod_t = ga.producer
@@ -260,8 +265,17 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     prod_saves = np.zeros(n_t, bool)
     prod_saves[s_t[own]] = True
     lead = rec_home & prod_saves[rec_t]
-    sv_rec = np.concatenate([np.flatnonzero(lead), pair_rec[p_save]])
-    sv_unit = np.concatenate([rec_prod[lead], pv[p_save]])
+    rg = ga.requires_grad[rec_t]
+    received = np.zeros(R, bool)
+    if stage is not None:
+        from_unit = np.where(rec_prod >= 0, rec_prod, np.maximum(first_user[rec_t], 0))
+        received = ~rec_home & rg & (rec_min >= 0) & (
+            stage[np.maximum(rec_min, 0)] != stage[from_unit])
+        saved_first = np.zeros(R, bool)
+        saved_first[pair_rec[p_save & (pv == rec_min[pair_rec])]] = True
+        received &= ~saved_first
+    sv_rec = np.concatenate([np.flatnonzero(lead), np.flatnonzero(received), pair_rec[p_save]])
+    sv_unit = np.concatenate([rec_prod[lead], rec_min[received], pv[p_save]])
     sv_order = np.lexsort((sv_unit, sv_rec))
     savers = (_ptr(sv_rec, R), sv_unit[sv_order])
 
@@ -296,7 +310,6 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     copy_id = np.where(is_copy, np.cumsum(is_copy) - 1, -1)
     r_max = row_max(readers[0], readers[1], -1)
     m_max = row_max(members[0], members[1], -1)
-    rg = ga.requires_grad[rec_t]
     cp = np.flatnonzero(is_copy)
     copies = Copies(tensor=rec_t[cp], src_layout=home_t[rec_t[cp]], dst_layout=rec_lay[cp],
                     bytes=moved[cp], first_reader=rec_min[cp], last_reader=m_max[cp],

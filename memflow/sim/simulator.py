@@ -116,14 +116,16 @@ class Simulator:
         layout, M = strategy.layout_ids, strategy.microbatches
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
         key = (layout.tobytes(), degrees.tobytes(), M, self.precision_of(strategy),
-               strategy.sequence_parallel.tobytes(), self._scale_key(strategy))
+               strategy.sequence_parallel.tobytes(), self._scale_key(strategy),
+               strategy.stage.tobytes())
         placed = self._placed.get(key)
         if placed is None:
             if len(self._placed) > 4 * self.cache_size:   # placements seen long ago
                 self._placed.clear()
             placed = self._placed[key] = placements(
                 self.arrays(strategy), layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
-                split_degrees(strategy, degrees), M, sequence=strategy.sequence_parallel)
+                split_degrees(strategy, degrees), M, sequence=strategy.sequence_parallel,
+                stage=strategy.stage)
         return placed
 
     def precision_of(self, strategy: Strategy) -> str:
