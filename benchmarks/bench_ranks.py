@@ -107,10 +107,21 @@ Why rows differ, and what was fixed:
   before: the cos and sin were sent a gradient back (fixed in
   `memflow.export.sample_groups`). Still failing: `tensor + sequence`, listed below.
 - bf16 (`dp2 x pp2 1f1b bf16`; failed on resnet50 and Llama before: stages are now traced in
-  the compute dtype, batch-norm statistics cast to it). Llama held +14.7% / +23.4%: the memory
-  model halves every fp32 activation under bf16, but RMSNorm computes in fp32 (the same +17%
-  in one process). resnet50 weights -1.3% / -3.4%: the running statistics are bf16 now, the
-  memory model charges buffers at their fp32 width.
+  the compute dtype, batch-norm statistics cast to it). Fixed, was Llama held +14.7% / +23.4%
+  (the same +17% in one process) and resnet50 weights -1.3% / -3.4%. The memory model halved
+  every fp32 activation under bf16, but Llama's RMSNorm upcasts: it saves an fp32 copy of its
+  input (and a bf16 normed output), not a bf16 input; and it charged buffers at their fp32
+  width, where export casts batch-norm statistics to bf16. Capture now runs the step a second
+  time as a bf16 strategy runs it (`memflow.graph.compute`: parameters, floating inputs and
+  batch-norm statistics in bf16, the loss on fp32 outputs; `OpGraph.bf16`), and bf16
+  precisions charge that program's tensors, temporaries and buffers. One process (saved
+  tensors of a real bf16 run, `memflow.graph.measure.saved_bytes`): Llama 30,720 bytes, as
+  predicted (26,160 before); gpt2, resnet50, chain exact too. Then stage 1 of Llama was +4.5%
+  (192 bytes, one micro-batch's bf16 hidden state): `PipelineStage` computes the gradients of
+  what it receives, so the received hidden state stays until backward even though RMSNorm
+  saves only its fp32 copy; in fp32 the norm saved it, which hid the rule. The memory model
+  now holds a received tensor that needs a gradient until its first reader's backward
+  (`memflow.memory.records.placements`).
 - Launch-to-launch variation (the same code, 2 loaded cores): single launches have measured a
   rank some KB above its usual bytes (chain tensor rank 0 +1 KB, chain fsdp zero-3 rank 0
   +4 KB, resnet50 fsdp zero-3 rank 0 +1.3%), each exact again when rerun: something the rank

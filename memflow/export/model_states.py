@@ -19,10 +19,11 @@
   copied to the host, the host copy stepped, the parameter copied back (:class:`Steps`).
 
 Floating inputs enter in bf16 (:func:`cast_inputs`; FSDP2's own cast in its groups); the loss is
-computed in fp32 (the script's ``loss_of``); buffers keep their dtype, as the memory model
-(:mod:`memflow.memory.states`) charges them, but for a batch norm's running statistics
-(:func:`cast_statistics`): PyTorch's batch norm takes a bf16 input with its weight and
-statistics all fp32 or all bf16, and the weight computes in bf16.
+computed in fp32 (the script's ``loss_of``); buffers keep their dtype but for a batch norm's
+running statistics (:func:`cast_statistics`): PyTorch's batch norm takes a bf16 input with its
+weight and statistics all fp32 or all bf16, and the weight computes in bf16. These casts are
+:mod:`memflow.graph.compute`'s rule, which capture's bf16 pass follows, so the memory model
+charges what this program holds (``OpGraph.bf16``).
 
 >>> from torch import nn
 >>> m = nn.Linear(4, 2)
