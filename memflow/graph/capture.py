@@ -229,9 +229,10 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     inputs = describe_inputs(args, kwargs)
     batch = _batch_size(args, kwargs)
     expensive = frozenset(expensive_ops)
+    counter = OpCounter()       # one for both passes: an uncounted op warns once
 
     def record(cast: torch.dtype | None = None, units: list[str] | None = None) -> Recorder:
-        recorder = Recorder(rules, OpCounter(), selected, paths, batch, expensive, units)
+        recorder = Recorder(rules, counter, selected, paths, batch, expensive, units)
         _record(model, args, kwargs, recorder, rules, dtype, loss_fn, modules, inputs, cast)
         return recorder
 
