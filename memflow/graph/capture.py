@@ -31,6 +31,7 @@ import logging
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+import pandas as pd
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
@@ -251,15 +252,28 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     parameters = parameter_table(recorder)
     half = None
     if bf16 and dtype is None and _all_fp32(model):
-        names = [s.name for s in recorder.spans]
-        second = record(COMPUTE_DTYPE, names)
-        if [s.name for s in second.spans] == names:
-            half = bf16_graph(units_table, parameters, second, modules, meta)
-        else:
-            warnings.warn(f"capture of {meta['model']} in bfloat16 ran other units than in "
-                          "float32; bf16 precisions will halve its fp32 activations instead",
-                          stacklevel=2)
+        half = _bf16_pass(record, recorder, units_table, parameters, modules, meta)
     return OpGraph(units_table, tensor_table(recorder), meta, parameters=parameters, bf16=half)
+
+
+def _bf16_pass(record: Callable, first: Recorder, units: pd.DataFrame,
+               parameters: pd.DataFrame, modules: dict[str, nn.Module],
+               meta: dict) -> OpGraph | None:
+    """``graph.bf16``, or None with a warning where the model does not run as a bf16
+    strategy runs it (it mixes a dtype of its own with bf16) or runs other units."""
+    names = [s.name for s in first.spans]
+    fallback = "; bf16 precisions will halve its fp32 activations instead"
+    try:
+        second = record(COMPUTE_DTYPE, names)
+    except CaptureError as err:
+        warnings.warn(f"{meta['model']} does not run with its parameters and inputs in "
+                      f"bfloat16 ({err}){fallback}", stacklevel=3)
+        return None
+    if [s.name for s in second.spans] != names:
+        warnings.warn(f"{meta['model']} ran other units in bfloat16 than in float32{fallback}",
+                      stacklevel=3)
+        return None
+    return bf16_graph(units, parameters, second, modules, meta)
 
 
 def _all_fp32(model: nn.Module) -> bool:

@@ -354,10 +354,13 @@ class Recorder(TorchDispatchMode):
         self._window = Window()
 
     def estimate_backward(self, err: Exception) -> None:
-        """Backward failed on fake tensors: estimate every unit's backward as twice its forward."""
-        warnings.warn(f"capture could not run backward on fake tensors ({type(err).__name__}: "
-                      f"{err}); backward FLOPs, bytes and ops are estimated as 2x forward and "
-                      "bwd_tmp_bytes as fwd_tmp_bytes", stacklevel=3)
+        """Backward failed on fake tensors: estimate every unit's backward as twice its forward
+        (said once: a pass following another's units is not told again)."""
+        if self.units is None:
+            warnings.warn(f"capture could not run backward on fake tensors "
+                          f"({type(err).__name__}: {err}); backward FLOPs, bytes and ops are "
+                          "estimated as 2x forward and bwd_tmp_bytes as fwd_tmp_bytes",
+                          stacklevel=3)
         for s in self.spans:
             s.bwd_flops, s.bwd_bytes, s.bwd_ops = 2 * s.fwd_flops, 2 * s.fwd_bytes, 2 * s.fwd_ops
             s.bwd_tmp = s.fwd_tmp

@@ -98,3 +98,19 @@ def test_without_the_pass_bf16_halves_the_fp32_activations():
     assert g.bf16 is None
     assert _held(g, "bf16") == _held(g, None) / 2
     assert memflow.from_torch(model, x, autocast="bfloat16").bf16 is None
+
+
+def test_a_model_that_cannot_run_in_bf16_is_captured_with_a_warning():
+    """A mask made in float32 times a bf16 activation fails in a real bf16 run as in the
+    pass: the graph has no bf16 pass, and bf16 precisions halve (the export would fail)."""
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.ones(1, 4, 4, dtype=torch.float32) @ self.fc(x)[None]
+
+    with pytest.warns(UserWarning, match="does not run with its parameters and inputs in"):
+        g = memflow.from_torch(Masked(), torch.randn(4, 4))
+    assert g.bf16 is None and g.names == ["<root>", "fc", "<root>#2"]
