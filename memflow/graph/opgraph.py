@@ -159,8 +159,6 @@ class OpGraph:
                  meta: Mapping[str, Any] | None = None, *,
                  parameters: pd.DataFrame | None = None, bf16: "OpGraph | None" = None):
         self.meta: dict[str, Any] = dict(meta or {})
-        if bf16 is not None and list(bf16.units.index) != list(units.index):
-            raise GraphError("bf16: its units must be the graph's, in the same order")
         # the same step as a bf16 precision runs it (memflow.graph.compute): its own tensors
         # and byte columns, captured by a second pass; None: not captured (bf16 then halves
         # the fp32 activations, memflow.sim.precision)
@@ -168,6 +166,8 @@ class OpGraph:
         self.units = self._check_units(units)
         self.parameters = self._check_parameters(parameters)
         self.tensors = self._check_tensors(tensors)
+        if bf16 is not None and list(bf16.units.index) != list(self.units.index):
+            raise GraphError("bf16: its units must be the graph's, in the same order")
         self._derive()
         self._edges: pd.DataFrame | None = None
 
