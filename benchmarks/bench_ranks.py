@@ -11,11 +11,14 @@ held-for-backward and model-state bytes beside the prediction. A strategy export
 listed with its reason.
 
 Run: ``python benchmarks/bench_ranks.py`` (``--quick``: the chain only; ``--models gpt2 ...``,
-``--kinds tensor ...``: those only, printed, the RESULTS.md section left as it is).
+``--kinds tensor ...``: those only, printed, the RESULTS.md section left as it is, unless
+``--update``: those rows replaced in it, the others kept as the last run wrote them).
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,7 +28,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 
-from _results import table, write_section  # noqa: E402
+from _results import RESULTS, table, write_section  # noqa: E402
 
 import memflow  # noqa: E402
 from memflow.errors import MemflowError  # noqa: E402
@@ -56,7 +59,8 @@ Why rows differ, and what was fixed:
   stages (the weight's gradients are summed over them); the simulator charged them once, on
   stage 0. It now charges a weight or buffer on every stage that reads it
   (`memflow.memory.states.stage_copies`), and the gradient sum between the stages before the
-  optimizer step. Left: stage 0's weights -1.5% is the mask's 256 bytes, which the tracer leaves
+  optimizer step. Left: stage 0's weights -1.5% (-3.0% under zero-3 and bf16, whose stage-0
+  weights are half) is the mask's 256 bytes, which the tracer leaves
   on stage 0 as a plain tensor attribute of `h.0.attn` (not a registered buffer), so the rank's
   `module.buffers()` does not count it; the bytes are there.
 - gpt2 tensor (was held +88% to +98%, then +10% / +15%; now 0.0% on both ranks), and tensor +
@@ -104,10 +108,21 @@ Why rows differ, and what was fixed:
   before: the cos and sin were sent a gradient back (fixed in
   `memflow.export.sample_groups`). Still failing: `tensor + sequence`, listed below.
 - bf16 (`dp2 x pp2 1f1b bf16`; failed on resnet50 and Llama before: stages are now traced in
-  the compute dtype, batch-norm statistics cast to it). Llama held +14.7% / +23.4%: the memory
-  model halves every fp32 activation under bf16, but RMSNorm computes in fp32 (the same +17%
-  in one process). resnet50 weights -1.3% / -3.4%: the running statistics are bf16 now, the
-  memory model charges buffers at their fp32 width.
+  the compute dtype, batch-norm statistics cast to it). Fixed, was Llama held +14.7% / +23.4%
+  (the same +17% in one process) and resnet50 weights -1.3% / -3.4%. The memory model halved
+  every fp32 activation under bf16, but Llama's RMSNorm upcasts: it saves an fp32 copy of its
+  input (and a bf16 normed output), not a bf16 input; and it charged buffers at their fp32
+  width, where export casts batch-norm statistics to bf16. Capture now runs the step a second
+  time as a bf16 strategy runs it (`memflow.graph.compute`: parameters, floating inputs and
+  batch-norm statistics in bf16, the loss on fp32 outputs; `OpGraph.bf16`), and bf16
+  precisions charge that program's tensors, temporaries and buffers. One process (saved
+  tensors of a real bf16 run, `memflow.graph.measure.saved_bytes`): Llama 30,720 bytes, as
+  predicted (26,160 before); gpt2, resnet50, chain exact too. Then stage 1 of Llama was +4.5%
+  (192 bytes, one micro-batch's bf16 hidden state): `PipelineStage` computes the gradients of
+  what it receives, so the received hidden state stays until backward even though RMSNorm
+  saves only its fp32 copy; in fp32 the norm saved it, which hid the rule. The memory model
+  now holds a received tensor that needs a gradient until its first reader's backward
+  (`memflow.memory.records.placements`).
 - Launch-to-launch variation (the same code, 2 loaded cores): single launches have measured a
   rank some KB above its usual bytes (chain tensor rank 0 +1 KB, chain fsdp zero-3 rank 0
   +4 KB, resnet50 fsdp zero-3 rank 0 +1.3%), each exact again when rerun: something the rank
@@ -181,6 +196,30 @@ def rows(model: str, only=None) -> tuple[list[dict], list[str]]:
     return out, refused
 
 
+def _previous() -> tuple[pd.DataFrame, list[str], str]:
+    """The rows, refusals and stamp the section holds now (for ``--update``)."""
+    text = RESULTS.read_text()
+    section = text[text.index("<!-- begin rank_validation -->"):
+                   text.index("<!-- end rank_validation -->")]
+    lines = section.splitlines()
+    head = next(line for line in lines if line.startswith("|  | path"))
+    columns = [c.strip() for c in head.strip("|").split("|")][1:]
+    found = []
+    for line in lines:
+        if line.startswith("| ('"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            model, kind, rank = ast.literal_eval(cells[0])
+            row = dict(zip(columns, cells[1:]))
+            for c in ("held predicted", "held measured"):
+                row[c] = int(row[c])
+            found.append({"model": model, "kind": kind, "rank": rank, **row})
+    refused = [line[2:] for line in lines if line.startswith("- ") and " / " in line
+               and ": " in line and not line.startswith("- `")]
+    refused = [x for x in refused if re.match(r"^[\w.-]+ / ", x)]
+    stamp = next(line for line in lines if line.startswith("`python"))
+    return pd.DataFrame(found), refused, stamp.split("— ", 1)[-1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the chain only")
@@ -188,22 +227,40 @@ def main() -> None:
                         help="these models only, printed, not written to RESULTS.md")
     parser.add_argument("--kinds", nargs="+", help="these kinds only (as the table names "
                         "them), printed, not written to RESULTS.md")
+    parser.add_argument("--update", action="store_true", help="with --models/--kinds: replace "
+                        "those rows in RESULTS.md, keeping the others")
     args = parser.parse_args()
     found, refused = [], []
-    for model in (["chain"] if args.quick else args.models or list(MODELS)):
+    models = ["chain"] if args.quick else args.models or list(MODELS)
+    for model in models:
         r, x = rows(model, args.kinds)
         found += r
         refused += x
-    df = pd.DataFrame(found).set_index(["model", "kind", "rank"])
+    df = pd.DataFrame(found)
+    kept = ""
+    if args.update:
+        old, old_refused, stamp = _previous()
+        rerun = old["model"].isin(models) & (old["kind"].isin(args.kinds) if args.kinds
+                                             else True)
+        place = {k: i for i, k in enumerate(zip(old["model"], old["kind"], old["rank"]))}
+        df = pd.concat([old[~rerun], df], ignore_index=True)
+        df["place"] = [place.get(k, len(place)) for k in zip(df["model"], df["kind"], df["rank"])]
+        df = df.sort_values("place", kind="stable").drop(columns="place")
+        refused = [x for x in old_refused if not any(
+            x.startswith(f"{m} / {k}: ") for m in models for k in (args.kinds or [""]))] + refused
+        kept = (f"\nThe rows of {', '.join(models)} / {', '.join(args.kinds or ['every kind'])} "
+                f"were re-run by the command above; the others are as the full run of {stamp} "
+                "left them.\n")
+    df = df.set_index(["model", "kind", "rank"])
     body = (table(df) + "\n\nError = measured / predicted - 1, per rank (held: bytes held for "
             "backward at the end of a forward, the micro-batches in flight for a pipeline "
             "stage; weights, gradients, optimizer: local shard bytes against "
-            "`SimResult.model_states`; Adam).\n")
+            "`SimResult.model_states`; Adam).\n") + kept
     body += NOTES
     if refused:
         body += "\nRefused by export:\n\n" + "\n".join(f"- {x}" for x in refused) + "\n"
     print(body)
-    if args.models or args.kinds:
+    if (args.models or args.kinds) and not args.update:
         return
     write_section("rank_validation", body, title="Per-rank validation of multi-process exports")
 

@@ -19,10 +19,11 @@
   copied to the host, the host copy stepped, the parameter copied back (:class:`Steps`).
 
 Floating inputs enter in bf16 (:func:`cast_inputs`; FSDP2's own cast in its groups); the loss is
-computed in fp32 (the script's ``loss_of``); buffers keep their dtype, as the memory model
-(:mod:`memflow.memory.states`) charges them, but for a batch norm's running statistics
-(:func:`cast_statistics`): PyTorch's batch norm takes a bf16 input with its weight and
-statistics all fp32 or all bf16, and the weight computes in bf16.
+computed in fp32 (the script's ``loss_of``); buffers keep their dtype but for a batch norm's
+running statistics (:func:`cast_statistics`): PyTorch's batch norm takes a bf16 input with its
+weight and statistics all fp32 or all bf16, and the weight computes in bf16. These casts are
+:mod:`memflow.graph.compute`'s rule, which capture's bf16 pass follows, so the memory model
+charges what this program holds (``OpGraph.bf16``).
 
 >>> from torch import nn
 >>> m = nn.Linear(4, 2)
@@ -41,6 +42,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ..graph.compute import COMPUTE_DTYPE, cast_buffer_names
+
 __all__ = ["compute_dtype", "mp_policy", "offload_policy", "cast_parameters", "cast_statistics",
            "cast_inputs", "average_gradients", "fp32_allreduce_hook", "Steps"]
 
@@ -53,7 +56,7 @@ def compute_dtype(precision: str | None) -> torch.dtype | None:
     >>> compute_dtype("pure-bf16"), compute_dtype("fp32")
     (torch.bfloat16, None)
     """
-    return torch.bfloat16 if precision in ("bf16", "pure-bf16") else None
+    return COMPUTE_DTYPE if precision in ("bf16", "pure-bf16") else None
 
 
 def mp_policy(precision: str | None):
@@ -87,7 +90,8 @@ def cast_parameters(params: Iterable[nn.Parameter], precision: str | None) -> No
 
 def cast_statistics(module: nn.Module, precision: str | None) -> None:
     """Cast the running statistics of ``module``'s batch norms in place to ``precision``'s
-    compute dtype, as ``nn.Module.to(torch.bfloat16)`` casts them: the batch norm kernel
+    compute dtype (:func:`memflow.graph.compute.cast_buffer_names`, the rule capture's bf16
+    pass follows), as ``nn.Module.to(torch.bfloat16)`` casts them: the batch norm kernel
     takes a bf16 input with its weight, bias and statistics all in one dtype (or all fp32),
     and its weight computes in bf16 (cast here, or by FSDP2's all-gather). Statistics are
     running averages, never stepped: no master copy.
@@ -98,12 +102,12 @@ def cast_statistics(module: nn.Module, precision: str | None) -> None:
     (torch.bfloat16, torch.bfloat16)
     """
     dtype = compute_dtype(precision)
-    for m in module.modules() if dtype is not None else ():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            for name in ("running_mean", "running_var"):
-                stat = getattr(m, name)
-                if stat is not None and stat.is_floating_point():
-                    setattr(m, name, stat.to(dtype))
+    if dtype is None:
+        return
+    for name in cast_buffer_names(module):
+        owner, _, attr = name.rpartition(".")
+        m = module.get_submodule(owner)
+        setattr(m, attr, getattr(m, attr).to(dtype))
 
 
 def cast_inputs(tree: Any, precision: str | None) -> Any:

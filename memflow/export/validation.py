@@ -80,8 +80,8 @@ def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False,
     What :meth:`~memflow.memory.blocks.StepBlocks.held_for_backward` counts, per part of each
     placement. Micro-batches add up (GPipe holds them all; gradient accumulation — 1F1B with
     one stage — one at a time, :mod:`~memflow.export.accumulation`); activations at the
-    strategy's precision (:func:`~memflow.sim.precision.activation_arrays`: bf16 halves an
-    fp32 capture's).
+    strategy's precision (:func:`~memflow.sim.precision.activation_arrays`: under bf16, the
+    program capture's bf16 pass recorded).
     """
     from ..sim.costs import compression_ratios
     from ..sim.precision import activation_arrays
@@ -96,11 +96,12 @@ def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False,
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
     ga = replicated_arrays(activation_arrays(graph, strategy.precision), scale)
     layout, M, seq = strategy.layout_ids, strategy.microbatches, strategy.sequence_parallel
+    stage = strategy.stage
     placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(float),
-                        split_degrees(strategy, degrees), M, sequence=seq)
+                        split_degrees(strategy, degrees), M, sequence=seq, stage=stage)
     plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
-                       compression_ratios(strategy, ga.half), sequence=seq,
-                       cache={placement_key(layout, degrees, M, seq): placed})
+                       compression_ratios(strategy, ga.half), sequence=seq, stage=stage,
+                       cache={placement_key(layout, degrees, M, seq, stage): placed})
     device, host = plan.held_for_backward()
     if accumulates(strategy):      # activations are per micro-batch; one is held at a time
         device, host = device / strategy.microbatches, host / strategy.microbatches

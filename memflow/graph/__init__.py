@@ -11,6 +11,8 @@
   keeps;
 * :mod:`~memflow.graph.backend` and :mod:`~memflow.graph.autocast` — device rules for what
   autograd saves, and mixed precision;
+* :mod:`~memflow.graph.compute` — what a bf16 strategy casts, the rule capture's bf16 pass
+  (``OpGraph.bf16``) and the exported script share;
 * :mod:`~memflow.graph.tables` — the ``units``, ``tensors`` and ``parameters`` tables of a
   capture and their heuristics;
 * :mod:`~memflow.graph.measure` — what real autograd saves, the yardstick capture is tested on.

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+import pandas as pd
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
@@ -40,12 +42,13 @@ from torch.utils import _pytree as pytree
 from ..errors import CaptureError
 from .autocast import parse_autocast
 from .backend import Backend, get_backend
+from .compute import COMPUTE_DTYPE, cast_buffer_names, upcast
 from .eager import KnownValues, eager_predicates
 from .opcost import OpCounter
 from .opgraph import OpGraph
 from .recorder import Recorder
 from .selective import EXPENSIVE_OPS
-from .tables import parameter_table, tensor_table, unit_table
+from .tables import bf16_graph, parameter_table, tensor_table, unit_table
 from .units import describe_units, enclosing_blocks, module_paths, select_units
 
 __all__ = ["from_torch", "split_inputs", "describe_inputs"]
@@ -105,15 +108,19 @@ def _batch_size(args: tuple, kwargs: dict) -> int:
     return 1
 
 
-def _fake_like(t: torch.Tensor) -> torch.Tensor:
-    # Called inside FakeTensorMode: a tensor of the same layout with no data.
-    fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+def _fake_like(t: torch.Tensor, cast: torch.dtype | None = None) -> torch.Tensor:
+    # Called inside FakeTensorMode: a tensor of the same layout with no data (a floating one
+    # in ``cast`` when given), a leaf as the parameter is.
+    dtype = cast if cast is not None and t.is_floating_point() else t.dtype
+    fake = torch.empty_strided(t.shape, t.stride(), dtype=dtype, device="cpu")
     return fake.requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex() \
         else fake
 
 
-def _fake_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Fake inputs (inside FakeTensorMode) that share storages as the real ones do.
+def _fake_inputs(args: tuple, kwargs: dict,
+                 cast: torch.dtype | None = None) -> tuple[tuple, dict]:
+    """Fake inputs (inside FakeTensorMode) that share storages as the real ones do; floating
+    ones in ``cast`` when given (each its own storage, as ``t.to(cast)`` makes it).
 
     ``decoder_input_ids = ids[:, :-1]`` is a view of ``ids``: autograd saves that one storage
     once, so capture must see one storage too.
@@ -121,6 +128,9 @@ def _fake_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     bases: dict[int, torch.Tensor] = {}
 
     def fake(t: torch.Tensor) -> torch.Tensor:
+        if cast is not None and t.is_floating_point():
+            return torch.empty(t.shape, dtype=cast, device="cpu").requires_grad_(
+                t.requires_grad)
         storage = t.untyped_storage()
         base = bases.setdefault(storage._cdata, torch.empty(storage.nbytes(), dtype=torch.uint8,
                                                             device="cpu"))
@@ -185,7 +195,7 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
                backend: str | Backend = "cpu", autocast: Any = None,
                loss_fn: Callable[[Any], torch.Tensor] | None = None,
                name: str | None = None, keep_output: bool = False,
-               expensive_ops: Iterable[str] = EXPENSIVE_OPS) -> OpGraph:
+               expensive_ops: Iterable[str] = EXPENSIVE_OPS, bf16: bool = True) -> OpGraph:
     """Capture ``model`` on ``example_inputs`` as a graph of units for one training step.
 
     ``example_inputs`` is a tensor, a tuple/list of positional inputs or a dict of keyword
@@ -202,6 +212,12 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     mode (``train()`` for a training step). ``expensive_ops`` names the aten ops whose outputs selective
     recomputation keeps (:mod:`memflow.graph.selective`). Columns are described in
     ``docs/data-model.md``.
+
+    With ``bf16`` (the default) a model whose parameters are float32, captured without
+    autocast, runs a second time as a bf16 strategy runs it (:mod:`memflow.graph.compute`):
+    ``graph.bf16`` holds the tensors and temporaries of that program, in the dtype each op
+    makes (fp32 where the model upcasts), which the memory model charges under a bf16
+    precision (:func:`memflow.sim.precision.activation_arrays`).
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -214,16 +230,75 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     inputs = describe_inputs(args, kwargs)
     batch = _batch_size(args, kwargs)
     expensive = frozenset(expensive_ops)
-    recorder = Recorder(rules, OpCounter(), selected, paths, batch, expensive)
+    counter = OpCounter()       # one for both passes: an uncounted op warns once
+
+    def record(cast: torch.dtype | None = None, units: list[str] | None = None) -> Recorder:
+        recorder = Recorder(rules, counter, selected, paths, batch, expensive, units)
+        _record(model, args, kwargs, recorder, rules, dtype, loss_fn, modules, inputs, cast)
+        return recorder
+
+    recorder = record()
+    if not recorder.spans:
+        raise CaptureError(f"the forward of {type(model).__name__} ran no op (it returns its "
+                           "input unchanged, or only views of it): there is nothing to capture")
+    meta = {"model": name or type(model).__name__, "batch_size": batch, "backend": rules.name,
+            "autocast": None if dtype is None else str(dtype).replace("torch.", ""),
+            "units": describe_units(units), "torch": torch.__version__, "inputs": inputs,
+            "keep_output": bool(keep_output)}
+    if expensive != EXPENSIVE_OPS:
+        meta["expensive_ops"] = sorted(expensive)
+    units_table = unit_table(recorder, modules)
+    units_table["block"] = enclosing_blocks(model, units_table["module"])
+    parameters = parameter_table(recorder)
+    half = None
+    if bf16 and dtype is None and _all_fp32(model):
+        half = _bf16_pass(record, recorder, units_table, parameters, modules, meta)
+    return OpGraph(units_table, tensor_table(recorder), meta, parameters=parameters, bf16=half)
+
+
+def _bf16_pass(record: Callable, first: Recorder, units: pd.DataFrame,
+               parameters: pd.DataFrame, modules: dict[str, nn.Module],
+               meta: dict) -> OpGraph | None:
+    """``graph.bf16``, or None with a warning where the model does not run as a bf16
+    strategy runs it (it mixes a dtype of its own with bf16) or runs other units."""
+    names = [s.name for s in first.spans]
+    fallback = "; bf16 precisions will halve its fp32 activations instead"
+    try:
+        second = record(COMPUTE_DTYPE, names)
+    except CaptureError as err:
+        warnings.warn(f"{meta['model']} does not run with its parameters and inputs in "
+                      f"bfloat16 ({err}){fallback}", stacklevel=3)
+        return None
+    if [s.name for s in second.spans] != names:
+        warnings.warn(f"{meta['model']} ran other units in bfloat16 than in float32{fallback}",
+                      stacklevel=3)
+        return None
+    return bf16_graph(units, parameters, second, modules, meta)
+
+
+def _all_fp32(model: nn.Module) -> bool:
+    """Whether the model's floating parameters are all float32 (what the bf16 pass casts)."""
+    floating = [p for p in model.parameters() if p.is_floating_point()]
+    return bool(floating) and all(p.dtype == torch.float32 for p in floating)
+
+
+def _record(model: nn.Module, args: tuple, kwargs: dict, recorder: Recorder, rules: Backend,
+            dtype: torch.dtype | None, loss_fn: Callable | None,
+            modules: dict[str, nn.Module], inputs: list, cast: torch.dtype | None) -> None:
+    """Run one training step on fake tensors under ``recorder``; with ``cast``, as a bf16
+    strategy runs it (:mod:`memflow.graph.compute`): parameters, floating inputs and batch
+    norms' statistics in ``cast``, the loss on outputs upcast to float32."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     values = KnownValues()
+    statistics = cast_buffer_names(model) if cast is not None else set()
     with fake_mode:
-        fake_args, fake_kwargs = _fake_inputs(args, kwargs)
+        fake_args, fake_kwargs = _fake_inputs(args, kwargs, cast)
         state = {}
         aliases = _aliases(model)
         for is_buffer, named in ((False, model.named_parameters()), (True, model.named_buffers())):
             for pname, t in named:
-                state[pname] = _fake_like(t)
+                to = cast if (not is_buffer or statistics & set(aliases[id(t)])) else None
+                state[pname] = _fake_like(t, to)
                 recorder.add_weight(state[pname], aliases[id(t)], is_buffer)
                 if is_buffer:
                     _add_value(values, state[pname], t)
@@ -238,7 +313,7 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     try:
         with fake_mode, values, recorder, eager_predicates(values), _quiet_fake_kernels():
             loss = _forward(model, state, fake_args, fake_kwargs, recorder, rules, dtype,
-                            loss_fn, modules, inputs)
+                            loss_fn, modules, inputs, cast is not None)
             values.computing = False        # backward is autograd's code: it reads no value
             if loss is not None:
                 recorder.phase = "backward"
@@ -251,19 +326,6 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     finally:
         for h in handles:
             h.remove()
-    if not recorder.spans:
-        raise CaptureError(f"the forward of {type(model).__name__} ran no op (it returns its "
-                           "input unchanged, or only views of it): there is nothing to capture")
-    meta = {"model": name or type(model).__name__, "batch_size": batch, "backend": rules.name,
-            "autocast": None if dtype is None else str(dtype).replace("torch.", ""),
-            "units": describe_units(units), "torch": torch.__version__, "inputs": inputs,
-            "keep_output": bool(keep_output)}
-    if expensive != EXPENSIVE_OPS:
-        meta["expensive_ops"] = sorted(expensive)
-    units_table = unit_table(recorder, modules)
-    units_table["block"] = enclosing_blocks(model, units_table["module"])
-    return OpGraph(units_table, tensor_table(recorder), meta,
-                   parameters=parameter_table(recorder))
 
 
 def _add_value(values: KnownValues, fake: torch.Tensor, real: torch.Tensor) -> None:
@@ -284,8 +346,10 @@ def _aliases(model: nn.Module) -> dict[int, list[str]]:
 
 def _forward(model: nn.Module, state: dict, args: tuple, kwargs: dict, recorder: Recorder,
              rules: Backend, dtype: torch.dtype | None, loss_fn: Callable | None,
-             modules: dict[str, nn.Module], inputs: list) -> torch.Tensor | None:
-    """Run the recorded forward (and loss); returns the scalar to run backward from."""
+             modules: dict[str, nn.Module], inputs: list,
+             wide_loss: bool = False) -> torch.Tensor | None:
+    """Run the recorded forward (and loss); returns the scalar to run backward from. With
+    ``wide_loss`` the loss reads the outputs upcast to float32."""
     with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), \
             rules.context(dtype):
         recorder.phase = "forward"
@@ -298,10 +362,10 @@ def _forward(model: nn.Module, state: dict, args: tuple, kwargs: dict, recorder:
         if loss_fn is None:
             recorder.finish_forward()
             recorder.phase = None
-            return _default_loss(outputs)
+            return _default_loss(upcast(outputs) if wide_loss else outputs)
         recorder.begin_loss()
         try:
-            loss = loss_fn(out)
+            loss = loss_fn(upcast(out) if wide_loss else out)
         except Exception as err:
             raise CaptureError(f"loss_fn raised {type(err).__name__}: {err}; it is called as "
                                "loss_fn(output) with the model's output") from err

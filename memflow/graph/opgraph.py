@@ -157,11 +157,17 @@ class OpGraph:
 
     def __init__(self, units: pd.DataFrame, tensors: pd.DataFrame,
                  meta: Mapping[str, Any] | None = None, *,
-                 parameters: pd.DataFrame | None = None):
+                 parameters: pd.DataFrame | None = None, bf16: "OpGraph | None" = None):
         self.meta: dict[str, Any] = dict(meta or {})
+        # the same step as a bf16 precision runs it (memflow.graph.compute): its own tensors
+        # and byte columns, captured by a second pass; None: not captured (bf16 then halves
+        # the fp32 activations, memflow.sim.precision)
+        self.bf16 = bf16
         self.units = self._check_units(units)
         self.parameters = self._check_parameters(parameters)
         self.tensors = self._check_tensors(tensors)
+        if bf16 is not None and list(bf16.units.index) != list(self.units.index):
+            raise GraphError("bf16: its units must be the graph's, in the same order")
         self._derive()
         self._edges: pd.DataFrame | None = None
 
@@ -369,10 +375,13 @@ class OpGraph:
         derived = list(DERIVED_UNIT_COLUMNS) + list(UNIT_PARAMETER_COLUMNS)
         units = self.units.drop(columns=derived).reset_index()
         tensors = self.tensors.drop(columns=["first_saver", "last_consumer"])
-        return {"format": FORMAT, "meta": self.meta,
-                "units": units.to_dict(orient="list"),
-                "tensors": tensors.to_dict(orient="list"),
-                "parameters": self.parameters.to_dict(orient="list")}
+        doc = {"format": FORMAT, "meta": self.meta,
+               "units": units.to_dict(orient="list"),
+               "tensors": tensors.to_dict(orient="list"),
+               "parameters": self.parameters.to_dict(orient="list")}
+        if self.bf16 is not None:      # an optional key: files without it still load
+            doc["bf16"] = {k: v for k, v in self.bf16.to_dict().items() if k != "meta"}
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "OpGraph":
@@ -382,8 +391,10 @@ class OpGraph:
             raise GraphError("not a memflow graph document (its 'format' is not 'memflow.graph/…')")
         units = pd.DataFrame(doc["units"]).set_index("unit")
         parameters = doc.get("parameters")
+        bf16 = doc.get("bf16")
         return cls(units, pd.DataFrame(doc["tensors"]), doc.get("meta"),
-                   parameters=None if parameters is None else pd.DataFrame(parameters))
+                   parameters=None if parameters is None else pd.DataFrame(parameters),
+                   bf16=None if bf16 is None else cls.from_dict({**bf16, "meta": doc.get("meta")}))
 
     def save(self, path: str | Path) -> Path:
         """Write the graph as JSON (atomically)."""

@@ -127,9 +127,13 @@ class Recorder(TorchDispatchMode):
 
     def __init__(self, backend: Backend, counter: OpCounter, selected: set[str],
                  paths: dict[nn.Module, str], batch_size: int,
-                 expensive_ops: frozenset[str] = EXPENSIVE_OPS):
+                 expensive_ops: frozenset[str] = EXPENSIVE_OPS, units: list[str] | None = None):
         super().__init__()
         self.expensive_ops = expensive_ops
+        # another pass's unit names, in order: a span opens only as the next of them, so that
+        # ops a cast adds where that pass ran none (a bf16 model's ``.float()`` in glue) stay
+        # in the unit running before them, and the two passes have the same units
+        self.units = units
         self.backend = backend
         self.counter = counter
         self.selected = selected
@@ -264,12 +268,22 @@ class Recorder(TorchDispatchMode):
         return t
 
     # ------------------------------------------------------------------ spans
+    def _span_name(self, owner: _Frame) -> tuple[str, int]:
+        call = self._calls.get(owner.path, 0) + 1
+        return (owner.path if call == 1 else f"{owner.path}#{call}"), call
+
+    def _opens(self, owner: _Frame) -> bool:
+        """Whether ``owner``'s ops open a span (always, unless following :attr:`units`)."""
+        if self.units is None or self._current is None:
+            return True
+        n = len(self.spans)
+        return n < len(self.units) and self.units[n] == self._span_name(owner)[0]
+
     def _open_span(self, owner: _Frame) -> Span:
         if self._current is not None:
             self._current.fwd_tmp = self._window.close()
-        call = self._calls.get(owner.path, 0) + 1
+        name, call = self._span_name(owner)
         self._calls[owner.path] = call
-        name = owner.path if call == 1 else f"{owner.path}#{call}"
         span = Span(len(self.spans), name, owner.path, owner.kind, owner.role, call,
                     owner.instance)
         self.spans.append(span)
@@ -282,7 +296,7 @@ class Recorder(TorchDispatchMode):
         if owner is None:
             return None
         span = self._current
-        if span is None or span.owner != owner.instance:
+        if span is None or (span.owner != owner.instance and self._opens(owner)):
             span = self._open_span(owner)
         span.seq_hi = torch._C._autograd._get_sequence_nr()
         return span
@@ -340,10 +354,13 @@ class Recorder(TorchDispatchMode):
         self._window = Window()
 
     def estimate_backward(self, err: Exception) -> None:
-        """Backward failed on fake tensors: estimate every unit's backward as twice its forward."""
-        warnings.warn(f"capture could not run backward on fake tensors ({type(err).__name__}: "
-                      f"{err}); backward FLOPs, bytes and ops are estimated as 2x forward and "
-                      "bwd_tmp_bytes as fwd_tmp_bytes", stacklevel=3)
+        """Backward failed on fake tensors: estimate every unit's backward as twice its forward
+        (said once: a pass following another's units is not told again)."""
+        if self.units is None:
+            warnings.warn(f"capture could not run backward on fake tensors "
+                          f"({type(err).__name__}: {err}); backward FLOPs, bytes and ops are "
+                          "estimated as 2x forward and bwd_tmp_bytes as fwd_tmp_bytes",
+                          stacklevel=3)
         for s in self.spans:
             s.bwd_flops, s.bwd_bytes, s.bwd_ops = 2 * s.fwd_flops, 2 * s.fwd_bytes, 2 * s.fwd_ops
             s.bwd_tmp = s.fwd_tmp

@@ -19,7 +19,10 @@ Rules that are heuristics, documented here because the simulator relies on them:
 * a storage is **per-sample** when it descends from an input whose first dimension is the batch
   through ops that keep the batch, and one of its dimensions is a multiple of the batch
   (:mod:`~memflow.graph.batchdim`): a causal mask made once, a position embedding, a weight
-  cast under autocast, batch norm's per-channel statistics or a scalar loss are not.
+  cast under autocast, batch norm's per-channel statistics or a scalar loss are not;
+* the **bf16 pass** (:func:`bf16_graph`) keeps the first pass's units — names, FLOPs, degrees
+  and ``dtype``, the width model states are charged from — and takes from its own run the
+  bytes each unit moves and holds for a while, its tensors, and its buffers' bytes.
 """
 from __future__ import annotations
 
@@ -29,12 +32,12 @@ import pandas as pd
 from torch import nn
 
 from .batchdim import carries_batch
-from .opgraph import INPUT
+from .opgraph import INPUT, OpGraph
 from .recorder import Recorder, Span, Storage
 from .slicing import shard_axis, tensor_degree
 from .units import ROOT
 
-__all__ = ["unit_table", "tensor_table", "parameter_table", "HEAD_ATTRIBUTES"]
+__all__ = ["unit_table", "tensor_table", "parameter_table", "bf16_graph", "HEAD_ATTRIBUTES"]
 
 HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "heads")
 _RECURRENT = ("LSTM", "GRU", "RNN")
@@ -151,3 +154,27 @@ def tensor_table(recorder: Recorder) -> pd.DataFrame:
     columns = ["bytes", "producer", "consumers", "savers", "is_output", "requires_grad",
                "per_sample", "dtype", "shape", "expensive"]
     return pd.DataFrame(rows, columns=columns)
+
+
+# what a unit moves and holds for a while: the bf16 pass's own (the rest is the first pass's)
+_PASS_COLUMNS = ("fwd_bytes_moved", "bwd_bytes_moved", "fwd_tmp_bytes", "bwd_tmp_bytes",
+                 "expensive_fwd_bytes_moved", "cached_bytes", "unpack_tmp_bytes",
+                 "unpack_done_bytes")
+
+
+def bf16_graph(units: pd.DataFrame, parameters: pd.DataFrame, recorder: Recorder,
+               modules: dict[str, nn.Module], meta: dict[str, Any]) -> OpGraph:
+    """``OpGraph.bf16``: the step as the bf16 pass ``recorder`` ran it, on the units of the
+    first pass (``units``, ``parameters``: the same names in the same order); buffers at the
+    bytes that pass gave them (batch norms' statistics in bf16), parameters at the first
+    pass's (a precision's widths scale them, :mod:`memflow.memory.states`)."""
+    own = unit_table(recorder, modules)
+    u = units.copy()
+    for column in _PASS_COLUMNS:
+        u[column] = own[column].to_numpy()
+    p = parameters.copy()
+    cast = parameter_table(recorder).set_index("name")
+    buffers = p["is_buffer"].to_numpy(bool)
+    for column in ("bytes", "dtype"):
+        p.loc[buffers, column] = cast.loc[p.loc[buffers, "name"], column].to_numpy()
+    return OpGraph(u, tensor_table(recorder), meta, parameters=p)

@@ -54,11 +54,12 @@ __all__ = ["StepBlocks", "Copy", "Copies", "BlockTable", "step_blocks", "placeme
 
 
 def placement_key(layout: np.ndarray, degrees: np.ndarray, microbatches: int,
-                  sequence: np.ndarray | None = None) -> tuple:
+                  sequence: np.ndarray | None = None, stage: np.ndarray | None = None) -> tuple:
     """The key under which :func:`step_blocks` keeps a placement's records in its ``cache``:
     what :func:`~memflow.memory.records.placements` depends on besides the graph."""
     return (layout.tobytes(), degrees.tobytes(), int(microbatches),
-            None if sequence is None else sequence.tobytes())
+            None if sequence is None else sequence.tobytes(),
+            None if stage is None else stage.tobytes())
 
 
 def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout: np.ndarray,
@@ -66,7 +67,7 @@ def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
                 optimizer: str = "sgd", foreach: bool = True, cache: dict | None = None,
                 precision: str | None = None, shard: np.ndarray | None = None,
                 offload: np.ndarray | None = None,
-                sequence: np.ndarray | None = None) -> StepBlocks:
+                sequence: np.ndarray | None = None, stage: np.ndarray | None = None) -> StepBlocks:
     """The blocks of one training step.
 
     ``degrees`` is ``(layouts, 3)``: sample, parameter, attribute of each layout; ``layout``,
@@ -77,13 +78,14 @@ def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
     that differ in memory policies only share it. ``precision``, ``shard`` and ``offload``
     (per unit: shard level code, optimizer on the host) decide the model states
     (:func:`memflow.memory.states.unit_states`). ``sequence`` (per unit) is the strategy's
-    sequence parallelism (:func:`memflow.memory.records.placements`).
+    sequence parallelism and ``stage`` its pipeline stages
+    (:func:`memflow.memory.records.placements`).
     """
-    key = placement_key(layout, degrees, microbatches, sequence)
+    key = placement_key(layout, degrees, microbatches, sequence, stage)
     placed = cache.get(key) if cache is not None else None
     if placed is None:
         placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
-                            degrees[layout, 1], microbatches, sequence=sequence)
+                            degrees[layout, 1], microbatches, sequence=sequence, stage=stage)
         if cache is not None:
             cache[key] = placed
     table = BlockTable(ga, placed, layout, degrees, microbatches, optimizer=optimizer,

@@ -86,6 +86,8 @@ class Placed:
     alloc: np.ndarray         # (R, 3) anchor of the allocation
     fwd_free: np.ndarray      # (R, 3) end of the last forward read on this placement
     kept_output: np.ndarray   # a model output the step keeps until backward ends
+    received: np.ndarray      # a copy a pipeline stage keeps for its gradient: on the device
+    #                           until its first member's backward, whatever the policies
     last_xfer: np.ndarray     # (R, 3) end of the storage's last copy out (home), kind -1 if none
     members: tuple[np.ndarray, np.ndarray]   # CSR: users on this placement
     savers: tuple[np.ndarray, np.ndarray]    # CSR: savers on this placement (producer included)
@@ -225,7 +227,7 @@ def _pairs(ga: GraphArrays) -> tuple[np.ndarray, ...]:
 
 def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarray,
                microbatches: int, allocator: str | None = None,
-               sequence: np.ndarray | None = None) -> Placed:
+               sequence: np.ndarray | None = None, stage: np.ndarray | None = None) -> Placed:
     """The records, copies and gradient blocks of ``layout`` (placement per unit), where
     ``sa`` is each unit's sample × attribute degree and ``p`` its parameter degree.
     ``allocator="cuda"`` charges each record the CUDA caching allocator's block
@@ -238,7 +240,13 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     passed between sequence-parallel units only, or copied into them (scattered), is held at
     ``1/p`` too (Korthikanti et al.
     2022: ``sbh(10 + 24/t + 5as/(ht))`` per block, ``sbh(34 + 5as/h)/t`` with sequence
-    parallelism)."""
+    parallelism).
+
+    A pipeline stage (``stage``, per unit) keeps a storage it receives from another stage
+    with a gradient to compute until its backward, saved or not: ``PipelineStage`` computes
+    the gradients of its inputs, so autograd holds the received leaf (a bf16 Llama's hidden
+    state, which RMSNorm saves only as its fp32 copy): on the device until the backward of
+    its first member there, whatever their policies (``received``)."""
     n, last, M = ga.n, ga.n - 1, int(microbatches)
     n_t = len(ga.bytes)
     prod_t = ga.producer
@@ -297,6 +305,11 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     r_max = row_max(readers[0], readers[1], -1)
     m_max = row_max(members[0], members[1], -1)
     rg = ga.requires_grad[rec_t]
+    received = np.zeros(R, bool)
+    if stage is not None:       # ... from another stage, with a gradient to compute
+        from_unit = np.where(rec_prod >= 0, rec_prod, np.maximum(first_user[rec_t], 0))
+        received = is_copy & rg & (rec_min >= 0) & (
+            stage[np.maximum(rec_min, 0)] != stage[from_unit])
     cp = np.flatnonzero(is_copy)
     copies = Copies(tensor=rec_t[cp], src_layout=home_t[rec_t[cp]], dst_layout=rec_lay[cp],
                     bytes=moved[cp], first_reader=rec_min[cp], last_reader=m_max[cp],
@@ -361,7 +374,7 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
     touched = (_ptr(t_unit, n), t_rec[t_order])
     return Placed(tensor=rec_t, layout=rec_lay, home=rec_home, prod=rec_prod, nbytes=nbytes,
                   alloc=alloc, fwd_free=anchors(A_FWD, fwd_last, END),
-                  kept_output=model_out & ga.keep_output,
+                  kept_output=model_out & ga.keep_output, received=received,
                   last_xfer=last_xfer, members=members, savers=savers, readers=readers,
                   touched=touched, grad_layout=grad_layout[keep], grad_bytes=grad_bytes[keep],
                   grad_alloc=grad_alloc[keep], grad_free=grad_free[keep], copies=copies,

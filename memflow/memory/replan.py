@@ -17,7 +17,7 @@ __all__ = ["replan"]
 
 @njit
 def replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr, touched,
-            sv_ptr, sv, m_ptr, m, r_ptr, r, prod, home, nbytes, kept_output, rec_alloc,
+            sv_ptr, sv, m_ptr, m, r_ptr, r, prod, home, nbytes, kept_output, received, rec_alloc,
             fwd_free, last_xfer, expensive, n_units, unit_row, recompute_tmp, cached, bwd_tmp,
             unpack_tmp, unpack_done, bytes_, host, alloc, free, carrier, compress, mark,
             offloaded, compressed):
@@ -59,7 +59,9 @@ def replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr,
                 seg_in = st
         # made by an expensive op of a selective unit: cached until the unit's backward
         sel = home[x] and p >= 0 and expensive[x] and pol[p] == M_SELECTIVE and own >= 0
-        keep = has[M_KEEP] or seg_in < far or sel
+        keep = has[M_KEEP] or seg_in < far or sel or received[x]
+        # a pipeline stage keeps what it received for its gradient: to its first member's backward
+        got = m[m_ptr[x]] if received[x] and m_ptr[x + 1] > m_ptr[x] else far
         state = NONE               # the first mechanism (in MECHANISMS' order) any saver uses
         if keep:
             state = M_KEEP
@@ -81,7 +83,7 @@ def replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr,
         # main: the storage as produced (or copied), until the policy lets it go
         bytes_[row] = b
         if keep:
-            hold = min(first_saver if first_saver >= 0 else far, seg_in, p if sel else far)
+            hold = min(first_saver if first_saver >= 0 else far, seg_in, p if sel else far, got)
             for j in range(3):
                 _set(free, row, j, A_BWD, hold, START)
         else:

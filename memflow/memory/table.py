@@ -274,7 +274,8 @@ class BlockTable:
         old = self._key or (pol, start, ratio)
         offloaded, compressed = np.empty(self.n), np.empty(self.n)
         replan(pol, start, ratio, *old, self._key is None, *P.touched, *P.savers, *P.members,
-                *P.readers, P.prod, P.home, P.nbytes, P.kept_output, P.alloc, P.fwd_free,
+                *P.readers, P.prod, P.home, P.nbytes, P.kept_output, P.received, P.alloc,
+                P.fwd_free,
                 P.last_xfer, self.expensive, self.n, self.unit_row, self.recompute_tmp,
                 self.cached, self.bwd_tmp, self.unpack_tmp, self.unpack_done, self.bytes,
                 self.host, self.alloc, self.free, self.carrier, self.compress, self._mark,

@@ -8,7 +8,8 @@ minutes each time. ``at_batch`` scales a graph linearly instead, with these rule
 * bytes moved: the weight traffic (parameters and buffers read in forward; read, and gradients
   written, in backward) stays, the rest scales;
 * activation storages marked ``per_sample`` scale (and the batch dimension of their shape);
-  others, such as a causal mask, do not; parameters never do.
+  others, such as a causal mask, do not; parameters never do;
+* the bf16 pass (``graph.bf16``) scales by the same rules.
 
 This is exact for models whose every per-sample cost is linear in the batch (convolutions,
 linear layers, LSTMs and attention at a fixed sequence length) and an approximation where a
@@ -67,7 +68,8 @@ def at_batch(graph: OpGraph, batch_size: int) -> OpGraph:
     t.loc[per, "bytes"] = (t.loc[per, "bytes"] * k).round().astype(np.int64)
     t["shape"] = [_scaled_shape(s, old, batch_size) if p else list(s)
                   for s, p in zip(t["shape"], per)]
-    return OpGraph(u, t, {**graph.meta, "batch_size": int(batch_size)})
+    return OpGraph(u, t, {**graph.meta, "batch_size": int(batch_size)},
+                   bf16=None if graph.bf16 is None else at_batch(graph.bf16, batch_size))
 
 
 def _scaled_shape(shape: list[int], old: int, new: int) -> list[int]:

@@ -1,12 +1,17 @@
-"""What a strategy's precision does to its activations: a ``bf16`` or ``pure-bf16`` step on a
-graph captured in fp32 computes every floating-point activation in 2 bytes, so its saved
-tensors, temporaries and memory traffic are half the captured ones.
+"""What a strategy's precision does to its activations: a ``bf16`` or ``pure-bf16`` step runs
+the model cast to bfloat16 (:mod:`memflow.graph.compute`), so its saved tensors, temporaries
+and memory traffic are those of that program, which capture records in a second pass
+(``graph.bf16``): each tensor in the dtype its op makes — bf16 mostly, fp32 where the model
+upcasts (Llama's RMSNorm, a softmax in fp32, the loss) — and the copies the casts make; and
+buffers at the width the cast gives them (batch norms' statistics in bf16).
+
+A graph without that pass (built by hand, or captured under autocast) halves instead: every
+float32 tensor, temporary and byte moved at 2 bytes, integer tensors (token ids, masks) and
+units captured in half precision unchanged. That under-counts a model that upcasts.
 
 The precisions that cast activations are those whose weights are half width in
 :data:`memflow.memory.states.WIDTHS`; ``fp32`` and ``amp`` keep the capture's own sizes (an
-``amp`` capture under autocast already records which ops ran in half precision; an fp32
-capture cannot say which would have, so it is left as measured). Integer tensors (token ids,
-masks) and units captured in half precision are unchanged.
+``amp`` capture under autocast already records which ops ran in half precision).
 
 Which units compute in bfloat16 (:func:`bf16_units`) matters to time: a GPU without bf16
 units (``bf16`` false in the cluster's devices, as on a V100) runs them at its FP32 rate.
@@ -51,6 +56,8 @@ def activation_arrays(graph, precision: str | None) -> GraphArrays:
     width = ACTIVATION_WIDTH.get(precision or "fp32")
     if width is None:
         return ga
+    if getattr(graph, "bf16", None) is not None:       # the program as it runs in bf16
+        return graph_arrays(graph.bf16)
     per_graph = _CACHE.setdefault(graph, {})
     hit = per_graph.get(precision)
     if hit is None or hit[0] is not ga:

@@ -116,14 +116,16 @@ class Simulator:
         layout, M = strategy.layout_ids, strategy.microbatches
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
         key = (layout.tobytes(), degrees.tobytes(), M, self.precision_of(strategy),
-               strategy.sequence_parallel.tobytes(), self._scale_key(strategy))
+               strategy.sequence_parallel.tobytes(), self._scale_key(strategy),
+               strategy.stage.tobytes())
         placed = self._placed.get(key)
         if placed is None:
             if len(self._placed) > 4 * self.cache_size:   # placements seen long ago
                 self._placed.clear()
             placed = self._placed[key] = placements(
                 self.arrays(strategy), layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
-                split_degrees(strategy, degrees), M, sequence=strategy.sequence_parallel)
+                split_degrees(strategy, degrees), M, sequence=strategy.sequence_parallel,
+                stage=strategy.stage)
         return placed
 
     def precision_of(self, strategy: Strategy) -> str:
@@ -204,7 +206,8 @@ class Simulator:
         keys = strategy.layouts
         lcs = [self._lc(k) for k in keys]
         copy, back, links_fwd, links_back = copy_times(
-            keys, placed.copies, self.ga.per_sample[placed.copies.tensor], n, self._cc)
+            keys, placed.copies, self.arrays(strategy).per_sample[placed.copies.tensor], n,
+            self._cc)
         # channel sets: compute, comm, to-host, from-host per layout, then copies, copies back
         raw = stack_rows(rows_of([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
                                  + [2 * n + lc.d2h[0] for lc in lcs]
