@@ -91,7 +91,8 @@ from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
 from ..strategy.tensor_groups import tensor_groups as groups_of
 from .spans import check_modules, unit_spans
-from .tp_styles import SEQUENCE_DIM, PartSaved, full_gradients, read_full, relayout, styles
+from .tp_styles import (SEQUENCE_DIM, PartSaved, full_gradients, on_stream, read_full, relayout,
+                        styles)
 
 __all__ = ["tensor_groups", "tensor_ranks", "tensor_plan", "parallelize", "full_gradients",
            "STYLES"]
@@ -303,7 +304,7 @@ def _sequence_hooks(model, strategy, graph, mesh, plan, after: bool) -> None:
             continue
         m = modules[s.module]
         if not after and (k == 0 or not seq[k - 1]):
-            m.register_forward_pre_hook(lambda mod, args: tuple(map(scatter, args)))
+            m.register_forward_pre_hook(lambda mod, args: on_stream(scatter)(args))
         if after and (k + 1 == len(spans) or not seq[k + 1]):
             m.register_forward_hook(lambda mod, args, out: gather(out))
 
