@@ -11,11 +11,15 @@ held-for-backward and model-state bytes beside the prediction. A strategy export
 listed with its reason.
 
 Run: ``python benchmarks/bench_ranks.py`` (``--quick``: the chain only; ``--models gpt2 ...``,
-``--kinds tensor ...``: those only, printed, the RESULTS.md section left as it is).
+``--kinds tensor ...``: those only, printed, the RESULTS.md section left as it is, unless
+``--update``: then their rows, and their refusals, replace those of the section's table, whose
+other rows stay as the last full run measured them).
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,7 +29,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 
-from _results import table, write_section  # noqa: E402
+from _results import RESULTS, table, write_section  # noqa: E402
 
 import memflow  # noqa: E402
 from memflow.errors import MemflowError  # noqa: E402
@@ -86,7 +90,12 @@ Why rows differ, and what was fixed:
      is what Korthikanti's `sbh(34 + 5as/h)/t` and the simulator count (-2.6% then). The
      simulator held the block input whole where the stream enters the sequence-parallel run
      from unsplit glue; it is scattered there (each rank keeps its part), as the export does
-     (`memflow.memory.records.placements`).
+     (`memflow.memory.records.placements`). That rule took only a copy from another device:
+     once the group ran its unsplit glue on every rank (4), the embeddings' output was made
+     on the blocks' own placement and held whole again (-2.6%, 768 bytes on each rank: a
+     per-storage breakdown of rank 0 shows the export frees the whole after its scatter and
+     holds the (b, s/2, h) part). The rule now takes a stream tensor made there by a unit
+     outside the run that does not save it.
   Weights +3.8%: the norms inside split blocks stay replicated. On the chain, where the split
   units are the Linears, every byte agrees.
 - tinyllama-1.1b (added with tensor parallelism on its decoder layers; fixed, was held +11% to
@@ -102,7 +111,14 @@ Why rows differ, and what was fixed:
   the model computes without grad, as the trace tells (`memflow.export.grad_flow`), so the
   run holds what one process and the memory model hold. The sample path failed on Llama
   before: the cos and sin were sent a gradient back (fixed in
-  `memflow.export.sample_groups`). Still failing: `tensor + sequence`, listed below.
+  `memflow.export.sample_groups`). `tensor + sequence` failed on both ranks (`The size of
+  tensor a (4) must match the size of tensor b (8)`): the sequence-parallel relayouts scattered
+  and gathered every input of a block and of its attention, the rotary cos and sin
+  (sequence, head_dim) too, so the second layer's attention all-gathered the whole cos over
+  its head dimension. Only the residual stream (the first positional input) is relaid out
+  now, as torchtitan's `PrepareModuleInput(input_layouts=(Shard(1), None))` leaves
+  `freqs_cis` whole; loss and gradients are one process's
+  (`tests/export/test_tensor_parallel.py`), held 0.0% (with the entry rule of gpt2's 5).
 - bf16 (`dp2 x pp2 1f1b bf16`; failed on resnet50 and Llama before: stages are now traced in
   the compute dtype, batch-norm statistics cast to it). Llama held +14.7% / +23.4%: the memory
   model halves every fp32 activation under bf16, but RMSNorm computes in fp32 (the same +17%
@@ -156,10 +172,13 @@ def kinds(g) -> dict[str, Strategy]:
     }
 
 
-def rows(model: str, only=None) -> tuple[list[dict], list[str]]:
+def rows(model: str, only=None) -> tuple[list[dict], list[str], list[str]]:
+    """Measured rows, refusals and the kinds in table order, of ``model``'s kinds (``only``
+    these)."""
     batch, options = MODELS[model]
     g = memflow.zoo.graph(model, batch_size=batch, units="blocks", **options)
     out, refused = [], []
+    order = list(kinds(g))
     for kind, s in kinds(g).items():
         if only and kind not in only:
             continue
@@ -178,7 +197,38 @@ def rows(model: str, only=None) -> tuple[list[dict], list[str]]:
                         "held measured": int(r["held_measured"]),
                         **{f"{m} error": f"{100 * r[f'{m}_error']:+.1f}%"
                            for m in ("held", "weights", "gradients", "optimizer")}})
-    return out, refused
+    return out, refused, order
+
+
+def merged(lines: list[str], refused: list[str], order: dict[str, list[str]]) -> tuple[
+        list[str], list[str], str]:
+    """The section's table rows and refusals with those of the kinds re-run (``lines``, table
+    rows, and ``refused``, of the (model, kind) pairs in ``order``'s kinds) in place of the
+    ones it has, in table order; and the stamp of the run the other rows come from."""
+    text = RESULTS.read_text()
+    old = re.search(r"<!-- begin rank_validation -->(.*?)<!-- end rank_validation -->", text, re.S)
+    body = old.group(1) if old else ""
+    rerun = {(m, k) for m, ks in order.items() for k in ks}
+
+    def key(line: str) -> tuple:
+        return ast.literal_eval(line.split(" | ")[0].removeprefix("| "))
+
+    kept = [ln for ln in body.splitlines() if ln.startswith("| ('") and key(ln)[:2] not in rerun]
+    rank = {m: i for i, m in enumerate(MODELS)}
+
+    def position(line: str) -> tuple:
+        model, kind, r = key(line)
+        known = order.get(model) or list(dict.fromkeys(key(x)[1] for x in kept
+                                                       if key(x)[0] == model))
+        return rank[model], known.index(kind) if kind in known else len(known), r
+    table_rows = sorted(kept + lines, key=position)
+    old_refused = [ln[2:] for ln in body.splitlines() if ln.startswith("- ") and " / " in ln
+                   and ": " in ln and tuple(ln[2:].split(": ")[0].split(" / ", 1)) not in rerun
+                   and ln[2:].split(" / ")[0] in MODELS]
+    full = re.search(r"from the last full run, (.*)$", body, re.M)
+    stamp = full.group(1) if full else next(
+        (ln for ln in body.splitlines() if ln.startswith("`python")), "")
+    return table_rows, old_refused + refused, stamp
 
 
 def main() -> None:
@@ -188,14 +238,24 @@ def main() -> None:
                         help="these models only, printed, not written to RESULTS.md")
     parser.add_argument("--kinds", nargs="+", help="these kinds only (as the table names "
                         "them), printed, not written to RESULTS.md")
+    parser.add_argument("--update", action="store_true", help="with --models or --kinds: "
+                        "their rows replace those of the RESULTS.md section, the others kept")
     args = parser.parse_args()
-    found, refused = [], []
+    found, refused, order = [], [], {}
     for model in (["chain"] if args.quick else args.models or list(MODELS)):
-        r, x = rows(model, args.kinds)
+        r, x, kinds_of = rows(model, args.kinds)
         found += r
         refused += x
+        order[model] = [k for k in kinds_of if not args.kinds or k in args.kinds]
     df = pd.DataFrame(found).set_index(["model", "kind", "rank"])
-    body = (table(df) + "\n\nError = measured / predicted - 1, per rank (held: bytes held for "
+    measured = table(df)
+    if args.update:
+        head, rule, *lines = measured.splitlines()
+        lines, refused, stamp = merged(lines, refused, order)
+        measured = "\n".join([head, rule, *lines]) + (
+            f"\n\nRows of {', '.join(sorted(order))} / {', '.join(args.kinds or ['every kind'])}"
+            f" re-run by the command above; the others from the last full run, {stamp}")
+    body = (measured + "\n\nError = measured / predicted - 1, per rank (held: bytes held for "
             "backward at the end of a forward, the micro-batches in flight for a pipeline "
             "stage; weights, gradients, optimizer: local shard bytes against "
             "`SimResult.model_states`; Adam).\n")
@@ -203,7 +263,7 @@ def main() -> None:
     if refused:
         body += "\nRefused by export:\n\n" + "\n".join(f"- {x}" for x in refused) + "\n"
     print(body)
-    if args.models or args.kinds:
+    if (args.models or args.kinds) and not args.update:
         return
     write_section("rank_validation", body, title="Per-rank validation of multi-process exports")
 

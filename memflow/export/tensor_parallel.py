@@ -89,6 +89,7 @@ from ..errors import ExportError
 from ..graph.slicing import declared_degree
 from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
+from ..strategy.sequence_parallel import NORM_KINDS
 from ..strategy.tensor_groups import tensor_groups as groups_of
 from .spans import check_modules, unit_spans
 from .tp_styles import (SEQUENCE_DIM, PartSaved, full_gradients, on_stream, read_full, relayout,
@@ -106,7 +107,7 @@ sequence (sequence parallelism)."""
 
 # A split normalization runs replicated: its weights are a vector, and sharding its hidden
 # dimension would need the statistics all-reduced (no parallelize_module style does that).
-_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
+_NORMS = tuple(getattr(nn, kind) for kind in NORM_KINDS)
 _ELEMENTWISE = {"ReLU", "GELU", "Tanh", "SiLU", "Sigmoid", "Dropout", "Identity", "LeakyReLU"}
 
 
