@@ -200,15 +200,14 @@ def rows(model: str, only=None) -> tuple[list[dict], list[str], list[str]]:
     return out, refused, order
 
 
-def merged(lines: list[str], refused: list[str], order: dict[str, list[str]]) -> tuple[
-        list[str], list[str], str]:
-    """The section's table rows and refusals with those of the kinds re-run (``lines``, table
-    rows, and ``refused``, of the (model, kind) pairs in ``order``'s kinds) in place of the
-    ones it has, in table order; and the stamp of the run the other rows come from."""
+def merged(lines: list[str], refused: list[str], rerun: set[tuple[str, str]],
+           order: dict[str, list[str]]) -> tuple[list[str], list[str], str]:
+    """The section's table rows and refusals with those of the (model, kind) pairs re-run
+    (``lines``, table rows, and ``refused``) in place of the ones it has, in table order
+    (``order``: a re-run model's kinds); and the stamp of the run the other rows come from."""
     text = RESULTS.read_text()
     old = re.search(r"<!-- begin rank_validation -->(.*?)<!-- end rank_validation -->", text, re.S)
     body = old.group(1) if old else ""
-    rerun = {(m, k) for m, ks in order.items() for k in ks}
 
     def key(line: str) -> tuple:
         return ast.literal_eval(line.split(" | ")[0].removeprefix("| "))
@@ -243,15 +242,15 @@ def main() -> None:
     args = parser.parse_args()
     found, refused, order = [], [], {}
     for model in (["chain"] if args.quick else args.models or list(MODELS)):
-        r, x, kinds_of = rows(model, args.kinds)
+        r, x, order[model] = rows(model, args.kinds)
         found += r
         refused += x
-        order[model] = [k for k in kinds_of if not args.kinds or k in args.kinds]
+    rerun = {(m, k) for m, ks in order.items() for k in ks if not args.kinds or k in args.kinds}
     df = pd.DataFrame(found).set_index(["model", "kind", "rank"])
     measured = table(df)
     if args.update:
         head, rule, *lines = measured.splitlines()
-        lines, refused, stamp = merged(lines, refused, order)
+        lines, refused, stamp = merged(lines, refused, rerun, order)
         measured = "\n".join([head, rule, *lines]) + (
             f"\n\nRows of {', '.join(sorted(order))} / {', '.join(args.kinds or ['every kind'])}"
             f" re-run by the command above; the others from the last full run, {stamp}")
