@@ -46,6 +46,10 @@ all-reduced); inside a container, each normalization does, and each child holdin
 ``Linear`` all-gathers the sequence on entry and keeps its rank's part on exit (the linears
 split as above). The stream is scattered (each rank keeps its part, no communication) where a
 sequence-parallel unit follows another unit, and all-gathered where another unit follows it.
+Only the stream, a call's first positional argument, is relaid out (:func:`on_stream`): a
+block's other inputs (Llama's rotary ``cos`` and ``sin``) are whole on every rank, as
+torchtitan's ``PrepareModuleInput(input_layouts=(Shard(1), None))`` leaves ``freqs_cis``.
+Where the search may set it: :mod:`memflow.strategy.sequence_parallel`.
 Megatron reduce-scatters at the row-parallel linear instead of all-reducing and keeping a
 part: the same result, twice the bytes on the links in forward here.
 

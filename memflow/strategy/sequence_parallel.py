@@ -14,6 +14,8 @@ blocks in one process without sequence parallelism.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .policies import M_COMPRESSED, M_HOST, POLICIES
@@ -38,6 +40,9 @@ def sequence_units(graph) -> np.ndarray:
     >>> dict(zip(g.names, sequence_units(g).tolist()))
     {'embed_tokens': 0, 'rotary': 0, 'layers.0': 16, 'layers.1': 16, 'norm': 16, 'lm_head': 0}
     """
+    hit = _LENGTHS.get(id(graph))
+    if hit is not None and hit[0]() is graph:
+        return hit[1]
     u, t = graph.units, graph.tensors
     kind = u["kind"].to_numpy()
     may = (u["role"].to_numpy() == "module") & (
@@ -52,7 +57,15 @@ def sequence_units(graph) -> np.ndarray:
                 is_out or any(c != prod for c in consumers)):
             continue
         out[i] = int(shape[1])
+    out.flags.writeable = False
+    if len(_LENGTHS) > 16:      # graphs long gone
+        _LENGTHS.clear()
+    _LENGTHS[id(graph)] = (weakref.ref(graph), out)
     return out
+
+
+# per graph, its sequence_units: asked on every proposal that has sequence parallelism
+_LENGTHS: dict[int, tuple[weakref.ref, np.ndarray]] = {}
 
 
 def sequence_problem(strategy, graph=None) -> str | None:
