@@ -12,13 +12,15 @@ listed with its reason.
 
 Run: ``python benchmarks/bench_ranks.py`` (``--quick``: the chain only; ``--models gpt2 ...``,
 ``--kinds tensor ...``: those only, printed, the RESULTS.md section left as it is, unless
-``--update``: those rows replaced in it, the others kept as the last run wrote them).
+``--update``: then their rows, and their refusals, replace those of the section's table, whose
+other rows stay as the last full run measured them).
 """
 from __future__ import annotations
 
 import argparse
 import ast
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -90,7 +92,12 @@ Why rows differ, and what was fixed:
      is what Korthikanti's `sbh(34 + 5as/h)/t` and the simulator count (-2.6% then). The
      simulator held the block input whole where the stream enters the sequence-parallel run
      from unsplit glue; it is scattered there (each rank keeps its part), as the export does
-     (`memflow.memory.records.placements`).
+     (`memflow.memory.records.placements`). That rule took only a copy from another device:
+     once the group ran its unsplit glue on every rank (4), the embeddings' output was made
+     on the blocks' own placement and held whole again (-2.6%, 768 bytes on each rank: a
+     per-storage breakdown of rank 0 shows the export frees the whole after its scatter and
+     holds the (b, s/2, h) part). The rule now takes a stream tensor made there by a unit
+     outside the run that does not save it.
   Weights +3.8%: the norms inside split blocks stay replicated. On the chain, where the split
   units are the Linears, every byte agrees.
 - tinyllama-1.1b (added with tensor parallelism on its decoder layers; fixed, was held +11% to
@@ -106,7 +113,17 @@ Why rows differ, and what was fixed:
   the model computes without grad, as the trace tells (`memflow.export.grad_flow`), so the
   run holds what one process and the memory model hold. The sample path failed on Llama
   before: the cos and sin were sent a gradient back (fixed in
-  `memflow.export.sample_groups`). Still failing: `tensor + sequence`, listed below.
+  `memflow.export.sample_groups`). `tensor + sequence` failed on both ranks (`The size of
+  tensor a (4) must match the size of tensor b (8)`): the sequence-parallel relayouts scattered
+  and gathered every input of a block and of its attention, the rotary cos and sin
+  (sequence, head_dim) too, so the second layer's attention all-gathered the whole cos over
+  its head dimension. Only the residual stream (the first positional input) is relaid out
+  now, as torchtitan's `PrepareModuleInput(input_layouts=(Shard(1), None))` leaves
+  `freqs_cis` whole; loss and gradients are one process's
+  (`tests/export/test_tensor_parallel.py`), held 0.0% (with the entry rule of gpt2's 5).
+- `tensor + sequence, last block` (gpt2, Llama): sequence parallelism on one block, as the
+  search's `sequence` move sets it (the stream scattered into that block and gathered after
+  it, the other block and the norms whole): held as predicted on both ranks.
 - bf16 (`dp2 x pp2 1f1b bf16`; failed on resnet50 and Llama before: stages are now traced in
   the compute dtype, batch-norm statistics cast to it). Fixed, was Llama held +14.7% / +23.4%
   (the same +17% in one process) and resnet50 weights -1.3% / -3.4%. The memory model halved
@@ -143,16 +160,26 @@ def _unsplit(s: Strategy, unit: str, device: str) -> Strategy:
     return s.with_config(unit, parameter=1, devices=[device]) if unit in s.units else s
 
 
+def _last_block_only(g, s: Strategy) -> Strategy:
+    """``s`` with sequence parallelism on its last sequence-parallel block only, as the
+    search's ``sequence`` move sets it (one block at a time, norms never split)."""
+    blocks = [u for u, on, d in zip(g.names, s.sequence_parallel, g.units["tensor_degree"])
+              if on and d > 0]
+    rest = [u for u, on in zip(g.names, s.sequence_parallel) if on and u != blocks[-1]]
+    return s.with_config(rest, sequence_parallel=False)
+
+
 def kinds(g) -> dict[str, Strategy]:
     middle = g.names[len(g) // 2]
+    sp = Strategy.tensor_parallel(g, 2, tp=2, sequence_parallel=True)
     return {
         "ddp + recompute": Strategy.data_parallel(g, 2).with_policy(recompute=[middle]),
         "fsdp zero-3": Strategy.data_parallel(g, 2, shard="parameters"),
         "pipeline gpipe": Strategy.pipeline(g, 2, stages=2, microbatches=2, schedule="gpipe"),
         "pipeline 1f1b": Strategy.pipeline(g, 2, stages=2, microbatches=2, schedule="1f1b"),
         "tensor": Strategy.tensor_parallel(g, 2, tp=2),
-        **({"tensor + sequence": sp} if (sp := Strategy.tensor_parallel(
-            g, 2, tp=2, sequence_parallel=True)).sequence_parallel.any() else {}),
+        **({"tensor + sequence": sp, "tensor + sequence, last block": _last_block_only(g, sp)}
+           if sp.sequence_parallel.any() else {}),
         "dp2 x pp2 1f1b": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2,
                                             schedule="1f1b"),
         # each stage's units sharded over its replicas (FSDP2), and in bf16 (fp32 masters)
@@ -171,10 +198,13 @@ def kinds(g) -> dict[str, Strategy]:
     }
 
 
-def rows(model: str, only=None) -> tuple[list[dict], list[str]]:
+def rows(model: str, only=None) -> tuple[list[dict], list[str], list[str]]:
+    """Measured rows, refusals and the kinds in table order, of ``model``'s kinds (``only``
+    these)."""
     batch, options = MODELS[model]
     g = memflow.zoo.graph(model, batch_size=batch, units="blocks", **options)
     out, refused = [], []
+    order = list(kinds(g))
     for kind, s in kinds(g).items():
         if only and kind not in only:
             continue
@@ -193,31 +223,37 @@ def rows(model: str, only=None) -> tuple[list[dict], list[str]]:
                         "held measured": int(r["held_measured"]),
                         **{f"{m} error": f"{100 * r[f'{m}_error']:+.1f}%"
                            for m in ("held", "weights", "gradients", "optimizer")}})
-    return out, refused
+    return out, refused, order
 
 
-def _previous() -> tuple[pd.DataFrame, list[str], str]:
-    """The rows, refusals and stamp the section holds now (for ``--update``)."""
+def merged(lines: list[str], refused: list[str], rerun: set[tuple[str, str]],
+           order: dict[str, list[str]]) -> tuple[list[str], list[str], str]:
+    """The section's table rows and refusals with those of the (model, kind) pairs re-run
+    (``lines``, table rows, and ``refused``) in place of the ones it has, in table order
+    (``order``: a re-run model's kinds); and the stamp of the run the other rows come from."""
     text = RESULTS.read_text()
-    section = text[text.index("<!-- begin rank_validation -->"):
-                   text.index("<!-- end rank_validation -->")]
-    lines = section.splitlines()
-    head = next(line for line in lines if line.startswith("|  | path"))
-    columns = [c.strip() for c in head.strip("|").split("|")][1:]
-    found = []
-    for line in lines:
-        if line.startswith("| ('"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            model, kind, rank = ast.literal_eval(cells[0])
-            row = dict(zip(columns, cells[1:]))
-            for c in ("held predicted", "held measured"):
-                row[c] = int(row[c])
-            found.append({"model": model, "kind": kind, "rank": rank, **row})
-    refused = [line[2:] for line in lines if line.startswith("- ") and " / " in line
-               and ": " in line and not line.startswith("- `")]
-    refused = [x for x in refused if re.match(r"^[\w.-]+ / ", x)]
-    stamp = next(line for line in lines if line.startswith("`python"))
-    return pd.DataFrame(found), refused, stamp.split("— ", 1)[-1]
+    old = re.search(r"<!-- begin rank_validation -->(.*?)<!-- end rank_validation -->", text, re.S)
+    body = old.group(1) if old else ""
+
+    def key(line: str) -> tuple:
+        return ast.literal_eval(line.split(" | ")[0].removeprefix("| "))
+
+    kept = [ln for ln in body.splitlines() if ln.startswith("| ('") and key(ln)[:2] not in rerun]
+    rank = {m: i for i, m in enumerate(MODELS)}
+
+    def position(line: str) -> tuple:
+        model, kind, r = key(line)
+        known = order.get(model) or list(dict.fromkeys(key(x)[1] for x in kept
+                                                       if key(x)[0] == model))
+        return rank[model], known.index(kind) if kind in known else len(known), r
+    table_rows = sorted(kept + lines, key=position)
+    old_refused = [ln[2:] for ln in body.splitlines() if ln.startswith("- ") and " / " in ln
+                   and ": " in ln and tuple(ln[2:].split(": ")[0].split(" / ", 1)) not in rerun
+                   and ln[2:].split(" / ")[0] in MODELS]
+    full = re.search(r"from the last full run, (.*)$", body, re.M)
+    stamp = full.group(1) if full else next(
+        (ln for ln in body.splitlines() if ln.startswith("`python")), "")
+    return table_rows, old_refused + refused, stamp
 
 
 def main() -> None:
@@ -227,42 +263,36 @@ def main() -> None:
                         help="these models only, printed, not written to RESULTS.md")
     parser.add_argument("--kinds", nargs="+", help="these kinds only (as the table names "
                         "them), printed, not written to RESULTS.md")
-    parser.add_argument("--update", action="store_true", help="with --models/--kinds: replace "
-                        "those rows in RESULTS.md, keeping the others")
+    parser.add_argument("--update", action="store_true", help="with --models or --kinds: "
+                        "their rows replace those of the RESULTS.md section, the others kept")
     args = parser.parse_args()
-    found, refused = [], []
-    models = ["chain"] if args.quick else args.models or list(MODELS)
-    for model in models:
-        r, x = rows(model, args.kinds)
+    found, refused, order = [], [], {}
+    for model in (["chain"] if args.quick else args.models or list(MODELS)):
+        r, x, order[model] = rows(model, args.kinds)
         found += r
         refused += x
-    df = pd.DataFrame(found)
-    kept = ""
+    rerun = {(m, k) for m, ks in order.items() for k in ks if not args.kinds or k in args.kinds}
+    df = pd.DataFrame(found).set_index(["model", "kind", "rank"])
+    measured = table(df)
     if args.update:
-        old, old_refused, stamp = _previous()
-        rerun = old["model"].isin(models) & (old["kind"].isin(args.kinds) if args.kinds
-                                             else True)
-        place = {k: i for i, k in enumerate(zip(old["model"], old["kind"], old["rank"]))}
-        df = pd.concat([old[~rerun], df], ignore_index=True)
-        df["place"] = [place.get(k, len(place)) for k in zip(df["model"], df["kind"], df["rank"])]
-        df = df.sort_values("place", kind="stable").drop(columns="place")
-        refused = [x for x in old_refused if not any(
-            x.startswith(f"{m} / {k}: ") for m in models for k in (args.kinds or [""]))] + refused
-        kept = (f"\nThe rows of {', '.join(models)} / {', '.join(args.kinds or ['every kind'])} "
-                f"were re-run by the command above; the others are as the full run of {stamp} "
-                "left them.\n")
-    df = df.set_index(["model", "kind", "rank"])
-    body = (table(df) + "\n\nError = measured / predicted - 1, per rank (held: bytes held for "
+        head, rule, *lines = measured.splitlines()
+        lines, refused, stamp = merged(lines, refused, rerun, order)
+        measured = "\n".join([head, rule, *lines]) + (
+            f"\n\nRows of {', '.join(sorted(order))}, kinds "
+            f"{', '.join(map(repr, args.kinds or ['every kind']))} re-run by the command "
+            f"above; the others from the last full run, {stamp}")
+    body = (measured + "\n\nError = measured / predicted - 1, per rank (held: bytes held for "
             "backward at the end of a forward, the micro-batches in flight for a pipeline "
             "stage; weights, gradients, optimizer: local shard bytes against "
-            "`SimResult.model_states`; Adam).\n") + kept
+            "`SimResult.model_states`; Adam).\n")
     body += NOTES
     if refused:
         body += "\nRefused by export:\n\n" + "\n".join(f"- {x}" for x in refused) + "\n"
     print(body)
     if (args.models or args.kinds) and not args.update:
         return
-    write_section("rank_validation", body, title="Per-rank validation of multi-process exports")
+    write_section("rank_validation", body, title="Per-rank validation of multi-process exports",
+                  command="python " + shlex.join(sys.argv))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,10 @@ all-reduced); inside a container, each normalization does, and each child holdin
 ``Linear`` all-gathers the sequence on entry and keeps its rank's part on exit (the linears
 split as above). The stream is scattered (each rank keeps its part, no communication) where a
 sequence-parallel unit follows another unit, and all-gathered where another unit follows it.
+Only the stream, a call's first positional argument, is relaid out (:func:`on_stream`): a
+block's other inputs (Llama's rotary ``cos`` and ``sin``) are whole on every rank, as
+torchtitan's ``PrepareModuleInput(input_layouts=(Shard(1), None))`` leaves ``freqs_cis``.
+Where the search may set it: :mod:`memflow.strategy.sequence_parallel`.
 Megatron reduce-scatters at the row-parallel linear instead of all-reducing and keeping a
 part: the same result, twice the bytes on the links in forward here.
 
@@ -89,9 +93,11 @@ from ..errors import ExportError
 from ..graph.slicing import declared_degree
 from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
+from ..strategy.sequence_parallel import NORM_KINDS
 from ..strategy.tensor_groups import tensor_groups as groups_of
 from .spans import check_modules, unit_spans
-from .tp_styles import SEQUENCE_DIM, PartSaved, full_gradients, read_full, relayout, styles
+from .tp_styles import (SEQUENCE_DIM, PartSaved, full_gradients, on_stream, read_full, relayout,
+                        styles)
 
 __all__ = ["tensor_groups", "tensor_ranks", "tensor_plan", "parallelize", "full_gradients",
            "STYLES"]
@@ -105,7 +111,7 @@ sequence (sequence parallelism)."""
 
 # A split normalization runs replicated: its weights are a vector, and sharding its hidden
 # dimension would need the statistics all-reduced (no parallelize_module style does that).
-_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
+_NORMS = tuple(getattr(nn, kind) for kind in NORM_KINDS)
 _ELEMENTWISE = {"ReLU", "GELU", "Tanh", "SiLU", "Sigmoid", "Dropout", "Identity", "LeakyReLU"}
 
 
@@ -303,7 +309,7 @@ def _sequence_hooks(model, strategy, graph, mesh, plan, after: bool) -> None:
             continue
         m = modules[s.module]
         if not after and (k == 0 or not seq[k - 1]):
-            m.register_forward_pre_hook(lambda mod, args: tuple(map(scatter, args)))
+            m.register_forward_pre_hook(lambda mod, args: on_stream(scatter)(args))
         if after and (k + 1 == len(spans) or not seq[k + 1]):
             m.register_forward_hook(lambda mod, args, out: gather(out))
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["styles", "full_gradients", "relayout", "PartSaved", "read_full", "SEQUENCE_DIM"]
+__all__ = ["styles", "full_gradients", "relayout", "on_stream", "PartSaved", "read_full",
+           "SEQUENCE_DIM"]
 
 SEQUENCE_DIM = 1
 """The sequence dimension of ``(batch, sequence, hidden)`` activations."""
@@ -25,6 +26,20 @@ def relayout(mesh, source, target):
         return DTensor.from_local(x, mesh, [source], run_check=False).redistribute(
             mesh, [target]).to_local()
     return move
+
+
+def on_stream(move):
+    """``move`` applied to a module call's residual stream, its first positional argument,
+    the others passed as they are: a block's other inputs (Llama's rotary ``cos`` and
+    ``sin``, a mask) span the whole sequence on every rank, as torchtitan's
+    ``PrepareModuleInput(input_layouts=(Shard(1), None))`` leaves its ``freqs_cis``.
+
+    >>> on_stream(lambda x: -x)((torch.ones(1), torch.ones(1)))
+    (tensor([-1.]), tensor([1.]))
+    """
+    def call(args):
+        return (move(args[0]), *args[1:]) if args else args
+    return call
 
 
 def _regroup(rows: torch.Tensor, ranks: int, inverse: bool = False) -> torch.Tensor:
@@ -92,9 +107,9 @@ class PartSaved:
         self.gather, self.parts, self.hooks = gather, {}, None
 
     def enter(self, module, args):
-        full = tuple(map(self.gather, args))
-        self.parts = {f.untyped_storage()._cdata: a for a, f in zip(args, full)
-                      if isinstance(f, torch.Tensor)}
+        full = on_stream(self.gather)(args)
+        self.parts = {full[0].untyped_storage()._cdata: args[0]} \
+            if args and isinstance(full[0], torch.Tensor) else {}
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
         self.hooks.__enter__()
         return full

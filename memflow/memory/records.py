@@ -292,10 +292,14 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
            & (np.bincount(pair_rec, ~seq[pv], minlength=R) == 0)))  # sequence-split stream
     share = np.where(split, share / p[prod], share)
     moved = allocated_bytes(size * share, allocator)
-    # a stream tensor copied into a run of sequence-parallel units arrives whole and is
-    # scattered there: each part keeps its share of the sequence
-    entry = ~rec_home & stream & (rec_min >= 0) & seq[np.maximum(rec_min, 0)] & (
-        np.bincount(pair_rec, ~seq[pv], minlength=R) == 0)
+    # a stream tensor entering a run of sequence-parallel units is scattered there (each
+    # part keeps its share of the sequence, the whole is freed): a copy from another
+    # placement, or one made on the run's own placement by an unsplit unit (glue a
+    # tensor-parallel group runs on every rank, memflow.sim.replication.as_run) that does not
+    # save it itself
+    entry = stream & (rec_min >= 0) & seq[np.maximum(rec_min, 0)] & (
+        np.bincount(pair_rec, ~seq[pv], minlength=R) == 0) & (
+        ~rec_home | ((rec_prod < 0) | ~seq[prod]) & ~lead)
     nbytes = np.where(entry, allocated_bytes(size * share / p[np.maximum(rec_min, 0)],
                                              allocator), moved)
 

@@ -112,8 +112,11 @@ class MCMCSearch:
             raise SearchError(f"move weights must be >= 0 and not all 0, got {dict(weights)}")
         settings["moves"] = {m: float(w) for m, w in weights.items()}
         single = len(self.space.devices) < 2
+        # the sequence move is drawn only where some unit may be sequence parallel, so a
+        # search of a graph without splittable blocks draws as it did before the move existed
         live = {m: w for m, w in settings["moves"].items()
-                if w > 0 and not (single and m in PARALLEL_MOVES)}
+                if w > 0 and not (single and m in PARALLEL_MOVES)
+                and not (m == "sequence" and not self.space.sequence.any())}
         self._move_names = list(live) or list(settings["moves"])
         cum = np.cumsum([live.get(m, 1.0) for m in self._move_names])
         self._move_cdf = cum / cum[-1]

@@ -11,13 +11,18 @@
 * ``swap`` — one part of one unit moves to another device (or two parts trade devices);
 * ``replicas`` — every unit gets another data-parallel degree together (whole-model replicas,
   as export runs them), each keeping its parameter split where it still fits;
+* ``sequence`` — one split unit that may be sequence parallel (in the runnable space a block
+  Megatron splits, on the tensor-parallel path: :mod:`memflow.strategy.sequence_parallel`)
+  turns sequence parallelism on or off;
 * ``shard``, ``precision``, ``optimizer_place`` — a unit's shard level, the global precision,
   a unit's optimizer on the device or the host (:data:`MODEL_STATE_MOVES`, on by default where
   export writes their choices: FSDP2 / ZeRO-1, bf16 and pure-bf16, optimizer offload).
 
 In the runnable space (the default, :mod:`memflow.strategy.runnable`) ``config`` and ``copy``
 keep the strategy's one sample degree and split parameters only of units export can slice,
-so every proposal from a runnable strategy is runnable.
+so every proposal from a runnable strategy is runnable; a move that would leave sequence
+parallelism where export does not run it (a split block moved off the tensor-parallel group,
+offloaded or recomputed) proposes the strategy without it.
 
 A move returns ``None`` when it has nothing to propose (no segment to grow, one device only);
 the chain then draws another move. Proposals always differ from the strategy they start from
@@ -25,14 +30,14 @@ and are valid by construction, so the inner loop never validates.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from ..strategy import POLICIES, Strategy
-from ..strategy.runnable import RUNNABLE, pipeline_problem, sample_problem
+from ..strategy.runnable import RUNNABLE
+from .move_guards import dropping_sequence, dropping_states, keeping_pipeline, keeping_states
 from .per_op import per_op_choices
 from .space import SearchSpace, policy_label, precision_choices, shard_choices
 
@@ -40,7 +45,7 @@ __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGH
            "FLEXFLOW_WEIGHTS", "policy", "segment", "per_op", "config", "copy", "swap",
            "replicas",
            "MODEL_STATE_MOVES", "MODEL_STATE_WEIGHTS", "EXPORTED_MODEL_STATE_MOVES",
-           "GLOBAL_MOVES", "shard", "precision", "optimizer_place"]
+           "GLOBAL_MOVES", "shard", "precision", "optimizer_place", "sequence"]
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,33 @@ def replicas(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propo
         {name: space.config_for(i, s, d) for i, name in enumerate(space.names)}))
 
 
+def sequence(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
+    """One free split unit that may be sequence parallel (``SearchSpace.sequence``) turns it
+    on or off; in the runnable space, nothing where export would not run the result.
+
+    >>> import memflow
+    >>> from memflow.zoo.llama import TINY
+    >>> g = memflow.zoo.graph("tinyllama-1.1b", batch_size=4, units="blocks", **TINY)
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("2xV100-16GB"))
+    >>> s = memflow.Strategy.data_parallel(g, 2).with_config(
+    ...     ["layers.0", "layers.1"], sample=1, parameter=2, devices=["gpu0", "gpu1"])
+    >>> s = s.with_config(["embed_tokens", "rotary", "norm", "lm_head"], sample=1,
+    ...                   devices=["gpu0"])
+    >>> p = sequence(np.random.default_rng(0), s, sp)
+    >>> p.unit, p.strategy.sequence_parallel.tolist()
+    ('layers.1', [False, False, False, True, False, False])
+    """
+    units = [int(i) for i in space.free() if s.parameter[i] > 1 and space.sequence[i]]
+    if not units:
+        return None
+    i = int(_pick(rng, units))
+    name = space.names[i]
+    option = s.with_config(name, sequence_parallel=not bool(s.sequence_parallel[i]))
+    if space.runnable and not space.runs(option):
+        return None
+    return Proposal("sequence", name, option)
+
+
 SHARD_CHECKS = 4
 """Options the shard move checks against export's rules before it proposes nothing."""
 
@@ -369,62 +401,14 @@ def optimizer_place(rng: np.random.Generator, s: Strategy,
 
 
 Move = Callable[[np.random.Generator, Strategy, SearchSpace], "Proposal | None"]
-def _keeping_pipeline(move: Move) -> Move:
-    """``move`` proposing nothing where, in the runnable space, it would leave a 1F1B pipeline
-    export cannot run (:func:`~memflow.strategy.runnable.pipeline_problem`: a device shared
-    by two stages, a split inside a stage, a boundary inside a module's own code), or
-    per-unit sample degrees it cannot (:func:`~memflow.strategy.runnable.sample_problem`: a
-    parameter split or shard level beside them, a group boundary inside a module's code)."""
-    @functools.wraps(move)
-    def kept(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
-        prop = move(rng, s, space)
-        if prop is None or not space.runnable:
-            return prop
-        new = prop.strategy
-        if pipeline_problem(new, space.graph) is not None or (
-                (new.sample != new.sample[0]).any()
-                and sample_problem(new, space.graph) is not None):
-            return None
-        return prop
-    return kept
 
-
-def _keeping_states(move: Move) -> Move:
-    """``move`` proposing nothing where, in the runnable space, export could not hold the
-    model states at the strategy's precision and optimizer place
-    (:meth:`~memflow.search.space.SearchSpace.holds_states`: ZeRO-1 over master or host
-    copies, precision or offload with parameter splits or stages, the root group's place)."""
-    @functools.wraps(move)
-    def kept(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
-        prop = move(rng, s, space)
-        if prop is not None and space.runnable and not space.holds_states(prop.strategy):
-            return None
-        return prop
-    return kept
-
-
-def _dropping_states(move: Move) -> Move:
-    """``move`` (a parallel one) whose proposal, where in the runnable space export could
-    not hold its model states (a parameter split or stage under bf16 or optimizer offload),
-    trains at the model's own precision with every optimizer on the device instead: a split
-    stays reachable from a bf16 strategy, as :meth:`~memflow.search.space.SearchSpace.project`
-    would place it."""
-    @functools.wraps(move)
-    def dropped(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
-        prop = move(rng, s, space)
-        if prop is not None and space.runnable and not space.holds_states(prop.strategy):
-            plain = prop.strategy.with_model_states(offload_optimizer=False)._replace(
-                precision=RUNNABLE.precisions[0])
-            return Proposal(prop.move, prop.unit, plain) if space.holds_states(plain) else None
-        return prop
-    return dropped
-
-
-MOVES: dict[str, Move] = {"policy": policy, "segment": segment, "per_op": per_op,
-                          **{m.__name__: _keeping_pipeline(_dropping_states(m))
+MOVES: dict[str, Move] = {**{m.__name__: dropping_sequence(m)
+                             for m in (policy, segment, per_op)},
+                          **{m.__name__: keeping_pipeline(dropping_states(dropping_sequence(m)))
                              for m in (config, copy, swap, replicas)},
-                          "shard": _keeping_pipeline(_keeping_states(shard)),
-                          **{m.__name__: _keeping_states(m) for m in (precision, optimizer_place)}}
+                          "sequence": sequence,
+                          "shard": keeping_pipeline(keeping_states(shard)),
+                          **{m.__name__: keeping_states(m) for m in (precision, optimizer_place)}}
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
 """Moves over model states. Search space = export space: the default weights hold those whose
 choices export runs (:data:`EXPORTED_MODEL_STATE_MOVES`: all three, as FSDP2 / ZeRO-1,
@@ -437,9 +421,9 @@ EXPORTED_MODEL_STATE_MOVES = tuple(m for m, exported in (
 GLOBAL_MOVES = ("precision",)
 """Moves that change the whole strategy: their proposals name no unit (``unit`` is "")."""
 MEMORY_MOVES = ("policy", "segment", "per_op")
-PARALLEL_MOVES = ("config", "copy", "swap", "replicas")
+PARALLEL_MOVES = ("config", "copy", "swap", "replicas", "sequence")
 DEFAULT_WEIGHTS = {"policy": 0.3, "segment": 0.2, "per_op": 0.05, "config": 0.2, "copy": 0.15,
-                   "swap": 0.1, "replicas": 0.05,
+                   "swap": 0.1, "replicas": 0.05, "sequence": 0.05,
                    **{m: MODEL_STATE_WEIGHTS[m] for m in EXPORTED_MODEL_STATE_MOVES}}
 FLEXFLOW_WEIGHTS = {"config": 0.6, "copy": 0.25, "swap": 0.15}
 """FlexFlow changes one operator's configuration at a time and never a memory policy (in the

@@ -10,7 +10,8 @@ only where the graph allows it; ``compress`` with one of ``error_bounds``).
 
 By default the space is what export runs (:mod:`memflow.strategy.runnable`): one sample
 degree for every unit (the ``replicas`` move changes it for all), parameter splits only of
-units export can slice, no attribute splits. ``runnable=False`` opens FlexFlow's full
+units export can slice, no attribute splits, sequence parallelism only of split blocks on the
+tensor-parallel path (:mod:`memflow.strategy.sequence_parallel`). ``runnable=False`` opens FlexFlow's full
 per-unit space, for research: the simulator judges such strategies, but export refuses them.
 """
 from __future__ import annotations
@@ -25,12 +26,13 @@ from ..memory.arrays import graph_arrays
 from ..sim.precision import BF16_PRECISIONS
 from ..strategy import POLICIES, parse_policy
 from ..strategy.runnable import (RUNNABLE, model_state_problem, parameter_limits,
-                                 pipeline_problem, root_sharded, sample_problem, unrunnable)
+                                 pipeline_problem, root_sharded, sample_problem,
+                                 sequence_problem, sequence_units, unrunnable)
 from ..strategy.shard_levels import S_GRADIENTS
 from ..strategy.validate import divides_tensor_degree
 
 __all__ = ["SearchSpace", "DEFAULT_POLICIES", "policy_label", "OPTIMIZER_PLACES",
-           "shard_choices", "precision_choices"]
+           "shard_choices", "precision_choices", "without_sequence"]
 
 DEFAULT_POLICIES = POLICIES.searched
 """The built-in policies the search proposes when none are named (the policy table's
@@ -96,6 +98,11 @@ class SearchSpace:
             self.root_sharded = np.zeros(self.n, bool)
         # a block Megatron splits takes only degrees dividing its heads and widths
         self.tensor_degree = u["tensor_degree"].to_numpy(np.int64)
+        # the units that may be sequence parallel once split, their sequence length each:
+        # blocks and normalizations (memflow.strategy.sequence_parallel) the space splits
+        self.sequence = np.where(self.max_p > 1, sequence_units(graph), 0)
+        if self.runnable and not RUNNABLE.sequence_parallel:
+            self.sequence[:] = 0
         self.batch = int(graph.meta.get("batch_size") or 0)
         self.recomputable = graph_arrays(graph).recomputable
         # selective where it differs from recompute (the unit has expensive ops to keep) and,
@@ -201,6 +208,7 @@ class SearchSpace:
         root = np.asarray(strategy.shard)[self.root_sharded]
         mixed = bool((np.asarray(strategy.sample) != strategy.sample[0]).any())
         return (unrunnable(strategy) is None and pipeline_problem(strategy, self.graph) is None
+                and sequence_problem(strategy, self.graph) is None
                 and not (mixed and sample_problem(strategy, self.graph) is not None)
                 and bool((np.asarray(strategy.parameter) <= self.max_p).all())
                 and bool(divides_tensor_degree(self.tensor_degree, strategy.parameter).all())
@@ -253,10 +261,8 @@ class SearchSpace:
             out = out.with_model_states(offload_optimizer=False)
         if out.precision not in RUNNABLE.precisions:
             out = out._replace(precision=RUNNABLE.precisions[0])
-        if out.sequence_parallel.any() and not RUNNABLE.sequence_parallel:
-            none = np.zeros(len(out), bool)
-            none.flags.writeable = False
-            out = out._replace(sequence_parallel=none)
+        if sequence_problem(out, self.graph) is not None:
+            out = without_sequence(out)
         if model_state_problem(out, self.graph) is not None:
             out = out.with_model_states(offload_optimizer=False)._replace(
                 precision=RUNNABLE.precisions[0])
@@ -297,6 +303,13 @@ class SearchSpace:
         """The constructor arguments, for saving."""
         return {"policies": list(self.policies), "error_bounds": list(self.error_bounds),
                 "runnable": self.runnable}
+
+
+def without_sequence(strategy):
+    """``strategy`` with no unit sequence parallel."""
+    none = np.zeros(len(strategy), bool)
+    none.flags.writeable = False
+    return strategy._replace(sequence_parallel=none)
 
 
 # ---------------------------------------------------------------------- model-state choices

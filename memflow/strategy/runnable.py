@@ -47,6 +47,15 @@ The rules of :data:`RUNNABLE`:
   ``bf16`` or with the optimizer on the host; the root ``fully_shard`` group has one offload
   policy, so the units sharded there at ``gradients`` or ``parameters`` share one optimizer
   place (:func:`model_state_problem`);
+* **sequence parallelism on split blocks of the tensor-parallel path** — a unit may be
+  ``sequence_parallel`` if it is a block Megatron splits (or a normalization, which
+  ``Strategy.tensor_parallel`` splits) whose stream's sequence (dimension 1 of its output)
+  its parameter degree divides, and the strategy runs on the tensor-parallel path, which is
+  the one that runs it (:mod:`memflow.export.tensor_parallel`): one tensor-parallel group per
+  replica, no pipeline stages (a stage's tensor parallelism runs without it), no offloaded or
+  compressed split unit and no recomputed split block (the path refuses those, and the
+  replicas' path that would run them instead has no sequence parallelism)
+  (:func:`sequence_problem`);
 * **selective only where it replays** — a unit whose forward writes in place an output of an
   expensive op that selective checkpointing keeps (capture's ``selective_replays``: an
   ``add_`` into a matmul's output, as an LSTM cell does) would be recomputed from the written
@@ -84,11 +93,13 @@ import numpy as np
 from .policies import POLICIES
 from .process_paths import pipeline_problem, sample_groups, sample_problem
 from .process_paths import sharing as _sharing
+from .sequence_parallel import sequence_problem, sequence_units
 from .shard_levels import SHARD_LEVELS, S_GRADIENTS, S_NONE, S_OPTIMIZER
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
            "root_sharded", "shard_problem", "pipeline_problem",
-           "model_state_problem", "sample_problem", "sample_groups"]
+           "model_state_problem", "sample_problem", "sample_groups", "sequence_problem",
+           "sequence_units"]
 
 
 @dataclass(frozen=True)
@@ -108,10 +119,9 @@ class Runnable:
     """Strategy precisions export writes (None and ``fp32``: the model's own dtype)."""
     offload_optimizer: bool = True
     """Whether export runs optimizer states and steps on the host."""
-    sequence_parallel: bool = False
-    """Whether the search may set sequence parallelism: export runs it on split blocks and
-    normalisations only (:mod:`memflow.export.tensor_parallel`), which the search never
-    splits."""
+    sequence_parallel: bool = True
+    """Whether the search may set sequence parallelism, where export runs it: on split
+    Megatron blocks on the tensor-parallel path (:func:`sequence_problem`)."""
 
 
 RUNNABLE = Runnable()
@@ -321,10 +331,11 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
                 "does not run optimizer offload. Valid: the optimizer on the device")
     seq = np.asarray(strategy.sequence_parallel)
     if seq.any() and not rules.sequence_parallel:
-        return (f"unit {units[int(seq.argmax())]!r} is sequence parallel, which export runs on "
-                "split blocks and normalisations of a tensor-parallel group only "
-                "(Strategy.tensor_parallel(..., sequence_parallel=True)), not among the "
-                "splits the search makes. Valid: sequence_parallel=False")
+        return (f"unit {units[int(seq.argmax())]!r} is sequence parallel, which these rules "
+                "exclude. Valid: sequence_parallel=False")
+    problem = sequence_problem(strategy, graph)
+    if problem is not None:
+        return problem
     if strategy.precision not in rules.precisions:
         return (f"precision {strategy.precision!r}: export does not write it (autocast "
                 "training is not written yet). Valid: precision "
@@ -350,3 +361,4 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
                         f"parameter split of {int(parameter[i])} cannot run. Valid: "
                         f"parameter <= {1 if why else int(limits[i])}")
     return None
+

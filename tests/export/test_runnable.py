@@ -2,8 +2,10 @@
 pins included, from a data-parallel start or a projected baseline — on a CNN, a transformer,
 the chain and Llama's decoder layers (blocks, split as Megatron blocks) over 1, 2 and 4 devices
 is one export runs: ``memflow.export.apply`` takes it (and ``script`` writes it, and one step
-trains), never refusing; and a sample of them — bf16 pipelines of a ResNet and a Llama among
-them — runs on its processes, one step giving the single-process original's loss."""
+trains), never refusing, and a sequence-parallel one is taken by the tensor-parallel path, the
+one that runs it; and a sample of them — bf16 pipelines of a ResNet and a Llama, sequence
+parallel blocks of GPT-2 and Llama among them — runs on its processes, one step giving the
+single-process original's loss."""
 from __future__ import annotations
 
 import functools
@@ -30,13 +32,17 @@ from gloo_ranks import run_scripts
 BATCH = 8
 MODELS = {
     "resnet50": dict(num_classes=5, width=4, image_size=32, blocks=(1, 1, 1, 1)),
-    "gpt2": dict(vocab=40, max_positions=16, hidden=16, n_layer=1, n_head=2, seq_len=6),
+    # no dropout: a run's loss is compared with one process's
+    "gpt2": dict(vocab=40, max_positions=16, hidden=16, n_layer=1, n_head=2, seq_len=6,
+                 dropout=0.0),
     "chain": dict(n=3, width=8),
     "tinyllama-1.1b": dict(vocab=40, hidden=16, n_layer=2, n_head=4, n_kv_head=2, ffn=24,
                            seq_len=6),
 }
 UNITS = {"tinyllama-1.1b": "blocks"}     # decoder layers, split as Megatron blocks
 CLUSTERS = ("1xV100-16GB", "2xV100-16GB", "4xV100-16GB")
+TENSOR_STEPS = 3
+"""Proposals of the walks from tensor and sequence parallelism that must keep the latter."""
 
 
 @functools.cache
@@ -60,16 +66,20 @@ def _steps(s, space, rng, steps: int):
 
 
 def walk(model: str, cluster: str, seed: int, steps: int, pins: int, pipeline: bool = False,
-         units: str | None = None):
+         units: str | None = None, tensor: bool = False):
     """A random walk of ``steps`` proposals (each taken) in the default search space, from
     data parallelism, from a walk in FlexFlow's full space (per-unit sample degrees,
     attribute splits, 1F1B micro-batches) projected into it, as the search projects its
-    starts and offers (or, with ``pipeline``, from a projected 1F1B pipeline)."""
+    starts and offers (or, with ``pipeline``, from a projected 1F1B pipeline; with
+    ``tensor``, from Megatron's tensor and sequence parallelism over two devices, projected)."""
     g, c = graph(model, units), memflow.Cluster.preset(cluster)
     space = SearchSpace(g, c)
     rng = np.random.default_rng(seed)
     s = data_parallel(g, c)
-    if pipeline and len(c.devices) > 1:     # a 1F1B pipeline, kept where export runs it
+    if tensor and len(c.devices) > 1:
+        s = space.project(memflow.Strategy.tensor_parallel(
+            g, c, tp=2, dp=len(c.devices) // 2, sequence_parallel=True))
+    elif pipeline and len(c.devices) > 1:     # a 1F1B pipeline, kept where export runs it
         n = 2 if len(c.devices) == 2 or rng.integers(2) else 4
         s = space.project(memflow.Strategy.pipeline(g, c, stages=n, microbatches=n,
                                                     dp=len(c.devices) // n, schedule="1f1b"))
@@ -87,9 +97,10 @@ def walk(model: str, cluster: str, seed: int, steps: int, pins: int, pipeline: b
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(sorted(MODELS)), st.sampled_from(CLUSTERS), st.integers(0, 10**6),
-       st.integers(1, 40), st.integers(0, 2), st.booleans())
-def test_every_proposal_exports(model, cluster, seed, steps, pins, pipeline):
-    g, s = walk(model, cluster, seed, steps, pins, pipeline)
+       st.integers(1, 40), st.integers(0, 2), st.sampled_from(("data", "pipeline", "tensor")))
+def test_every_proposal_exports(model, cluster, seed, steps, pins, start):
+    g, s = walk(model, cluster, seed, steps, pins, start == "pipeline",
+                tensor=start == "tensor")
     assert unrunnable(s, g) is None
     exported = apply(meta_model(model), s, g,       # refuses with ExportError otherwise
                      devices={d: "meta" for d in s.device_names})
@@ -101,6 +112,8 @@ def test_every_proposal_exports(model, cluster, seed, steps, pins, pipeline):
         assert process_path(s, meta_model(model), g) == "pipeline"
     if (s.sample != s.sample[0]).any():     # per-unit degrees: a process per device
         assert process_path(s, meta_model(model), g) == "sample"
+    if s.sequence_parallel.any():     # the path that runs sequence parallelism takes it
+        assert process_path(s, meta_model(model), g) == "tensor"
 
 
 def _stage_states(s) -> bool:
@@ -113,7 +126,8 @@ def test_walks_reach_every_feature():
     """The walks above do split parameters and change the data-parallel degree (else the
     property would hold vacuously)."""
     seen = {"parameter": set(), "replicas": set(), "1f1b stages": set(), "mixed": set(),
-            "accumulation": set(), "stage states": set(), "block split": set()}
+            "accumulation": set(), "stage states": set(), "block split": set(),
+            "sequence": set()}
     for seed in range(30):
         for model in MODELS:
             g, s = walk(model, "4xV100-16GB", seed, 40, 0)
@@ -121,6 +135,10 @@ def test_walks_reach_every_feature():
             if model in UNITS:      # a Megatron block (a decoder layer) split
                 blocks = g.units["tensor_degree"].to_numpy() > 0
                 seen["block split"].add(bool((s.parameter[blocks] > 1).any()))
+                # sequence parallelism is short-lived in a walk: a policy move recomputing
+                # or offloading a split unit, or a part moved off the group, drops it
+                _, sp = walk(model, "2xV100-16GB", seed, TENSOR_STEPS, 0, tensor=True)
+                seen["sequence"].add(bool(sp.sequence_parallel.any()))
             seen["replicas"].add(int(s.sample[0]))
             seen["accumulation"].add(accumulates(s))   # 1F1B with one stage, kept as it is
             # a short walk: the replicas move sets one degree for all units again
@@ -137,6 +155,7 @@ def test_walks_reach_every_feature():
     assert seen["accumulation"] == {False, True}    # and gradient accumulation
     assert True in seen["stage states"]     # and stages sharding, casting or offloading
     assert True in seen["block split"]      # and Megatron blocks split
+    assert True in seen["sequence"]         # and sequence parallel
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -181,7 +200,12 @@ RUNS = {    # what the sample must hold: (model, units, what) -> test of (strate
         lambda s, path: path == "pipeline" and s.precision == "bf16",
     ("tinyllama-1.1b", "blocks", "bf16 pipeline"):
         lambda s, path: path == "pipeline" and s.precision == "bf16",
-    ("tinyllama-1.1b", "blocks", "tensor-parallel blocks"): lambda s, path: path == "tensor",
+    ("tinyllama-1.1b", "blocks", "tensor-parallel blocks"):
+        lambda s, path: path == "tensor" and not s.sequence_parallel.any(),
+    ("tinyllama-1.1b", "blocks", "sequence-parallel blocks"):
+        lambda s, path: path == "tensor" and s.sequence_parallel.any(),
+    ("gpt2", "blocks", "sequence-parallel blocks"):
+        lambda s, path: path == "tensor" and s.sequence_parallel.any(),
     # the first such walk recomputes layer2.0 and layer3.0 selectively, layer3.0 a
     # fully_shard group of its own: two segments (Strategy.segment), as FSDP2 needs
     ("resnet50", "blocks", "replicas"): lambda s, path: path is None and s.sample[0] == 2,
@@ -189,14 +213,18 @@ RUNS = {    # what the sample must hold: (model, units, what) -> test of (strate
 
 
 def drawn() -> dict:
-    """For each entry of :data:`RUNS`, the first walk (seeds in order, from data parallelism
-    and from a pipeline) on two devices that has it and runs on two processes: strategies
-    the search's own moves reach, drawn deterministically."""
+    """For each entry of :data:`RUNS`, the first walk (seeds in order, from data parallelism,
+    from a pipeline, and :data:`TENSOR_STEPS` proposals from tensor parallelism) on two
+    devices that has it and runs on two processes: strategies the search's own moves reach,
+    drawn deterministically."""
     out = {}
     for (model, units, what), wanted in RUNS.items():
         for seed in range(20):
-            g, s = next(((g, s) for g, s in (walk(model, RUN_CLUSTER, seed, 40, 0, pipe, units)
-                                             for pipe in (False, True))
+            g, s = next(((g, s) for g, s in (walk(model, RUN_CLUSTER, seed, steps, 0, pipe,
+                                                  units, tensor=start)
+                                             for pipe, start, steps in (
+                                                 (False, False, 40), (True, False, 40),
+                                                 (False, True, TENSOR_STEPS)))
                          if processes(s, p := process_path(s, meta_model(model), g)) == 2
                          and wanted(s, p)), (None, None))
             if s is not None:
@@ -231,7 +259,8 @@ def _reference(path, model: str, s) -> float:
 @pytest.mark.slow       # one launch of 2 processes, every drawn strategy in turn
 def test_walked_strategies_run_on_their_processes(tmp_path):
     """Search space = export space, run: walked strategies (bf16 pipelines of a ResNet and a
-    Llama, Llama's blocks split over tensor-parallel ranks, ResNet replicas) exported and run
+    Llama, Llama's blocks split over tensor-parallel ranks, with and without sequence
+    parallelism, GPT-2's blocks sequence parallel, ResNet replicas) exported and run
     by their scripts on gloo, two processes each, one step; the loss is the single-process
     original's (bf16: within bf16's rounding)."""
     cases = drawn()

@@ -3,7 +3,7 @@ parameter splits gives the single-process loss and gradients (gathered to full t
 CNN's classifier (a Megatron pair and a gathered column split) and GPT-2 (embeddings, a
 Megatron MLP pair, gathered attention projections, a tied head, whole blocks split, with and
 without sequence parallelism) and Llama (its decoder layers split: grouped-query attention by
-heads, the SwiGLU MLP by ffn rows)."""
+heads, the SwiGLU MLP by ffn rows; with and without sequence parallelism)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -52,8 +52,10 @@ def _worker(rank, cases):
         model, args = _model(name, options)
         exported = parallelize(model, Strategy.from_dict(doc), mesh, _graph(name, options, units))
         widths = []         # the sequence length a block sees (sequence parallelism: a part)
-        if name == "gpt2":
-            model.h[1].register_forward_pre_hook(lambda m, a: widths.append(a[0].shape[1]))
+        second = {"gpt2": "h.1", "tinyllama-1.1b": "layers.1"}.get(name)
+        if second:
+            model.get_submodule(second).register_forward_pre_hook(
+                lambda m, a: widths.append(a[0].shape[1]))
         loss = mse(exported(*args), target)
         loss.backward()
         out.append((loss.detach(), full_gradients(exported), widths))
@@ -74,7 +76,9 @@ CASES = {
         # and with sequence parallelism (blocks and ln_f on sequence parts)
         ("gpt2", GPT2, "blocks", "sequence", {"recompute": ["lm_head"]}),
         # Llama decoder layers: grouped-query attention by heads, the SwiGLU MLP by ffn rows
-        ("tinyllama-1.1b", LLAMA, "blocks", "constructor", {"recompute": ["norm"]})],
+        ("tinyllama-1.1b", LLAMA, "blocks", "constructor", {"recompute": ["norm"]}),
+        # and with sequence parallelism: the rotary cos and sin stay whole on every rank
+        ("tinyllama-1.1b", LLAMA, "blocks", "sequence", {"recompute": ["lm_head"]})],
 }
 
 
@@ -107,8 +111,9 @@ def test_parameter_splits_match_one_process(launch, tmp_path):
         model, loss, _ = references[name]
         for rank in ranks:
             rank_loss, rank_grads, widths = rank[k]
-            if "sequence_parallel" in doc:
-                assert widths == [GPT2["seq_len"] // 2]
+            if "seq_len" in options:
+                assert widths == [options["seq_len"] // (2 if "sequence_parallel" in doc
+                                                         else 1)]
             torch.testing.assert_close(rank_loss, loss, rtol=1e-5, atol=1e-6)
             grads = gathered([rank_grads], model)
             assert grads.keys() == {n for n, _ in model.named_parameters()}

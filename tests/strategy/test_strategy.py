@@ -137,6 +137,8 @@ def test_sequence_parallel_round_trips_and_sits_on_split_units_only():
         Strategy.from_dict(doc, source="s.json")
     with pytest.raises(FileFormatError, match="sequence_parallel"):
         Strategy.from_dict({**doc, "sequence_parallel": [1, "yes", 0]}, source="s.json")
-    # the search never sets it (export runs it on blocks and norms, which it never splits)
+    # export runs it on split blocks and normalizations of the tensor-parallel path only
+    # (memflow.strategy.sequence_parallel): not on a Linear unit, which the graph tells
     from memflow.strategy.runnable import unrunnable
-    assert "unit 'u1' is sequence parallel" in unrunnable(s)
+    assert unrunnable(s) is None
+    assert "unit 'u1' is sequence parallel, but it is no block" in unrunnable(s, g)
