@@ -15,7 +15,9 @@ last wrote it, since fake tensors have no values (:func:`kind_of` is that rule):
   that is not normalized;
 * ``"normalized-rectified"``: a rectifier's output from a normalized map (a CNN's
   conv, batch norm, ReLU);
-* ``"probability"``: made by a softmax or a sigmoid.
+* ``"probability"``: made by a softmax or a sigmoid;
+* ``"integer"``: not floating (a max-pool's indices, a mask): the ``compress`` policy keeps
+  it as it is (:data:`UNCOMPRESSED`).
 
 Pooling, concatenation, copies and dropout keep the kind their floating inputs share.
 :mod:`memflow.compress.model` holds the bits per element each kind packs into, measured per
@@ -35,10 +37,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["MAP_KINDS", "SIGNED", "kind_of", "kind_code", "KindLabels", "saved_maps"]
+__all__ = ["MAP_KINDS", "SIGNED", "UNCOMPRESSED", "kind_of", "kind_code", "KindLabels",
+           "saved_maps"]
 
-MAP_KINDS = ("signed", "normalized", "rectified", "normalized-rectified", "probability")
+MAP_KINDS = ("signed", "normalized", "rectified", "normalized-rectified", "probability",
+             "integer")
 SIGNED = MAP_KINDS[0]
+UNCOMPRESSED = frozenset({"integer"})    # kinds no compressor packs: held at ratio 1
 
 # aten op names (overload packets, in-place forms without their trailing underscore)
 _RECTIFIERS = frozenset({"relu", "relu6", "threshold"})
@@ -59,9 +64,11 @@ _KEEPS = frozenset({
 })
 
 
-def kind_of(op: str, inputs: Iterable[str]) -> str:
+def kind_of(op: str, inputs: Iterable[str], floating: bool = True) -> str:
     """The kind of what op ``op`` (an aten overload packet's name) writes, given the kinds of
-    its floating tensor inputs."""
+    its floating tensor inputs; ``floating``: whether the output is (else ``"integer"``)."""
+    if not floating:
+        return "integer"
     name = op[:-1] if op.endswith("_") and not op.endswith("__") else op
     if name in _RECTIFIERS:
         normalized = set(inputs) & {"normalized", "normalized-rectified"}
@@ -99,14 +106,14 @@ class KindLabels(TorchDispatchMode):
         kinds = [self.labels.get(t.untyped_storage().data_ptr(), SIGNED)
                  for t in tree_leaves((args, kwargs))
                  if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        kind = kind_of(func.overloadpacket.__name__, kinds)
         inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor)}
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 ptr = t.untyped_storage().data_ptr()
                 if ptr not in inputs or func._schema.is_mutable:   # a view keeps its kind
-                    self.labels[ptr] = kind
+                    self.labels[ptr] = kind_of(func.overloadpacket.__name__, kinds,
+                                               t.is_floating_point())
         return out
 
 

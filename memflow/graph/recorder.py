@@ -221,7 +221,8 @@ class Recorder(TorchDispatchMode):
     def _new_storage(self, t: torch.Tensor, producer: int, tainted: bool) -> Storage:
         storage = t.untyped_storage()
         rec = Storage(storage.nbytes(), producer, str(t.dtype).replace("torch.", ""),
-                      tuple(t.shape), StorageWeakRef(storage), tainted)
+                      tuple(t.shape), StorageWeakRef(storage), tainted,
+                      kind=kind_of("", (), t.is_floating_point()))
         self._live[storage._cdata] = rec
         self.storages.append(rec)
         return rec
@@ -418,7 +419,7 @@ class Recorder(TorchDispatchMode):
                 source = t
             if t.is_floating_point():
                 kinds.append(rec.kind)
-        kind = kind_of(func.overloadpacket.__name__, kinds)
+        name = func.overloadpacket.__name__
         writes = func._schema.is_mutable       # in place (or out=): the storage takes its kind
         for i, t in enumerate(outs):
             key = _key(t)
@@ -430,13 +431,13 @@ class Recorder(TorchDispatchMode):
             if rec is None:
                 rec = self._new_storage(t, span.index, tainted)
                 rec.expensive = expensive
-                rec.kind = kind
+                rec.kind = kind_of(name, kinds, t.is_floating_point())
                 self._window.add(rec.ref, rec.nbytes)
             else:
                 if tainted:                    # written in place from per-sample data
                     rec.tainted = True
                 if writes:
-                    rec.kind = kind
+                    rec.kind = kind_of(name, kinds, t.is_floating_point())
         if outs:
             span.last_out = (str(outs[0].dtype).replace("torch.", ""), tuple(outs[0].shape))
 

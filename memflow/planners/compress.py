@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PlanError
+from ..graph.mapkind import UNCOMPRESSED
 from ..sim import Evaluator, estimate
 from ..sim.costs import cpu_figures, step_compressor, step_ratio
 from ..strategy import Strategy
@@ -165,7 +166,8 @@ def _saved_ratio(graph, ratio_of: Callable[..., float], eb: float) -> float:
     t = graph.tensors
     saved = t[t["savers"].map(len) > 0]
     by_kind = saved.groupby("map_kind")["bytes"].sum()
-    packed = sum(b / ratio_of(eb, "float32", k) for k, b in by_kind.items())
+    packed = sum(b / (1.0 if k in UNCOMPRESSED else ratio_of(eb, "float32", k))
+                 for k, b in by_kind.items())
     return float(by_kind.sum() / packed) if packed else 1.0
 
 

@@ -302,9 +302,9 @@ def compression_ratios(strategy, half: np.ndarray | None = None,
                        ratio_of: Callable[..., float] | None = None) -> np.ndarray:
     """Compression ratio per unit and map kind (``(units, len(MAP_KINDS))``; 1 where the
     policy's mechanism is not ``compressed``): what the unit's compress policy packs a saved
-    record of that kind into. ``half`` marks units whose saved maps are 16-bit (default:
+    record of that kind into (1 for the kinds no compressor packs, ``UNCOMPRESSED``). ``half`` marks units whose saved maps are 16-bit (default:
     none); ``ratio_of(eb, dtype, kind)`` defaults to the GPU step's (:func:`compress_model`)."""
-    from ..graph.mapkind import MAP_KINDS
+    from ..graph.mapkind import MAP_KINDS, UNCOMPRESSED
     ratio = np.ones((len(strategy), len(MAP_KINDS)))
     comp = np.flatnonzero(POLICIES.mechanism_codes[strategy.policy] == M_COMPRESSED)
     if len(comp) and ratio_of is None:
@@ -312,7 +312,9 @@ def compression_ratios(strategy, half: np.ndarray | None = None,
     for i in comp:
         dtype = "float16" if half is not None and half[i] else "float32"
         for k, kind in enumerate(MAP_KINDS):
-            ratio[i, k] = max(1.0, float(ratio_of(float(strategy.error_bound[i]), dtype, kind)))
+            if kind not in UNCOMPRESSED:      # integers and masks: export keeps them as they are
+                ratio[i, k] = max(1.0, float(ratio_of(float(strategy.error_bound[i]), dtype,
+                                                      kind)))
     return ratio
 
 
