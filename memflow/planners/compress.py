@@ -161,13 +161,13 @@ def compress(graph, cluster: Any, *, error_bound: float | Iterable[float] = ERRO
 
 
 def _saved_ratio(graph, ratio_of: Callable[..., float], eb: float) -> float:
-    """The ratio the simulator charges the graph's saved maps at ``eb``: each kind at its
-    own (:mod:`memflow.graph.mapkind`), weighted by its bytes."""
+    """The ratio the simulator charges the graph's saved floating maps at ``eb`` (what
+    ``measured_ratio`` covers): each kind at its own (:mod:`memflow.graph.mapkind`), weighted
+    by its bytes. Integers (a max-pool's indices) are held as they are, outside it."""
     t = graph.tensors
-    saved = t[t["savers"].map(len) > 0]
+    saved = t[(t["savers"].map(len) > 0) & ~t["map_kind"].isin(UNCOMPRESSED)]
     by_kind = saved.groupby("map_kind")["bytes"].sum()
-    packed = sum(b / (1.0 if k in UNCOMPRESSED else ratio_of(eb, "float32", k))
-                 for k, b in by_kind.items())
+    packed = sum(b / ratio_of(eb, "float32", k) for k, b in by_kind.items())
     return float(by_kind.sum() / packed) if packed else 1.0
 
 
