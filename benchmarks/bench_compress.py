@@ -37,6 +37,7 @@ from _results import table, write_section  # noqa: E402
 
 from memflow import zoo  # noqa: E402
 from memflow.compress import FLOAT_DTYPES, compress, decompress, sz3_available  # noqa: E402
+from memflow.graph.mapkind import MAP_KINDS, saved_maps  # noqa: E402
 
 ABS_BOUNDS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 1e-4)
 REL_BOUNDS = (1e-1, 1e-2, 1e-3, 1e-4)
@@ -108,6 +109,31 @@ def ratio_table(maps: dict[str, list[torch.Tensor]], bounds, relative: bool) -> 
         "max_error/bound": df["max_error/bound"], **sz})
 
 
+def kind_table(models: dict[str, dict], bounds) -> pd.DataFrame:
+    """Bits per element and ratio per map kind (labelled by the op that wrote each map, the
+    rule capture uses: :class:`memflow.graph.mapkind.KindLabels`), pooled over every model's
+    maps, for each compressor that runs here (absolute bounds: what ``compress`` uses)."""
+    by_kind: dict[str, list[torch.Tensor]] = {}
+    for name, options in models.items():
+        model, inputs = zoo.get(name, device="cpu", seed=0, **options)
+        for t, kind in saved_maps(model, *inputs):
+            by_kind.setdefault(kind, []).append(t)
+    rows = []
+    for compressor in (("sz3", "quantizer") if sz3_available() else ("quantizer",)):
+        for kind in MAP_KINDS:
+            tensors = by_kind.get(kind, [])
+            for eb in bounds:
+                print(f"  {compressor} {kind} eb={eb:g}", flush=True)
+                size = sum(t.numel() * t.element_size() for t in tensors)
+                elements = sum(t.numel() for t in tensors)
+                packed = sum(compress(t, eb, compressor=compressor).nbytes for t in tensors)
+                rows.append({"compressor": compressor, "map_kind": kind, "error_bound": eb,
+                             "maps": len(tensors), "MB": size / 1e6,
+                             "bits": 8 * packed / elements if elements else float("nan"),
+                             "ratio": size / packed if packed else float("nan")})
+    return pd.DataFrame(rows)
+
+
 class Traffic(TorchDispatchMode):
     """Bytes read + written and ops run by torch kernels (views cost nothing)."""
 
@@ -173,6 +199,7 @@ def main() -> None:
     maps = {name: feature_maps(name, opts) for name, opts in models.items()}
     absolute = ratio_table(maps, abs_bounds, relative=False)
     relative = ratio_table(maps, rel_bounds, relative=True)
+    kinds = kind_table(models, abs_bounds)
     speed = speed_table(abs_bounds, args.quick)
     traffic = {int(r.bits): (round(r[5], 2), round(r[6], 2)) for r in speed.itertuples(index=False)}
     ops = {int(r.bits): (int(r[7]), int(r[8])) for r in speed.itertuples(index=False)}
@@ -180,7 +207,7 @@ def main() -> None:
 
     pd.set_option("display.width", 160)
     for title, df in (("absolute bound", absolute), ("relative bound", relative),
-                      ("speed", speed)):
+                      ("by map kind", kinds), ("speed", speed)):
         print(f"\n== {title}\n{df.to_string(index=False, float_format=lambda v: f'{v:.4g}')}")
     print("\nTRAFFIC =", traffic, "\nOPS =", ops)
     pooled = absolute[absolute["model"] == "all"]
@@ -191,6 +218,9 @@ def main() -> None:
     print("relative:")
     print({float(r.error_bound): round(float(r.bits), 3) for r in pooled_rel.itertuples()})
     print({float(r.error_bound): round(float(r.bits_lossless), 3) for r in pooled_rel.itertuples()})
+    by_kind = {(c, k): {float(r.error_bound): round(float(r.bits), 3) for r in g.itertuples()}
+               for (c, k), g in kinds.groupby(["compressor", "map_kind"], sort=False)}
+    print("by map kind (absolute):", by_kind)
 
     sizes = ", ".join(f"{m} {opts}" for m, opts in models.items())
     pysz_version = importlib.metadata.version("pysz") if sz3_available() else "not installed"
@@ -213,6 +243,16 @@ load) — speeds are noisy.
 ### Relative error bound (eb x value range of each map)
 
 {table(relative)}
+
+### By map kind (absolute bound)
+
+The same maps by kind (:mod:`memflow.graph.mapkind`: labelled by the op that wrote each map,
+the rule capture applies), pooled over the models, per compressor: `sz3` is SZ3 (pysz), `quantizer` memflow's fixed-width quantizer.
+`memflow.compress.model.BY_KIND` stores these `bits`: the memory model charges each saved
+record the ratio of its kind under the compressor the step runs (SZ3 on a CPU with pysz,
+the quantizer on a GPU or without pysz).
+
+{table(kinds)}
 
 ### Speed (one 16 MB ReLU map, one CPU thread) and memory traffic for the GPU model
 

@@ -60,7 +60,7 @@ def main() -> None:
             "measured ratio": t["measured_ratio"], "measured by": t["compressor"],
             "quantizer ratio": quantizer["ratio"], "CPU GB/s": t["throughput"] / 1e9,
             "max error": t["max_error"], "grad rel. error": t["grad_rel_error"],
-            "simulator ratio": t["sim_ratio"],
+            "simulator ratio": t["sim_ratio"], "simulator compressor": t["sim_compressor"],
             "activations (GiB)": t["activations"] / GIB,
             "activation reduction": t["activation_reduction"],
             "peak (GiB)": t["peak"] / GIB, "peak reduction": t["memory_reduction"],
@@ -110,8 +110,11 @@ def write(heads, parts, searches, left: list[str]) -> None:
             "and inputs: trained nets on real data compress differently); 'CPU GB/s' is its "
             "speed here (the measured compressor, single machine under load: noisy); 'max "
             "error' confirms the bound element-wise. The simulator charges "
-            "'simulator ratio' (memflow.sim.costs.compress_model: the quantizer's ratios pooled "
-            "over the maps of bench_compress, what the exported step runs on a GPU) — where it "
+            "'simulator ratio' (memflow.sim.costs.compress_model: the ratios of 'simulator "
+            "compressor', what the exported step runs on the device — the quantizer on a GPU — "
+            "measured by bench_compress per map kind, each of the model's saved maps at its "
+            "kind's, weighted by bytes; floating maps, as the measured ratio: integers such as "
+            "max-pool indices are held whole, in the memory columns) — where it "
             "differs from the measured ratio, memory and batch figures follow the simulator's. "
             "COMET's published figure is its whole-training memory reduction (up to 13.5x, "
             "trained CNNs on ImageNet). 'largest batch' "

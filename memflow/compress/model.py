@@ -11,9 +11,15 @@ the bound halves); looser, it stays at the loosest measured figure (conservative
 is ``dtype bits / bits``, and 1 where the quantizer would store maps raw (codes wider than 23
 bits, or than the dtype less one).
 
-These are the quantizer's ratios because the quantizer is what an exported step runs on a GPU;
-SZ3 (pysz, :mod:`~memflow.compress.sz3`), memflow's compressor on the CPU, packs the same maps
-tighter (1.35x to 1.45x fewer bits at absolute bounds 0.1 to 1e-3 in that section, ``sz3_*``).
+**Ratio per map kind and compressor.** One pooled figure misses the maps a step holds: at an
+absolute bound of 1e-2 SZ3 packs a ReLU map about 5x, a softmax's probabilities tens of
+times, and a signed map whose spread grew with the weights (a convolution's output before
+batch norm after an SGD step) under 3x. ``kind`` (``memflow.graph.mapkind.MAP_KINDS``,
+which capture records per saved storage) picks the bits measured on that kind of map alone
+(:data:`BY_KIND`, same benchmark, subsection "By map kind"), and ``compressor`` the
+compressor the step runs (:func:`~memflow.compress.codec.choose`: SZ3 on a CPU where pysz
+is installed, the quantizer on a GPU or without it), so that the memory model charges each
+saved record what the exported hooks will hold. Without ``kind``, the maps pooled.
 
 **Speed.** The quantizer is a chain of memory-bound elementwise torch ops, so on a GPU its time
 is its memory traffic over the achieved bandwidth, plus a launch per op. The benchmark counts
@@ -31,6 +37,8 @@ an exported step runs.
 
 >>> round(expected_ratio(1e-2), 1), round(expected_ratio(1e-2, "float16"), 1)
 (4.3, 2.2)
+>>> expected_ratio(1e-2, kind="probability") > expected_ratio(1e-2, kind="signed")
+True
 >>> expected_ratio(1e-9) == 1.0
 True
 >>> round(throughput(900e9, bits=8) / 1e9)
@@ -41,20 +49,52 @@ from __future__ import annotations
 import math
 import numpy as np
 
-__all__ = ["expected_ratio", "throughput", "launches", "MEASURED", "TRAFFIC", "OPS",
+from ..errors import CompressionError
+from .codec import COMPRESSORS
+
+__all__ = ["expected_ratio", "throughput", "launches", "MEASURED", "BY_KIND", "TRAFFIC", "OPS",
            "THROUGHPUT", "DEFAULT_ERROR_BOUND"]
 
 DEFAULT_ERROR_BOUND = 1e-2
 
 # error bound -> bits per element, pooled over all maps, keyed by (relative, lossless). From
-# `python benchmarks/bench_compress.py` (RESULTS.md, section "compress"), 2026-11-22.
+# `python benchmarks/bench_compress.py` (RESULTS.md, section "compress"), 2026-11-27.
 MEASURED: dict[tuple[bool, bool], dict[float, float]] = {
-    (False, False): {1e-1: 4.234, 3e-2: 5.995, 1e-2: 7.369, 3e-3: 9.069, 1e-3: 10.806,
-                     1e-4: 14.037},
-    (False, True): {1e-1: 2.89, 3e-2: 4.19, 1e-2: 5.328, 3e-3: 6.753, 1e-3: 8.056,
-                    1e-4: 10.873},
+    (False, False): {1e-1: 4.234, 3e-2: 6.016, 1e-2: 7.403, 3e-3: 9.069, 1e-3: 10.82,
+                     1e-4: 14.05},
+    (False, True): {1e-1: 2.904, 3e-2: 4.177, 1e-2: 5.314, 3e-3: 6.761, 1e-3: 8.054,
+                    1e-4: 10.88},
     (True, False): {1e-1: 3.007, 1e-2: 6.007, 1e-3: 9.007, 1e-4: 13.007},
-    (True, True): {1e-1: 1.528, 1e-2: 4.087, 1e-3: 6.867, 1e-4: 9.515},
+    (True, True): {1e-1: 1.537, 1e-2: 4.09, 1e-3: 6.874, 1e-4: 9.515},
+}
+
+# (compressor, map kind or "all" for every map) -> absolute error bound -> bits per element.
+# From `python benchmarks/bench_compress.py` (RESULTS.md, section "compress", "By map kind";
+# "all": the pooled `bits` and `sz3_bits` columns), 2026-11-27.
+BY_KIND: dict[tuple[str, str], dict[float, float]] = {
+    ("quantizer", "all"): MEASURED[(False, False)],
+    ("sz3", "all"): {1e-1: 2.927, 3e-2: 4.153, 1e-2: 5.338, 3e-3: 6.717, 1e-3: 8.039,
+                     1e-4: 11.08},
+    ("sz3", "signed"): {1e-1: 2.863, 3e-2: 4.136, 1e-2: 5.346,
+                        3e-3: 6.702, 1e-3: 7.979, 1e-4: 10.903},
+    ("sz3", "normalized"): {1e-1: 4.808, 3e-2: 6.562, 1e-2: 8.174,
+                            3e-3: 9.962, 1e-3: 11.665, 1e-4: 15.689},
+    ("sz3", "rectified"): {1e-1: 3.072, 3e-2: 4.23, 1e-2: 5.389,
+                           3e-3: 6.801, 1e-3: 8.145, 1e-4: 11.297},
+    ("sz3", "normalized-rectified"): {1e-1: 4.118, 3e-2: 5.602, 1e-2: 7.004,
+                                      3e-3: 8.576, 1e-3: 10.113, 1e-4: 13.684},
+    ("sz3", "probability"): {1e-1: 0.097, 3e-2: 0.154, 1e-2: 0.318,
+                             3e-3: 1.354, 1e-3: 2.482, 1e-4: 5.148},
+    ("quantizer", "signed"): {1e-1: 4.369, 3e-2: 6.187, 1e-2: 7.686,
+                              3e-3: 9.281, 1e-3: 11.086, 1e-4: 14.27},
+    ("quantizer", "normalized"): {1e-1: 5.904, 3e-2: 7.884, 1e-2: 8.925,
+                                  3e-3: 10.898, 1e-3: 12.878, 1e-4: 15.891},
+    ("quantizer", "rectified"): {1e-1: 3.724, 3e-2: 5.432, 1e-2: 6.642,
+                                 3e-3: 8.404, 1e-3: 10.085, 1e-4: 13.333},
+    ("quantizer", "normalized-rectified"): {1e-1: 4.982, 3e-2: 6.853, 1e-2: 8.011,
+                                            3e-3: 9.982, 1e-3: 11.643, 1e-4: 14.982},
+    ("quantizer", "probability"): {1e-1: 1.501, 3e-2: 2.751, 1e-2: 3.751,
+                                   3e-3: 5.501, 1e-3: 6.751, 1e-4: 10.501},
 }
 
 # code width -> bytes read + written per element by all ops, and ops launched, for
@@ -69,8 +109,21 @@ _BITS_PER_DECADE = math.log2(10)
 _V100 = 900e9 * 0.88
 
 
-def _bits(error_bound: float, relative: bool, lossless: bool) -> float:
-    table = MEASURED[(bool(relative), bool(lossless))]
+def _bits(error_bound: float, relative: bool, lossless: bool, compressor: str = "quantizer",
+          kind: str | None = None) -> float:
+    if compressor not in COMPRESSORS:
+        raise CompressionError(f"compressor must be one of {', '.join(COMPRESSORS)}, "
+                               f"got {compressor!r}")
+    kinds = [k for c, k in BY_KIND if c == compressor and k != "all"]
+    if kind is not None and kind not in kinds:
+        raise CompressionError(f"map kind must be one of {', '.join(kinds)}, got {kind!r}")
+    if compressor == "quantizer" and kind is None or relative or lossless:
+        if compressor != "quantizer" or kind is not None:
+            raise CompressionError("ratios by map kind, and SZ3's, are measured at absolute "
+                                   "bounds without the zlib stage only")
+        table = MEASURED[(bool(relative), bool(lossless))]
+    else:
+        table = BY_KIND[(compressor, kind or "all")]
     bounds = np.log10(sorted(table))
     bits = np.array([table[b] for b in sorted(table)])
     x = math.log10(error_bound)
@@ -80,17 +133,20 @@ def _bits(error_bound: float, relative: bool, lossless: bool) -> float:
 
 
 def expected_ratio(error_bound: float, dtype: str = "float32", *, relative: bool = False,
-                   lossless: bool = False) -> float:
+                   lossless: bool = False, compressor: str = "quantizer",
+                   kind: str | None = None) -> float:
     """Compression ratio of saved feature maps at ``error_bound`` (see the module's notes).
 
     ``relative``: the bound is a fraction of each map's value range. ``lossless``: with the
-    zlib stage (CPU only, so not what a GPU step would use).
+    zlib stage (CPU only, so not what a GPU step would use); both for the quantizer's pooled
+    figures only. ``compressor``: ``"quantizer"`` or ``"sz3"``; ``kind``: the maps' kind
+    (``memflow.graph.mapkind.MAP_KINDS``; None: all maps pooled).
     """
     if not (error_bound > 0 and math.isfinite(error_bound)):
         return 1.0
     width = {"float16": 16, "bfloat16": 16, "float64": 64}.get(str(dtype).replace("torch.", ""),
                                                                32)
-    bits = _bits(error_bound, relative, lossless)
+    bits = _bits(error_bound, relative, lossless, compressor, kind)
     if bits > min(23, width - 1):  # the quantizer keeps such maps raw (see quantizer.py)
         return 1.0
     return width / bits

@@ -83,7 +83,7 @@ def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False,
     strategy's precision (:func:`~memflow.sim.precision.activation_arrays`: under bf16, the
     program capture's bf16 pass recorded).
     """
-    from ..sim.costs import compression_ratios
+    from ..sim.costs import compression_ratios, step_ratio
     from ..sim.precision import activation_arrays
     from ..memory.blocks import placement_key
     from ..memory.records import placements
@@ -100,7 +100,9 @@ def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False,
     placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(float),
                         split_degrees(strategy, degrees), M, sequence=seq, stage=stage)
     plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
-                       compression_ratios(strategy, ga.half), sequence=seq, stage=stage,
+                       # the exported step runs here, on the CPU: its compressor's ratios
+                       compression_ratios(strategy, ga.half, step_ratio(True)),
+                       sequence=seq, stage=stage,
                        cache={placement_key(layout, degrees, M, seq, stage): placed})
     device, host = plan.held_for_backward()
     if accumulates(strategy):      # activations are per micro-batch; one is held at a time

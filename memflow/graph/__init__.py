@@ -7,6 +7,8 @@
 * :mod:`~memflow.graph.units` — which modules become units (leaves, blocks, depth, list);
 * :mod:`~memflow.graph.recorder` — the dispatch mode and hooks that record a step;
 * :mod:`~memflow.graph.opcost` — FLOPs, bytes and kernels of each aten op;
+* :mod:`~memflow.graph.mapkind` — what kind of values each feature map holds (signed,
+  normalized, rectified, probabilities), for its compression ratio;
 * :mod:`~memflow.graph.selective` — the expensive ops whose outputs selective recomputation
   keeps;
 * :mod:`~memflow.graph.backend` and :mod:`~memflow.graph.autocast` — device rules for what

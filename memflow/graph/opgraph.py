@@ -89,6 +89,7 @@ TENSOR_COLUMNS: dict[str, Any] = {
     "dtype": "float32",
     "shape": (),
     "expensive": False,       # made by an expensive op: selective recomputation keeps it
+    "map_kind": "signed",     # its values' kind, for compression ratios (graph.mapkind)
 }
 
 _INT_COLUMNS = ("fwd_bytes_moved", "bwd_bytes_moved", "fwd_ops", "bwd_ops", "fwd_tmp_bytes",

@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backend import Backend
 from .batchdim import keeps_batch
+from .mapkind import SIGNED, kind_of
 from .opcost import OpCounter, tensors_in
 from .selective import EXPENSIVE_OPS, is_expensive, unreplayable_write
 from .units import LOSS, ROOT
@@ -96,6 +97,8 @@ class Storage:
     requires_grad: bool = False
     is_output: bool = False
     expensive: bool = False        # made by an expensive op (:mod:`memflow.graph.selective`)
+    kind: str = SIGNED             # what its values are (:mod:`memflow.graph.mapkind`), as the
+                                   # op that last wrote it leaves them
     consumers: list[int] = field(default_factory=list)
     savers: list[int] = field(default_factory=list)
 
@@ -222,7 +225,8 @@ class Recorder(TorchDispatchMode):
     def _new_storage(self, t: torch.Tensor, producer: int, tainted: bool) -> Storage:
         storage = t.untyped_storage()
         rec = Storage(storage.nbytes(), producer, str(t.dtype).replace("torch.", ""),
-                      tuple(t.shape), StorageWeakRef(storage), tainted)
+                      tuple(t.shape), StorageWeakRef(storage), tainted,
+                      kind=kind_of("", (), t.is_floating_point()))
         self._live[storage._cdata] = rec
         self.storages.append(rec)
         return rec
@@ -413,6 +417,7 @@ class Recorder(TorchDispatchMode):
     def _track_forward(self, span: Span, func, args: tuple, kwargs: dict,
                        outs: list[torch.Tensor], expensive: bool = False) -> None:
         source = None                  # the first per-sample tensor the op reads
+        kinds = []                     # the map kinds of the floating activations it reads
         for t in (*tensors_in(args), *tensors_in(kwargs)):
             key = _key(t)
             weight = self.weights.get(key)
@@ -429,6 +434,10 @@ class Recorder(TorchDispatchMode):
             rec.requires_grad |= t.requires_grad
             if source is None and rec.tainted:
                 source = t
+            if t.is_floating_point():
+                kinds.append(rec.kind)
+        name = func.overloadpacket.__name__
+        writes = func._schema.is_mutable       # in place (or out=): the storage takes its kind
         for i, t in enumerate(outs):
             key = _key(t)
             if key in self.weights:
@@ -439,9 +448,13 @@ class Recorder(TorchDispatchMode):
             if rec is None:
                 rec = self._new_storage(t, span.index, tainted)
                 rec.expensive = expensive
+                rec.kind = kind_of(name, kinds, t.is_floating_point())
                 self._window.add(rec.ref, rec.nbytes)
-            elif tainted:                      # written in place from per-sample data
-                rec.tainted = True
+            else:
+                if tainted:                    # written in place from per-sample data
+                    rec.tainted = True
+                if writes:
+                    rec.kind = kind_of(name, kinds, t.is_floating_point())
         if outs:
             span.last_out = (str(outs[0].dtype).replace("torch.", ""), tuple(outs[0].shape))
 

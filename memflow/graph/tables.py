@@ -150,9 +150,10 @@ def tensor_table(recorder: Recorder) -> pd.DataFrame:
             "is_output": rec.is_output, "requires_grad": rec.requires_grad,
             "per_sample": rec.tainted and carries_batch(rec.shape, batch),
             "dtype": rec.dtype, "shape": list(rec.shape), "expensive": rec.expensive,
+            "map_kind": rec.kind,
         })
     columns = ["bytes", "producer", "consumers", "savers", "is_output", "requires_grad",
-               "per_sample", "dtype", "shape", "expensive"]
+               "per_sample", "dtype", "shape", "expensive", "map_kind"]
     return pd.DataFrame(rows, columns=columns)
 
 

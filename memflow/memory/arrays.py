@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..graph.mapkind import kind_code
 from ..graph.opgraph import INPUT
 from .regions import internal_tensors, unit_blocks
 
@@ -52,6 +53,7 @@ class GraphArrays:
     requires_grad: np.ndarray
     per_sample: np.ndarray
     expensive: np.ndarray       # made by an expensive op
+    map_kind: np.ndarray        # its values' kind: a position in graph.mapkind.MAP_KINDS
     stream: np.ndarray          # between tensor-parallel regions (:func:`stream_tensors`)
     internal: np.ndarray        # read only inside its producer's block (:mod:`.regions`)
     readers: tuple[tuple[int, ...], ...]   # distinct forward readers other than the producer
@@ -177,6 +179,7 @@ def graph_arrays(graph) -> GraphArrays:
         bytes=t["bytes"].to_numpy(np.float64), producer=producer,
         is_output=is_output, requires_grad=t["requires_grad"].to_numpy(bool),
         per_sample=t["per_sample"].to_numpy(bool), expensive=t["expensive"].to_numpy(bool),
+        map_kind=np.array([kind_code(k) for k in t["map_kind"]], np.int64),
         stream=stream_tensors(t["shape"], np.where(producer >= 0, block[producer], -1),
                               ~internal & ((producer >= 0) | (r_ptr[1:] > r_ptr[:-1])
                                            | is_output)),

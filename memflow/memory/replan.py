@@ -16,15 +16,17 @@ __all__ = ["replan"]
 
 
 @njit
-def replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr, touched,
-            sv_ptr, sv, m_ptr, m, r_ptr, r, prod, home, nbytes, kept_output, received, rec_alloc,
-            fwd_free, last_xfer, expensive, n_units, unit_row, recompute_tmp, cached, bwd_tmp,
-            unpack_tmp, unpack_done, bytes_, host, alloc, free, carrier, compress, mark,
-            offloaded, compressed):
+def replan(pol, start, ratio, unit_ratio, old_pol, old_start, old_ratio, first, touched_ptr,
+            touched, sv_ptr, sv, m_ptr, m, r_ptr, r, prod, home, nbytes, kept_output, received,
+            rec_alloc, fwd_free, last_xfer, expensive, kind, n_units, unit_row, recompute_tmp,
+            cached, bwd_tmp, unpack_tmp, unpack_done, bytes_, host, alloc, free, carrier,
+            compress, mark, offloaded, compressed):
     """Re-derive the slots of the records whose rules read a unit whose policy, segment start
     or ratio changed (every record when ``first``); then the units' recomputation
     temporaries and the bytes each unit offloads and compresses. ``pol`` is per unit the
-    *mechanism* of its policy (an index of :data:`MECHANISMS`), not the policy's code."""
+    *mechanism* of its policy (an index of :data:`MECHANISMS`), not the policy's code;
+    ``ratio[u, k]`` the compression ratio of unit ``u`` on maps of kind ``k`` (``kind`` per
+    record), ``unit_ratio[u]`` that of what ``u`` saves, its kinds weighted by bytes."""
     R = len(prod)
     far = np.iinfo(np.int64).max
     n_recs = 0
@@ -34,7 +36,10 @@ def replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr,
         n_recs = R
     else:
         for u in range(n_units):
-            if pol[u] != old_pol[u] or start[u] != old_start[u] or ratio[u] != old_ratio[u]:
+            changed = pol[u] != old_pol[u] or start[u] != old_start[u]
+            for k in range(ratio.shape[1]):
+                changed = changed or ratio[u, k] != old_ratio[u, k]
+            if changed:
                 for j in range(touched_ptr[u], touched_ptr[u + 1]):
                     if not mark[touched[j]]:
                         mark[touched[j]] = True
@@ -96,7 +101,8 @@ def replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr,
         if last_xfer[x, 0] >= 0:            # the original stays until every copy has left
             _set(free, row, 2, last_xfer[x, 0], last_xfer[x, 1], last_xfer[x, 2])
         # stored (compressed on the device, or offloaded to the host); restored before backward
-        bytes_[row + STORED] = (b / ratio[cc] if state == M_COMPRESSED else b) if held else 0.0
+        bytes_[row + STORED] = (b / ratio[cc, kind[x]] if state == M_COMPRESSED else b) if held \
+            else 0.0
         host[row + STORED] = state == M_HOST
         alloc[row + STORED, 0], alloc[row + STORED, 1], alloc[row + STORED, 2] = go, cc, START
         # restored before backward; but a compressed one is decompressed node by node inside
@@ -135,7 +141,7 @@ def replan(pol, start, ratio, old_pol, old_start, old_ratio, first, touched_ptr,
         # its packs stay to its end, but for those of the nodes run before its peak
         by_node = pol[u] == M_COMPRESSED and unpack_tmp[u] >= 0
         bytes_[unit_row + NU * u + BWD_TMP] = (
-            max(unpack_tmp[u] - unpack_done[u] / ratio[u], 0.0) if by_node else bwd_tmp[u])
+            max(unpack_tmp[u] - unpack_done[u] / unit_ratio[u], 0.0) if by_node else bwd_tmp[u])
         offloaded[u] = 0.0
         compressed[u] = 0.0
     for x in range(R):        # summed in record order, whatever changed

@@ -8,6 +8,7 @@ import weakref
 
 import numpy as np
 
+from ..graph.mapkind import MAP_KINDS
 from ..strategy.policies import POLICIES
 from .arrays import GraphArrays
 from .plan import StepBlocks
@@ -189,6 +190,11 @@ class BlockTable:
         self.recompute_tmp = ga.fwd_tmp * per
         self.cached = ga.cached * per
         self.expensive = ga.expensive[P.tensor]
+        self.kind = ga.map_kind[P.tensor]       # each record's ratio is its kind's
+        # per unit, the bytes of each kind it saves (weights its unpacked bytes' ratio)
+        self.saved_by_kind = np.zeros((n, len(MAP_KINDS)))
+        owners = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.savers_ptr))
+        np.add.at(self.saved_by_kind, (ga.savers_idx, ga.map_kind[owners]), ga.bytes[owners])
         # a tied weight's contributions are in bwd_tmp: the one waiting for the others is a
         # gradient alive between backwards, the sum the reader that adds it in makes its own
         bwd_tmp = self.bwd_tmp = ga.bwd_tmp * per
@@ -264,22 +270,29 @@ class BlockTable:
 
     def derive(self, policy: np.ndarray, segment: np.ndarray, ratio: np.ndarray) -> StepBlocks:
         """The blocks of ``policy`` (per unit), ``segment`` (recompute segment per unit) and
-        ``ratio`` (compression ratio per unit, used where the policy is compress)."""
+        ``ratio`` (compression ratio per unit and map kind, ``(units, kinds)``: a record is
+        charged its carrier's ratio for its own kind, where the policy is compress)."""
         P = self.placed
         # the kernel works on mechanisms: policies sharing one share its memory rule
         pol = POLICIES.mechanism_codes[np.asarray(policy, np.int64)]
         segment = holding_segments(segment, self.saves)
         start = segment_starts(segment)
         ratio = np.asarray(ratio, np.float64)
+        if ratio.ndim == 1:                   # one ratio for every kind
+            ratio = np.repeat(ratio[:, None], len(MAP_KINDS), 1)
+        ratio = np.ascontiguousarray(ratio)
+        # the ratio of what each unit saves, its kinds weighted by their bytes
+        held = self.saved_by_kind.sum(1)
+        packed = (self.saved_by_kind / ratio).sum(1)
+        unit_ratio = np.where(packed > 0, held / np.where(packed > 0, packed, 1.0), ratio[:, 0])
         old = self._key or (pol, start, ratio)
         offloaded, compressed = np.empty(self.n), np.empty(self.n)
-        replan(pol, start, ratio, *old, self._key is None, *P.touched, *P.savers, *P.members,
-                *P.readers, P.prod, P.home, P.nbytes, P.kept_output, P.received, P.alloc,
-                P.fwd_free,
-                P.last_xfer, self.expensive, self.n, self.unit_row, self.recompute_tmp,
-                self.cached, self.bwd_tmp, self.unpack_tmp, self.unpack_done, self.bytes,
-                self.host, self.alloc, self.free, self.carrier, self.compress, self._mark,
-                offloaded, compressed)
+        replan(pol, start, ratio, unit_ratio, *old, self._key is None, *P.touched, *P.savers,
+               *P.members, *P.readers, P.prod, P.home, P.nbytes, P.kept_output, P.received,
+               P.alloc, P.fwd_free, P.last_xfer, self.expensive, self.kind, self.n,
+               self.unit_row, self.recompute_tmp, self.cached, self.bwd_tmp, self.unpack_tmp,
+               self.unpack_done, self.bytes, self.host, self.alloc, self.free, self.carrier,
+               self.compress, self._mark, offloaded, compressed)
         self._key = (pol, start, ratio)
         # gathered parameters for a recomputation: only where the unit is recomputed
         self.bytes[self.state_row + GATHER_REC:self.state_row + NM * self.n:NM] = np.where(

@@ -6,8 +6,9 @@ its backward, at the cost of a compress and a decompress task on its device. COM
 error bound and then spends the memory saved on a larger batch; :func:`compress` reports, per
 error bound:
 
-* the compression ratio the simulator charges (:func:`memflow.sim.costs.compress_model`: memflow's
-  quantizer, what the exported step runs on a GPU) and, when asked, the ratio and throughput
+* the compression ratio the simulator charges (:func:`memflow.sim.costs.compress_model`: that
+  of the compressor the exported step runs — memflow's quantizer on a GPU, SZ3 on a CPU where
+  pysz is installed — for each saved map's kind, :mod:`memflow.graph.mapkind`) and, when asked, the ratio and throughput
   measured on the real feature maps of a model — with SZ3 as COMET (``pysz`` installed) or
   the quantizer (without it; the ``compressor`` column says which) — and the gradient error
   of one real training step (:mod:`memflow.planners.compress_measure`);
@@ -32,8 +33,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PlanError
+from ..graph.mapkind import UNCOMPRESSED
 from ..sim import Evaluator, estimate
-from ..sim.costs import compress_model
+from ..sim.costs import cpu_figures, step_compressor, step_ratio
 from ..strategy import Strategy
 from .batch import graph_source
 from .common import Infeasible, as_cluster, as_limit, check_graph, fastest
@@ -101,7 +103,7 @@ def compress(graph, cluster: Any, *, error_bound: float | Iterable[float] = ERRO
     ``batch_size`` of the measurement; ``compressor`` the one measured (default: SZ3 when
     pysz is installed, else memflow's quantizer; :func:`memflow.compress.choose`).
 
-    Columns: ``sim_ratio``; ``activations_keep``, ``activations`` (bytes, largest over the
+    Columns: ``sim_ratio`` (the saved maps' kinds weighted by bytes) and ``sim_compressor``; ``activations_keep``, ``activations`` (bytes, largest over the
     step), ``activation_reduction``; ``peak_keep``, ``peak``, ``memory_reduction`` (total
     peak); ``time_keep``, ``time``; ``fits``; with ``adapt_batch`` ``max_batch_keep``,
     ``max_batch`` and ``batch_gain``; when measured ``measured_ratio``, ``throughput`` (bytes/s
@@ -123,7 +125,8 @@ def compress(graph, cluster: Any, *, error_bound: float | Iterable[float] = ERRO
     keep = _policy(graph, dev, None)
     ref = ev(keep)
     act_keep = _activations(graph, c, keep, optimizer)
-    ratio_of = compress_model()[0]
+    on_cpu = cpu_figures(c) is not None         # what the simulator charges: the step's own
+    ratio_of = step_ratio(on_cpu)
     source = graph_source(graph)
     batch = int(graph.meta["batch_size"])
     if adapt_batch:
@@ -134,7 +137,8 @@ def compress(graph, cluster: Any, *, error_bound: float | Iterable[float] = ERRO
         s = _policy(graph, dev, eb)
         out = ev(s)
         act = _activations(graph, c, s, optimizer)
-        row = {"error_bound": eb, "sim_ratio": float(ratio_of(eb)),
+        row = {"error_bound": eb, "sim_ratio": _saved_ratio(graph, ratio_of, eb),
+               "sim_compressor": step_compressor(on_cpu),
                "activations_keep": act_keep, "activations": act,
                "activation_reduction": act_keep / act if act else np.inf,
                "peak_keep": ref.peak, "peak": out.peak, "memory_reduction": ref.peak / out.peak,
@@ -154,6 +158,17 @@ def compress(graph, cluster: Any, *, error_bound: float | Iterable[float] = ERRO
     df.attrs.update(limit=limit, device=c.name, strategies={eb: _policy(graph, dev, eb)
                                                              for eb in bounds})
     return df
+
+
+def _saved_ratio(graph, ratio_of: Callable[..., float], eb: float) -> float:
+    """The ratio the simulator charges the graph's saved floating maps at ``eb`` (what
+    ``measured_ratio`` covers): each kind at its own (:mod:`memflow.graph.mapkind`), weighted
+    by its bytes. Integers (a max-pool's indices) are held as they are, outside it."""
+    t = graph.tensors
+    saved = t[(t["savers"].map(len) > 0) & ~t["map_kind"].isin(UNCOMPRESSED)]
+    by_kind = saved.groupby("map_kind")["bytes"].sum()
+    packed = sum(b / ratio_of(eb, "float32", k) for k, b in by_kind.items())
+    return float(by_kind.sum() / packed) if packed else 1.0
 
 
 def _activations(graph, cluster, strategy: Strategy, optimizer: str) -> float:

@@ -37,6 +37,7 @@ import torch
 
 from ..compress import choose, compress, compressed_saved_tensors, decompress
 from ..errors import PlanError
+from ..graph.mapkind import saved_maps
 
 __all__ = ["feature_map_ratios", "gradient_error", "real_model"]
 
@@ -56,23 +57,6 @@ def _loss(out: Any) -> torch.Tensor:
     return first.float().pow(2).mean()
 
 
-def _saved_activations(model: torch.nn.Module, inputs: tuple) -> list[torch.Tensor]:
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, torch.Tensor] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if t.is_floating_point() and t.layout == torch.strided and ptr not in params \
-                and ptr not in seen and t.numel() >= 64:
-            seen[ptr] = t.detach()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(*inputs)
-    del out
-    return list(seen.values())
-
-
 def feature_map_ratios(source: Any, error_bounds: Iterable[float], *, batch_size: int = 2,
                        compressor: str | None = None, **cfg: Any) -> pd.DataFrame:
     """Per error bound (absolute): ``tensors``, ``bytes`` (original), ``ratio`` (original over
@@ -81,7 +65,7 @@ def feature_map_ratios(source: Any, error_bounds: Iterable[float], *, batch_size
     ``compressor`` (which one ran: see :func:`memflow.compress.choose`)."""
     compressor = choose("cpu", compressor)
     model, inputs = real_model(source, batch_size, **cfg)
-    maps = _saved_activations(model, inputs)
+    maps = [t for t, _ in saved_maps(model, *inputs)]
     if not maps:
         raise PlanError("the model saved no floating activations to compress")
     total = sum(t.numel() * t.element_size() for t in maps)

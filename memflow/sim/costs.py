@@ -20,7 +20,7 @@ from ..memory.jit import njit
 from ..strategy.policies import M_COMPRESSED, POLICIES
 
 __all__ = ["LayoutCost", "layout_cost", "copy_cost", "copy_times", "ring_time", "compress_model",
-           "compression_ratios", "CPU_ADAM_RATE", "CPU_FIGURES", "cpu_figures", "cpu_compute",
+           "compression_ratios", "step_compressor", "step_ratio", "CPU_ADAM_RATE", "CPU_FIGURES", "cpu_figures", "cpu_compute",
            "cpu_optimizer", "parameter_tensors", "cpu_compressor_rate", "kernel_rate",
            "saved_tensors", "cpu_hooks"]
 
@@ -262,19 +262,40 @@ def tied_allreduce(ga, copies: list[tuple[int, int, int]], layout: np.ndarray, k
 def compress_model(clock: str | None = None
                    ) -> tuple[Callable[..., float], Callable[..., float], Callable[..., float]]:
     """``(expected_ratio, throughput, launches)`` of activation compression, from
-    :mod:`memflow.compress` (imported on first use: it loads torch). On a CPU measured here
-    (``clock``: the cluster's, see :func:`cpu_figures`) the throughput is the compressor's
-    own, measured (:func:`cpu_compressor_rate`; its calls' overhead inside it), not the GPU
-    quantizer's memory traffic."""
-    from ..compress.model import expected_ratio, launches, throughput
+    :mod:`memflow.compress` (imported on first use: it loads torch). ``expected_ratio(eb,
+    dtype, kind)`` is the ratio of the compressor the exported step runs: the quantizer on
+    a GPU; on a CPU measured here (``clock``: the cluster's, see :func:`cpu_figures`)
+    :func:`memflow.compress.choose`'s (SZ3 where pysz is installed), whose throughput is then
+    its own, measured (:func:`cpu_compressor_rate`; its calls' overhead inside it), not the
+    GPU quantizer's memory traffic."""
+    from ..compress.model import launches, throughput
     if clock is None:
-        return expected_ratio, throughput, launches
+        return step_ratio(False), throughput, launches
 
     def measured(_mem_rate: float, *, decompress: bool = False,
                  error_bound: float = 1e-2) -> float:
         return cpu_compressor_rate(error_bound, decompress, clock) * efficiency("cpu",
                                                                                 "compress_rate")
-    return expected_ratio, measured, lambda bits, decompress=False: 0.0
+    return step_ratio(True), measured, lambda bits, decompress=False: 0.0
+
+
+def step_compressor(on_cpu: bool) -> str:
+    """The compressor an exported step runs on its maps: :func:`memflow.compress.choose`'s
+    for a CPU tensor (SZ3 where pysz is installed), the quantizer on a GPU."""
+    from ..compress import choose
+    return choose("cpu" if on_cpu else "cuda")
+
+
+def step_ratio(on_cpu: bool) -> Callable[..., float]:
+    """``ratio(eb, dtype="float32", kind=None)``: :func:`memflow.compress.expected_ratio` of
+    the compressor a step on a CPU (``on_cpu``) or a GPU runs (:func:`step_compressor`), for
+    maps of ``kind`` (all maps pooled when None). memflow.compress (torch) loads on the
+    first call."""
+    def ratio(error_bound: float, dtype: str = "float32", kind: str | None = None) -> float:
+        from ..compress.model import expected_ratio
+        return expected_ratio(error_bound, dtype, compressor=step_compressor(on_cpu),
+                              kind=kind)
+    return ratio
 
 
 @lru_cache(maxsize=None)
@@ -311,15 +332,21 @@ def cpu_compressor_rate(error_bound: float, decompress: bool, clock: str = "cpu"
 
 def compression_ratios(strategy, half: np.ndarray | None = None,
                        ratio_of: Callable[..., float] | None = None) -> np.ndarray:
-    """Compression ratio per unit (1 where the policy's mechanism is not ``compressed``); ``half`` marks units
-    whose saved maps are 16-bit (default: none)."""
-    ratio = np.ones(len(strategy))
+    """Compression ratio per unit and map kind (``(units, len(MAP_KINDS))``; 1 where the
+    policy's mechanism is not ``compressed``): what the unit's compress policy packs a saved
+    record of that kind into (1 for the kinds no compressor packs, ``UNCOMPRESSED``). ``half`` marks units whose saved maps are 16-bit (default:
+    none); ``ratio_of(eb, dtype, kind)`` defaults to the GPU step's (:func:`compress_model`)."""
+    from ..graph.mapkind import MAP_KINDS, UNCOMPRESSED
+    ratio = np.ones((len(strategy), len(MAP_KINDS)))
     comp = np.flatnonzero(POLICIES.mechanism_codes[strategy.policy] == M_COMPRESSED)
     if len(comp) and ratio_of is None:
         ratio_of = compress_model()[0]
     for i in comp:
         dtype = "float16" if half is not None and half[i] else "float32"
-        ratio[i] = max(1.0, float(ratio_of(float(strategy.error_bound[i]), dtype)))
+        for k, kind in enumerate(MAP_KINDS):
+            if kind not in UNCOMPRESSED:      # integers and masks: export keeps them as they are
+                ratio[i, k] = max(1.0, float(ratio_of(float(strategy.error_bound[i]), dtype,
+                                                      kind)))
     return ratio
 
 

@@ -157,7 +157,7 @@ def policy_timing(sim, strategy: Strategy, P: Placement,
     _, throughput, launches = sim.compression
     for u in units.tolist():
         lay, eb = int(strategy.layout_ids[u]), float(strategy.error_bound[u])
-        bits = (16 if half[u] else 32) / ratio[u]
+        bits = (16 if half[u] else 32) / ratio[u, 0]    # signed maps: the widest codes
         nbytes = float(plan.compressed[u])
         for out, back in ((comp, False), (decomp, True)):
             k = (float(P.mem_rate[lay]), back, eb)

@@ -20,7 +20,7 @@ from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, placement_key, step_bl
 from ..strategy.shard_levels import PRECISIONS
 from ..memory.records import placements
 from ..strategy import Strategy
-from .costs import compression_ratios
+from .costs import compression_ratios, cpu_figures, step_ratio
 from .expand import Timing, expand
 from .kinds import TASK_KINDS
 from .ledger import ledger_plan, ledgers
@@ -42,6 +42,12 @@ def _capacity_and_foreach(graph, device: Any) -> tuple[float, bool, str]:
         return float(first["memory_bytes"]), True, str(device.devices.index[0])
     raise MemflowError(f"device must be 'cpu', 'cuda', a cluster preset name or a Cluster, "
                        f"got {device!r}")
+
+def _on_cpu(device: Any, label: str) -> bool:
+    """The step runs on a CPU: ``"cpu"``, or a cluster of CPUs measured here (what decides
+    the compressor its compress units run, :func:`~memflow.sim.costs.step_compressor`)."""
+    return label == "cpu" or (hasattr(device, "devices") and cpu_figures(device) is not None)
+
 
 def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: str | None = None,
              strategy=None, allocator: str | None = None) -> pd.DataFrame:
@@ -111,7 +117,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
                         degrees[layout, 1], M, allocator)
     plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
-                       compression_ratios(strategy, ga.half | (precision in ACTIVATION_WIDTH)),
+                       compression_ratios(strategy, ga.half | (precision in ACTIVATION_WIDTH),
+                                          step_ratio(_on_cpu(device, label))),
                        optimizer=optimizer,
                        foreach=foreach, cache={placement_key(layout, degrees, M): placed},
                        precision=precision, shard=strategy.shard,

@@ -110,7 +110,7 @@ class Simulator:
 
     def _ratios(self, strategy: Strategy) -> np.ndarray:
         return compression_ratios(strategy, self._half_maps(strategy),
-                                  lambda eb, dtype: self.compression[0](eb, dtype))
+                                  lambda eb, dtype, kind: self.compression[0](eb, dtype, kind))
 
     def _placed_of(self, strategy: Strategy) -> Placed:
         layout, M = strategy.layout_ids, strategy.microbatches
