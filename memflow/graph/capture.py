@@ -263,7 +263,7 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     units_table = unit_table(recorder, modules)
     units_table["block"] = enclosing_blocks(model, units_table["module"])
     return OpGraph(units_table, tensor_table(recorder), meta,
-                   parameters=parameter_table(recorder))
+                   parameters=parameter_table(recorder, modules))
 
 
 def _add_value(values: KnownValues, fake: torch.Tensor, real: torch.Tensor) -> None:

@@ -31,7 +31,7 @@ from torch import nn
 from .batchdim import carries_batch
 from .opgraph import INPUT
 from .recorder import Recorder, Span, Storage
-from .slicing import shard_axis, tensor_degree
+from .slicing import shard_axis, split_parameters, tensor_degree
 from .units import ROOT
 
 __all__ = ["unit_table", "tensor_table", "parameter_table", "HEAD_ATTRIBUTES"]
@@ -48,9 +48,24 @@ def _parent(path: str) -> str:
     return path.rsplit(".", 1)[0] if "." in path else ROOT
 
 
-def parameter_table(recorder: Recorder) -> pd.DataFrame:
-    """The ``parameters`` table: one row per weight storage, with its owner and readers."""
+def parameter_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFrame:
+    """The ``parameters`` table: one row per weight storage, with its owner and readers, and
+    whether a parameter split of its owner shards it on the tensor-parallel path
+    (``tensor_split``: :func:`~memflow.graph.slicing.split_parameters` of the owner's module,
+    the rule export's tensor plan runs)."""
     names = [s.name for s in recorder.spans]
+    split: dict[int, set[str]] = {}
+
+    def sharded(owner: int, names: list[str]) -> bool:
+        span = recorder.spans[owner]
+        module = modules.get(span.module) if span.role == "module" else None
+        if module is None:
+            return False
+        if owner not in split:
+            prefix = "" if span.module == ROOT else span.module + "."
+            split[owner] = {prefix + n for n in split_parameters(module)}
+        return any(n in split[owner] for n in names)
+
     first_of: dict[str, int] = {}
     for span in recorder.spans:
         first_of.setdefault(span.module, span.index)
@@ -66,9 +81,10 @@ def parameter_table(recorder: Recorder) -> pd.DataFrame:
         rows.append({"name": w.names[0], "names": list(w.names), "bytes": w.nbytes,
                      "numel": w.numel, "dtype": w.dtype, "trainable": w.trainable,
                      "is_buffer": w.is_buffer, "owner": names[owner],
-                     "readers": [names[r] for r in w.readers]})
+                     "readers": [names[r] for r in w.readers],
+                     "tensor_split": not w.is_buffer and sharded(owner, w.names)})
     columns = ["name", "names", "bytes", "numel", "dtype", "trainable", "is_buffer", "owner",
-               "readers"]
+               "readers", "tensor_split"]
     return pd.DataFrame(rows, columns=columns)
 
 
