@@ -10,12 +10,16 @@ run under ``torchrun`` (gloo) and each rank writes what it holds
 held-for-backward and model-state bytes beside the prediction. A strategy export refuses is
 listed with its reason.
 
-Run: ``python benchmarks/bench_ranks.py`` (``--quick``: the chain only; ``--models gpt2 ...``,
-``--kinds tensor ...``: those only, printed, the RESULTS.md section left as it is).
+Run: ``python benchmarks/bench_ranks.py`` (``--quick``: the chain only, printed; ``--models
+gpt2 ...``, ``--kinds tensor ...``: row filters, those rows re-run and written in place, the
+section's other rows and refusals kept from its previous run).
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -25,7 +29,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 
-from _results import table, write_section  # noqa: E402
+from _results import RESULTS, table, write_section  # noqa: E402
 
 import memflow  # noqa: E402
 from memflow.errors import MemflowError  # noqa: E402
@@ -87,8 +91,16 @@ Why rows differ, and what was fixed:
      simulator held the block input whole where the stream enters the sequence-parallel run
      from unsplit glue; it is scattered there (each rank keeps its part), as the export does
      (`memflow.memory.records.placements`).
-  Weights +3.8%: the norms inside split blocks stay replicated. On the chain, where the split
-  units are the Linears, every byte agrees.
+  6. Model states (fixed; were weights +3.8%, gradients and Adam states +3.0% on both ranks,
+     with or without sequence parallelism; tinyllama-1.1b tensor +1.5%, pp2 x tp2 +1.2%): a
+     split block's normalizations, its row-parallel biases (`RowwiseParallel` keeps the bias
+     replicated, added once after the all-reduce) and its buffers (gpt2's causal mask), and a
+     split final norm, are whole on every rank; the simulator charged them at 1/t. The plan
+     of a split unit's module is now decided once (`memflow.graph.slicing.megatron_plan`,
+     which export's tensor plan runs), capture records per parameter whether it shards it
+     (the parameters table's `tensor_split`), and the simulator charges the rest of a split
+     unit whole on each rank of its group (`memflow.sim.replication`). On the chain, where
+     the split units are the Linears, every byte agreed already.
 - tinyllama-1.1b (added with tensor parallelism on its decoder layers; fixed, was held +11% to
   +16% on every rank running the second half of the traced model: pipeline stage 1, with or
   without tensor parallelism in it, and the sample group of one process): 1,152 bytes (288
@@ -181,31 +193,84 @@ def rows(model: str, only=None) -> tuple[list[dict], list[str]]:
     return out, refused
 
 
+COLUMNS = ["path", "held predicted", "held measured", "held error", "weights error",
+           "gradients error", "optimizer error"]
+
+
+def previous() -> tuple[pd.DataFrame, list[str]]:
+    """The rows (index ``(model, kind, rank)``) and refusals of the section as RESULTS.md has
+    it; none without a section."""
+    text = RESULTS.read_text() if RESULTS.exists() else ""
+    found = re.search(r"<!-- begin rank_validation -->(.*?)<!-- end rank_validation -->", text,
+                      re.S)
+    lines = found.group(1).splitlines() if found else []
+    rows = []
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ('") and len(cells) == len(COLUMNS) + 1:
+            model, kind, rank = ast.literal_eval(cells[0])
+            rows.append({"model": model, "kind": kind, "rank": rank,
+                         **dict(zip(COLUMNS, cells[1:]))})
+    refused = [ln[2:] for ln in lines[lines.index("Refused by export:") + 1:]
+               if ln.startswith("- ")] if "Refused by export:" in lines else []
+    df = pd.DataFrame(rows, columns=["model", "kind", "rank", *COLUMNS])
+    return df.astype({"held predicted": int, "held measured": int}), refused
+
+
+def merged(found: list[dict], refused: list[str], run: set[tuple[str, str]]):
+    """The section's rows and refusals with those of the ``(model, kind)`` pairs ``run`` now
+    replaced by ``found`` and ``refused`` (in the section's order, new ones last)."""
+    old, old_refused = previous()
+    new = pd.DataFrame(found, columns=["model", "kind", "rank", *COLUMNS])
+    kept = old[[(m, k) not in run for m, k in zip(old["model"], old["kind"])]]
+    order = list(dict.fromkeys([*zip(old["model"], old["kind"]),
+                                *zip(new["model"], new["kind"])]))
+    df = pd.concat([kept, new], ignore_index=True)
+    df["order"] = [order.index(key) for key in zip(df["model"], df["kind"])]
+    df = df.sort_values(["order", "rank"], kind="stable").drop(columns="order")
+    again = {f"{m} / {k}" for m, k in run}
+    refused = [r for r in old_refused if r.split(":", 1)[0] not in again] + refused
+    return df, refused
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the chain only")
+    parser.add_argument("--quick", action="store_true", help="the chain only, printed")
     parser.add_argument("--models", nargs="+", choices=list(MODELS),
-                        help="these models only, printed, not written to RESULTS.md")
-    parser.add_argument("--kinds", nargs="+", help="these kinds only (as the table names "
-                        "them), printed, not written to RESULTS.md")
+                        help="these models only (a row filter: the section keeps its other rows)")
+    parser.add_argument("--kinds", nargs="+", help="these kinds only, as the table names them "
+                        "(a row filter: the section keeps its other rows)")
     args = parser.parse_args()
     found, refused = [], []
-    for model in (["chain"] if args.quick else args.models or list(MODELS)):
+    models = ["chain"] if args.quick else args.models or list(MODELS)
+    for model in models:
         r, x = rows(model, args.kinds)
         found += r
         refused += x
-    df = pd.DataFrame(found).set_index(["model", "kind", "rank"])
+    note = ""
+    if args.models or args.kinds:
+        graphs = {m: memflow.zoo.graph(m, batch_size=MODELS[m][0], units="blocks",
+                                       **MODELS[m][1]) for m in models}
+        run = {(m, k) for m in models for k in kinds(graphs[m])
+               if not args.kinds or k in args.kinds}
+        df, refused = merged(found, refused, run)
+        note = (f" Rows re-run now: {len(found)} (`{shlex.join(sys.argv[1:])}`); the others "
+                "are from the section's previous run.")
+    else:
+        df = pd.DataFrame(found)
+    df = df.set_index(["model", "kind", "rank"])
     body = (table(df) + "\n\nError = measured / predicted - 1, per rank (held: bytes held for "
             "backward at the end of a forward, the micro-batches in flight for a pipeline "
             "stage; weights, gradients, optimizer: local shard bytes against "
-            "`SimResult.model_states`; Adam).\n")
+            f"`SimResult.model_states`; Adam).{note}\n")
     body += NOTES
     if refused:
         body += "\nRefused by export:\n\n" + "\n".join(f"- {x}" for x in refused) + "\n"
     print(body)
-    if args.models or args.kinds:
+    if args.quick:
         return
-    write_section("rank_validation", body, title="Per-rank validation of multi-process exports")
+    write_section("rank_validation", body, title="Per-rank validation of multi-process exports",
+                  command=shlex.join(["python", "benchmarks/bench_ranks.py", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":
