@@ -100,7 +100,9 @@ Why rows differ, and what was fixed:
      which export's tensor plan runs), capture records per parameter whether it shards it
      (the parameters table's `tensor_split`), and the simulator charges the rest of a split
      unit whole on each rank of its group (`memflow.sim.replication`). On the chain, where
-     the split units are the Linears, every byte agreed already.
+     the split units are the Linears, every byte agreed already. Composed with FSDP2 over
+     two replicas (`dp2 x tp2 zero-3`, added), the whole parts are sharded over the
+     replicas as the split ones are: 0.0% on every rank of the chain, gpt2 and Llama.
 - tinyllama-1.1b (added with tensor parallelism on its decoder layers; fixed, was held +11% to
   +16% on every rank running the second half of the traced model: pipeline stage 1, with or
   without tensor parallelism in it, and the sample group of one process): 1,152 bytes (288
@@ -150,6 +152,9 @@ def kinds(g) -> dict[str, Strategy]:
         "tensor": Strategy.tensor_parallel(g, 2, tp=2),
         **({"tensor + sequence": sp} if (sp := Strategy.tensor_parallel(
             g, 2, tp=2, sequence_parallel=True)).sequence_parallel.any() else {}),
+        # 2 replicas x 2 tensor-parallel ranks, FSDP2 sharding every unit over the replicas
+        # (a split unit's DTensor shards, and its replicated norms, over the dp mesh)
+        "dp2 x tp2 zero-3": Strategy.tensor_parallel(g, 4, tp=2, dp=2).with_shard("parameters"),
         "dp2 x pp2 1f1b": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2,
                                             schedule="1f1b"),
         # each stage's units sharded over its replicas (FSDP2), and in bf16 (fp32 masters)
@@ -217,14 +222,14 @@ def previous() -> tuple[pd.DataFrame, list[str]]:
     return df.astype({"held predicted": int, "held measured": int}), refused
 
 
-def merged(found: list[dict], refused: list[str], run: set[tuple[str, str]]):
+def merged(found: list[dict], refused: list[str], run: set[tuple[str, str]],
+           order: list[tuple[str, str]]):
     """The section's rows and refusals with those of the ``(model, kind)`` pairs ``run`` now
-    replaced by ``found`` and ``refused`` (in the section's order, new ones last)."""
+    replaced by ``found`` and ``refused``, the rows in ``order`` (every model's kinds)."""
     old, old_refused = previous()
     new = pd.DataFrame(found, columns=["model", "kind", "rank", *COLUMNS])
-    kept = old[[(m, k) not in run for m, k in zip(old["model"], old["kind"])]]
-    order = list(dict.fromkeys([*zip(old["model"], old["kind"]),
-                                *zip(new["model"], new["kind"])]))
+    kept = old[[(m, k) not in run and (m, k) in order
+                for m, k in zip(old["model"], old["kind"])]]
     df = pd.concat([kept, new], ignore_index=True)
     df["order"] = [order.index(key) for key in zip(df["model"], df["kind"])]
     df = df.sort_values(["order", "rank"], kind="stable").drop(columns="order")
@@ -249,11 +254,10 @@ def main() -> None:
         refused += x
     note = ""
     if args.models or args.kinds:
-        graphs = {m: memflow.zoo.graph(m, batch_size=MODELS[m][0], units="blocks",
-                                       **MODELS[m][1]) for m in models}
-        run = {(m, k) for m in models for k in kinds(graphs[m])
-               if not args.kinds or k in args.kinds}
-        df, refused = merged(found, refused, run)
+        order = [(m, k) for m, (batch, options) in MODELS.items() for k in kinds(
+            memflow.zoo.graph(m, batch_size=batch, units="blocks", **options))]
+        run = {(m, k) for m, k in order if m in models and (not args.kinds or k in args.kinds)}
+        df, refused = merged(found, refused, run, order)
         note = (f" Rows re-run now: {len(found)} (`{shlex.join(sys.argv[1:])}`); the others "
                 "are from the section's previous run.")
     else:

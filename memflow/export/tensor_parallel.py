@@ -108,7 +108,6 @@ a normalization on its rank's part of the sequence, a container's child run on t
 sequence (sequence parallelism)."""
 
 
-
 def tensor_groups(strategy) -> list[tuple[str, ...]]:
     """Per data-parallel replica, the devices of the parameter group every split unit of that
     replica uses (:func:`memflow.strategy.tensor_groups.tensor_groups`: its reason raised
@@ -168,7 +167,7 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
             raise ExportError(f"unit {s.name!r} is glue (its module's own code), which export "
                               "cannot split over parameters; use parameter=1 for it")
         module = modules[s.module]
-        inside = [(f"{s.module}.{p}" if p else s.module, m) for p, m in module.named_modules()
+        inside = [(_at(s.module, p), m) for p, m in module.named_modules()
                   if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d))]
         if not inside and not isinstance(module, NORMS):
             raise ExportError(f"unit {s.name!r} ({type(module).__name__}) holds no Linear or "
