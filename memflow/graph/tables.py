@@ -56,7 +56,7 @@ def parameter_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.Dat
     names = [s.name for s in recorder.spans]
     split: dict[int, set[str]] = {}
 
-    def sharded(owner: int, names: list[str]) -> bool:
+    def sharded(owner: int, aliases: list[str]) -> bool:
         span = recorder.spans[owner]
         module = modules.get(span.module) if span.role == "module" else None
         if module is None:
@@ -64,7 +64,7 @@ def parameter_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.Dat
         if owner not in split:
             prefix = "" if span.module == ROOT else span.module + "."
             split[owner] = {prefix + n for n in split_parameters(module)}
-        return any(n in split[owner] for n in names)
+        return any(n in split[owner] for n in aliases)
 
     first_of: dict[str, int] = {}
     for span in recorder.spans:
