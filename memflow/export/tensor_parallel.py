@@ -58,8 +58,8 @@ module is :func:`memflow.graph.slicing.megatron_plan`, whose sharded parameters
 (:func:`~memflow.graph.slicing.split_parameters`) capture records per storage (the parameters
 table's ``tensor_split``); the simulator charges those at ``1/p`` per device and the rest of a
 split unit (its normalizations, a row-parallel bias, buffers) whole on every rank, as it
-charges unsplit units (:mod:`memflow.sim.replication`). Not yet: the bias of a ``Linear``
-*unit* that a Megatron pair of units runs row-parallel (leaf granularity) is charged split.
+charges unsplit units (:mod:`memflow.sim.replication`); the pairs of ``Linear`` units are
+:func:`memflow.graph.slicing.unit_pairs` for both.
 
 Refused (:class:`~memflow.errors.ExportError`, naming the unit): split convolutions (no
 ``parallelize_module`` style shards a convolution), glue, split units on different groups,
@@ -90,7 +90,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from ..graph.slicing import ELEMENTWISE, NORMS, megatron_plan
+from ..graph.slicing import NORMS, megatron_plan, unit_pairs
 from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
 from ..strategy.tensor_groups import tensor_groups as groups_of
@@ -124,32 +124,6 @@ def tensor_ranks(strategy) -> dict[str, int]:
     return {d: r * len(g) + t for r, g in enumerate(groups) for t, d in enumerate(g)}
 
 
-def _pairs(strategy, graph, split: set[int]) -> dict[int, int]:
-    """Megatron pairs ``first -> second`` of split Linear units, from the graph's tensors."""
-    if graph is None:
-        return {}
-    kind = graph.units["kind"].to_numpy()
-    role = graph.units["role"].to_numpy()
-    producers = graph.tensors["producer"].to_numpy()
-    consumers = graph.tensors["consumers"].to_numpy()
-    names = list(strategy.units)
-    pairs: dict[int, int] = {}
-    for i in sorted(split):
-        if kind[i] != "Linear" or i in pairs.values():
-            continue
-        k = i + 1
-        while k < len(names) and kind[k] in ELEMENTWISE and role[k] == "module" \
-                and int(strategy.parameter[k]) == 1:
-            k += 1
-        if k >= len(names) or k not in split or kind[k] != "Linear" \
-                or strategy.devices[k] != strategy.devices[i]:
-            continue
-        chain = set(names[i:k + 1])
-        if all(set(c) <= chain for p, c in zip(producers, consumers) if p in names[i:k]):
-            pairs[i] = k
-    return pairs
-
-
 def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
     """Module path -> style (:data:`STYLES`) of every module the split units shard; what
     cannot run (module docstring) raises :class:`~memflow.errors.ExportError` here, before
@@ -158,7 +132,7 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
     spans = unit_spans(strategy.units, graph)
     modules = check_modules(model, spans)
     split = {s.index for s in spans if int(strategy.parameter[s.index]) > 1}
-    pairs = _pairs(strategy, graph, split)
+    pairs = unit_pairs(graph, strategy.parameter, strategy.devices)
     plan: dict[str, str] = {}
     for s in spans:
         if s.index not in split:

@@ -15,7 +15,9 @@ One row per parameter or buffer **storage** (tied weights once, under every name
 * ``tensor_split`` — a parameter split of its owner shards it on the tensor-parallel path
   (:func:`memflow.graph.slicing.split_parameters`: a planned ``Linear``'s or ``Embedding``'s
   weight, a column-parallel bias); False: every rank of the group holds it whole (a
-  normalization's weights, a row-parallel bias, a buffer — never split).
+  normalization's weights, a row-parallel bias, a buffer — never split);
+* ``row_split`` — the same where its owner, a ``Linear`` unit, runs row-parallel (the second
+  of a Megatron pair of units, :func:`memflow.graph.slicing.unit_pairs`): its bias whole.
 
 The units' ``params``, ``param_bytes``, ``trainable_bytes``, ``buffer_bytes`` and
 ``replicated_bytes`` are *derived*
@@ -59,6 +61,7 @@ PARAMETER_COLUMNS: dict[str, Any] = {
     "owner": None,
     "readers": (),
     "tensor_split": True,
+    "row_split": True,
 }
 
 UNIT_PARAMETER_COLUMNS = ("params", "param_bytes", "trainable_bytes", "buffer_bytes",
@@ -117,9 +120,10 @@ def check_parameters(table: pd.DataFrame, units: Sequence[str]) -> pd.DataFrame:
                         else [[o] for o in table["owner"]])
     for col in ("bytes", "numel"):
         table[col] = pd.to_numeric(table[col], errors="raise").astype(np.int64)
-    for col in ("trainable", "is_buffer", "tensor_split"):
+    for col in ("trainable", "is_buffer", "tensor_split", "row_split"):
         table[col] = table[col].astype(bool)
-    table["tensor_split"] = table["tensor_split"] & ~table["is_buffer"]    # no style shards one
+    for col in ("tensor_split", "row_split"):       # no style shards a buffer
+        table[col] = table[col] & ~table["is_buffer"]
     table["dtype"] = table["dtype"].astype(str)
     order = {name: i for i, name in enumerate(units)}
     seen: dict[str, str] = {}
@@ -223,7 +227,7 @@ def default_parameters(units: pd.DataFrame) -> pd.DataFrame:
                 rows.append({"name": f"{name}:{suffix}", "names": [f"{name}:{suffix}"],
                              "bytes": b, "numel": n, "dtype": kind, "trainable": trainable,
                              "is_buffer": is_buffer, "owner": name, "readers": [name],
-                             "tensor_split": not is_buffer})
+                             "tensor_split": not is_buffer, "row_split": not is_buffer})
     table = pd.DataFrame(rows, columns=list(PARAMETER_COLUMNS))
     table.index.name = "parameter"
     return table

@@ -23,8 +23,9 @@ column- then row-parallel, a declared ``tp_plan``), and :func:`split_parameters`
 parameters those styles shard. Every other byte of the unit stays whole on every rank of the
 group: a normalization's weights, a row-parallel ``Linear``'s bias (``RowwiseParallel`` keeps
 it replicated), any other weight, every buffer. Capture writes the result per storage in the
-parameters table's ``tensor_split`` column, which the simulator charges by
-(``memflow.sim.replication``).
+parameters table's ``tensor_split`` column (and ``row_split``: the same for a ``Linear`` unit
+run row-parallel, the second of a Megatron pair of units, :func:`unit_pairs`), which the
+simulator charges by (``memflow.sim.replication``).
 
 >>> from torch import nn
 >>> shard_axis(nn.Linear(4, 2)), shard_axis(nn.Embedding(10, 4)), shard_axis(nn.ReLU())
@@ -37,7 +38,8 @@ from __future__ import annotations
 from torch import nn
 
 __all__ = ["SLICEABLE", "CONVOLUTIONS", "MEGATRON_STYLES", "NORMS", "ELEMENTWISE", "shard_axis",
-           "declared_degree", "tensor_degree", "megatron_plan", "split_parameters"]
+           "declared_degree", "tensor_degree", "megatron_plan", "split_parameters",
+           "unit_pairs"]
 
 CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 SLICEABLE: dict[type, int] = {nn.Linear: 0, nn.Embedding: 1,
@@ -188,11 +190,13 @@ def megatron_plan(module: nn.Module, ranks: int | None = None) -> dict[str, str]
     return plan
 
 
-def split_parameters(module: nn.Module, ranks: int | None = None) -> set[str]:
+def split_parameters(module: nn.Module, ranks: int | None = None,
+                     rowwise: bool = False) -> set[str]:
     """The names (relative to ``module``) of the parameters a split of ``module`` shards on
-    the tensor-parallel path (:func:`megatron_plan`): every parameter of a planned module but
-    a row-parallel one's bias, which ``RowwiseParallel`` keeps replicated (added once, after
-    the all-reduce). The others, and every buffer, stay whole on each rank.
+    the tensor-parallel path (:func:`megatron_plan`; ``rowwise``: a ``Linear`` run
+    row-parallel, the second of a pair of units, :func:`unit_pairs`): every parameter of a
+    planned module but a row-parallel one's bias, which ``RowwiseParallel`` keeps replicated
+    (added once, after the all-reduce). The others, and every buffer, stay whole on each rank.
 
     >>> class MLP(nn.Sequential):
     ...     tp_plan = {"0": "colwise-sharded", "2": "rowwise"}
@@ -200,9 +204,43 @@ def split_parameters(module: nn.Module, ranks: int | None = None) -> set[str]:
     ...                                                             nn.Linear(6, 4)))))
     ['1.0.bias', '1.0.weight', '1.2.weight']
     """
+    plan = megatron_plan(module, ranks)
+    if rowwise and isinstance(module, nn.Linear):
+        plan[""] = "rowwise"
     out = set()
-    for path, style in megatron_plan(module, ranks).items():
+    for path, style in plan.items():
         for name, _ in module.get_submodule(path).named_parameters(recurse=False):
             if not (style == "rowwise" and name == "bias"):
                 out.add(_join(path, name))
     return out
+
+
+def unit_pairs(graph, parameter, devices) -> dict[int, int]:
+    """Megatron pairs ``first -> second`` of split ``Linear`` units of ``graph`` (per unit
+    its parameter degree and devices, a strategy's): a split ``Linear`` whose output flows,
+    only through unsplit parameter-free element-wise units, into a split ``Linear`` on the
+    same devices; the tensor-parallel path runs the first column-parallel, its output left
+    sharded, and the second row-parallel (``memflow.export.tensor_parallel``)."""
+    if graph is None:
+        return {}
+    kind = graph.units["kind"].to_numpy()
+    role = graph.units["role"].to_numpy()
+    producers = graph.tensors["producer"].to_numpy()
+    consumers = graph.tensors["consumers"].to_numpy()
+    names = list(graph.names)
+    split = [i for i, p in enumerate(parameter) if int(p) > 1]
+    pairs: dict[int, int] = {}
+    for i in split:
+        if kind[i] != "Linear" or i in pairs.values():
+            continue
+        k = i + 1
+        while k < len(names) and kind[k] in ELEMENTWISE and role[k] == "module" \
+                and int(parameter[k]) == 1:
+            k += 1
+        if k >= len(names) or int(parameter[k]) < 2 or kind[k] != "Linear" \
+                or devices[k] != devices[i]:
+            continue
+        chain = set(names[i:k + 1])
+        if all(set(c) <= chain for p, c in zip(producers, consumers) if p in names[i:k]):
+            pairs[i] = k
+    return pairs

@@ -52,19 +52,21 @@ def parameter_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.Dat
     """The ``parameters`` table: one row per weight storage, with its owner and readers, and
     whether a parameter split of its owner shards it on the tensor-parallel path
     (``tensor_split``: :func:`~memflow.graph.slicing.split_parameters` of the owner's module,
-    the rule export's tensor plan runs)."""
+    the rule export's tensor plan runs; ``row_split``: the same, a ``Linear`` owner run
+    row-parallel)."""
     names = [s.name for s in recorder.spans]
-    split: dict[int, set[str]] = {}
+    split: dict[tuple[int, bool], set[str]] = {}
 
-    def sharded(owner: int, aliases: list[str]) -> bool:
+    def sharded(owner: int, aliases: list[str], rowwise: bool = False) -> bool:
         span = recorder.spans[owner]
         module = modules.get(span.module) if span.role == "module" else None
         if module is None:
             return False
-        if owner not in split:
+        if (owner, rowwise) not in split:
             prefix = "" if span.module == ROOT else span.module + "."
-            split[owner] = {prefix + n for n in split_parameters(module)}
-        return any(n in split[owner] for n in aliases)
+            split[owner, rowwise] = {prefix + n for n in split_parameters(module,
+                                                                          rowwise=rowwise)}
+        return any(n in split[owner, rowwise] for n in aliases)
 
     first_of: dict[str, int] = {}
     for span in recorder.spans:
@@ -82,9 +84,10 @@ def parameter_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.Dat
                      "numel": w.numel, "dtype": w.dtype, "trainable": w.trainable,
                      "is_buffer": w.is_buffer, "owner": names[owner],
                      "readers": [names[r] for r in w.readers],
-                     "tensor_split": not w.is_buffer and sharded(owner, w.names)})
+                     "tensor_split": not w.is_buffer and sharded(owner, w.names),
+                     "row_split": not w.is_buffer and sharded(owner, w.names, True)})
     columns = ["name", "names", "bytes", "numel", "dtype", "trainable", "is_buffer", "owner",
-               "readers", "tensor_split"]
+               "readers", "tensor_split", "row_split"]
     return pd.DataFrame(rows, columns=columns)
 
 

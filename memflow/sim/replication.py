@@ -25,7 +25,7 @@ compute and exchanges stay the split unit's.
 >>> g = memflow.zoo.graph("chain", batch_size=4, units="blocks", n=3, width=8)
 >>> s = Strategy.tensor_parallel(g, 2, tp=2).with_config("layers.1", parameter=1,
 ...                                                     devices=["gpu1"])
->>> run, scale, whole = as_run(s, g)
+>>> run, scale, whole, rowwise = as_run(s, g)
 >>> run.devices[1], int(run.parameter[1]), scale.tolist(), whole.tolist()
 (('gpu0', 'gpu1'), 2, [1, 2, 1], [2, 2, 2])
 """
@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..graph.slicing import unit_pairs
 from ..strategy.tensor_groups import rank_groups
 
 __all__ = ["AsRun", "as_run", "replicated_arrays", "split_degrees"]
@@ -54,20 +55,22 @@ class AsRun(NamedTuple):
     strategy: object            # each replicated unit on its group's layout
     scale: np.ndarray | None    # per unit, the degree its figures are scaled by (1: as placed)
     whole: np.ndarray | None    # per unit, the factor of a storage its split leaves whole
+    rowwise: np.ndarray | None  # per unit, a Linear run row-parallel (a pair's second)
 
 
 def as_run(strategy, graph) -> AsRun:
     """``strategy`` as run: each replicated unit on its group's layout, its figures scaled
-    by ``scale``, and per unit the factor ``whole`` of each storage it holds whole on every
-    device (module docstring: a split unit's degree, a replicated unit's ``scale``, else 1);
-    the strategy itself and None, None where its splits do not run as processes. Cached on
-    the strategy."""
+    by ``scale``, per unit the factor ``whole`` of each storage it holds whole on every
+    device (module docstring: a split unit's degree, a replicated unit's ``scale``, else 1),
+    and ``rowwise``, the split ``Linear`` units run row-parallel (the second of a Megatron
+    pair of units, :func:`memflow.graph.slicing.unit_pairs`: their bias whole); the strategy
+    itself and Nones where its splits do not run as processes. Cached on the strategy."""
     hit = strategy._cache.get("as_run")
     if hit is not None and hit[0] is graph:
         return hit[1]
     groups = rank_groups(strategy, graph)
     if groups is None:
-        out = AsRun(strategy, None, None)
+        out = AsRun(strategy, None, None, None)
     else:
         parameter = np.asarray(strategy.parameter)
         replicas = int(strategy.sample[0])
@@ -86,7 +89,10 @@ def as_run(strategy, graph) -> AsRun:
             run = strategy._replace(parameter=degree, devices=tuple(devices))
         whole = np.maximum(parameter, 1 if scale is None else scale).astype(np.int64)
         whole.flags.writeable = False
-        out = AsRun(run, scale, whole)
+        rowwise = np.zeros(len(strategy), bool)
+        rowwise[list(unit_pairs(graph, parameter, strategy.devices).values())] = True
+        rowwise.flags.writeable = False
+        out = AsRun(run, scale, whole, rowwise)
         run._cache["as_run"] = (graph, out)
     strategy._cache["as_run"] = (graph, out)
     return out
@@ -101,20 +107,22 @@ def split_degrees(run, degrees: np.ndarray) -> np.ndarray:
     return p if scale is None else np.where(scale > 1, 1, p)
 
 
-def replicated_arrays(ga, scale: np.ndarray | None, whole: np.ndarray | None = None):
+def replicated_arrays(ga, scale: np.ndarray | None, whole: np.ndarray | None = None,
+                      rowwise: np.ndarray | None = None):
     """``ga`` (:class:`~memflow.memory.arrays.GraphArrays`) with each unit's divided figures
     (``_PER_UNIT``, and its parameter storages') times ``scale``, and each storage its owner's
-    split leaves whole (``param_tensor_split`` False) times ``whole`` instead, the unit's
-    parameter, trainable and buffer bytes with them (:func:`as_run`); ``ga`` itself where
-    nothing is scaled."""
+    split leaves whole (``param_tensor_split`` False; ``param_row_split`` for a unit run
+    ``rowwise``) times ``whole`` instead, the unit's parameter, trainable and buffer bytes
+    with them (:func:`as_run`); ``ga`` itself where nothing is scaled."""
     if scale is None and whole is None:
         return ga
     scale = np.ones(ga.n, np.int64) if scale is None else scale
     fixed = {c: getattr(ga, c) * scale for c in _PER_UNIT}
     fixed["unpack_tmp"] = np.where(ga.unpack_tmp < 0, ga.unpack_tmp, ga.unpack_tmp * scale)
     owner = scale[ga.param_owner]
-    factor = owner if whole is None else np.where(ga.param_tensor_split, owner,
-                                                  whole[ga.param_owner])
+    split = ga.param_tensor_split if rowwise is None else np.where(
+        rowwise[ga.param_owner], ga.param_row_split, ga.param_tensor_split)
+    factor = owner if whole is None else np.where(split, owner, whole[ga.param_owner])
     if whole is not None:       # what the storages add beyond their unit's scale
         extra = ga.param_storage_bytes * (factor - owner)
         buffer = ga.param_is_buffer

@@ -144,13 +144,13 @@ class Simulator:
             run = as_run(strategy, self.graph)
             ga = self._arrays[key] = replicated_arrays(
                 stage_arrays(activation_arrays(self.graph, key[0]), strategy.stage),
-                run.scale, run.whole)
+                run.scale, run.whole, run.rowwise)
         return ga
 
     def _scale_key(self, strategy: Strategy) -> bytes:
         """What :func:`~memflow.sim.replication.as_run` scales, as part of a cache key."""
         run = as_run(strategy, self.graph)
-        return b"".join(b"-" if a is None else a.tobytes() for a in (run.scale, run.whole))
+        return b"".join(b"-" if a is None else a.tobytes() for a in run[1:])
 
     def _table(self, strategy: Strategy, placed: Placed, foreach: bool = True) -> BlockTable:
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
