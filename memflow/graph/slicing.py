@@ -35,6 +35,9 @@ simulator charges by (``memflow.sim.replication``).
 """
 from __future__ import annotations
 
+import weakref
+
+import numpy as np
 from torch import nn
 
 __all__ = ["SLICEABLE", "CONVOLUTIONS", "MEGATRON_STYLES", "NORMS", "ELEMENTWISE", "shard_axis",
@@ -215,6 +218,35 @@ def split_parameters(module: nn.Module, ranks: int | None = None,
     return out
 
 
+_CANDIDATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _pair_candidates(graph) -> dict[int, int]:
+    """``first -> second`` of ``Linear`` units of ``graph`` whose output reaches the next
+    ``Linear`` only through element-wise module units between them (kept per graph: the
+    simulator asks for every strategy)."""
+    hit = _CANDIDATES.get(graph)
+    if hit is not None:
+        return hit
+    kind = graph.units["kind"].to_numpy()
+    role = graph.units["role"].to_numpy()
+    names = list(graph.names)
+    reads: dict[str, set[str]] = {}
+    for p, c in zip(graph.tensors["producer"], graph.tensors["consumers"]):
+        reads.setdefault(p, set()).update(c)
+    out = {}
+    for i in np.flatnonzero(kind == "Linear").tolist():
+        k = i + 1
+        while k < len(names) and kind[k] in ELEMENTWISE and role[k] == "module":
+            k += 1
+        chain = set(names[i:k + 1])
+        if k < len(names) and kind[k] == "Linear" and all(
+                reads.get(n, set()) <= chain for n in names[i:k]):
+            out[i] = k
+    _CANDIDATES[graph] = out
+    return out
+
+
 def unit_pairs(graph, parameter, devices) -> dict[int, int]:
     """Megatron pairs ``first -> second`` of split ``Linear`` units of ``graph`` (per unit
     its parameter degree and devices, a strategy's): a split ``Linear`` whose output flows,
@@ -223,24 +255,10 @@ def unit_pairs(graph, parameter, devices) -> dict[int, int]:
     sharded, and the second row-parallel (``memflow.export.tensor_parallel``)."""
     if graph is None:
         return {}
-    kind = graph.units["kind"].to_numpy()
-    role = graph.units["role"].to_numpy()
-    producers = graph.tensors["producer"].to_numpy()
-    consumers = graph.tensors["consumers"].to_numpy()
-    names = list(graph.names)
-    split = [i for i, p in enumerate(parameter) if int(p) > 1]
+    parameter = np.asarray(parameter)
     pairs: dict[int, int] = {}
-    for i in split:
-        if kind[i] != "Linear" or i in pairs.values():
-            continue
-        k = i + 1
-        while k < len(names) and kind[k] in ELEMENTWISE and role[k] == "module" \
-                and int(parameter[k]) == 1:
-            k += 1
-        if k >= len(names) or int(parameter[k]) < 2 or kind[k] != "Linear" \
-                or devices[k] != devices[i]:
-            continue
-        chain = set(names[i:k + 1])
-        if all(set(c) <= chain for p, c in zip(producers, consumers) if p in names[i:k]):
+    for i, k in _pair_candidates(graph).items():
+        if parameter[i] > 1 and parameter[k] > 1 and (parameter[i + 1:k] == 1).all() \
+                and devices[k] == devices[i] and i not in pairs.values():
             pairs[i] = k
     return pairs
