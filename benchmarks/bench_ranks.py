@@ -98,8 +98,18 @@ Why rows differ, and what was fixed:
      per-storage breakdown of rank 0 shows the export frees the whole after its scatter and
      holds the (b, s/2, h) part). The rule now takes a stream tensor made there by a unit
      outside the run that does not save it.
-  Weights +3.8%: the norms inside split blocks stay replicated. On the chain, where the split
-  units are the Linears, every byte agrees.
+  6. Model states (fixed; were weights +3.8%, gradients and Adam states +3.0% on both ranks,
+     with or without sequence parallelism; tinyllama-1.1b tensor +1.5%, pp2 x tp2 +1.2%): a
+     split block's normalizations, its row-parallel biases (`RowwiseParallel` keeps the bias
+     replicated, added once after the all-reduce) and its buffers (gpt2's causal mask), and a
+     split final norm, are whole on every rank; the simulator charged them at 1/t. The plan
+     of a split unit's module is now decided once (`memflow.graph.slicing.megatron_plan`,
+     which export's tensor plan runs), capture records per parameter whether it shards it
+     (the parameters table's `tensor_split`), and the simulator charges the rest of a split
+     unit whole on each rank of its group (`memflow.sim.replication`). On the chain, where
+     the split units are the Linears, every byte agreed already. Composed with FSDP2 over
+     two replicas (`dp2 x tp2 zero-3`, added), the whole parts are sharded over the
+     replicas as the split ones are: 0.0% on every rank of the chain, gpt2 and Llama.
 - tinyllama-1.1b (added with tensor parallelism on its decoder layers; fixed, was held +11% to
   +16% on every rank running the second half of the traced model: pipeline stage 1, with or
   without tensor parallelism in it, and the sample group of one process): 1,152 bytes (288
@@ -180,6 +190,9 @@ def kinds(g) -> dict[str, Strategy]:
         "tensor": Strategy.tensor_parallel(g, 2, tp=2),
         **({"tensor + sequence": sp, "tensor + sequence, last block": _last_block_only(g, sp)}
            if sp.sequence_parallel.any() else {}),
+        # 2 replicas x 2 tensor-parallel ranks, FSDP2 sharding every unit over the replicas
+        # (a split unit's DTensor shards, and its replicated norms, over the dp mesh)
+        "dp2 x tp2 zero-3": Strategy.tensor_parallel(g, 4, tp=2, dp=2).with_shard("parameters"),
         "dp2 x pp2 1f1b": Strategy.pipeline(g, 4, stages=2, microbatches=2, dp=2,
                                             schedule="1f1b"),
         # each stage's units sharded over its replicas (FSDP2), and in bf16 (fp32 masters)
@@ -258,7 +271,7 @@ def merged(lines: list[str], refused: list[str], rerun: set[tuple[str, str]],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the chain only")
+    parser.add_argument("--quick", action="store_true", help="the chain only, printed")
     parser.add_argument("--models", nargs="+", choices=list(MODELS),
                         help="these models only, printed, not written to RESULTS.md")
     parser.add_argument("--kinds", nargs="+", help="these kinds only (as the table names "

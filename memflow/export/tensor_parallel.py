@@ -57,9 +57,13 @@ What the simulator charges (``memflow.sim.structure``: ``tp_out``/``tp_in``): ev
 all-reduces its whole output in forward and its input gradient in backward. For a Megatron
 pair that is twice what runs (one all-reduce each way for the pair); for a gathered
 column-parallel unit the forward is an all-gather, half an all-reduce. So the simulator is
-pessimistic for tensor parallelism; it charges weights and gradients at ``1/p`` per device, as
-runs here, but for what runs whole on every rank: unsplit units (as above), but not yet a split
-normalization, nor the normalizations, row-parallel biases and buffers inside a split block.
+pessimistic for tensor parallelism. Model states it charges as run here: the plan of a unit's
+module is :func:`memflow.graph.slicing.megatron_plan`, whose sharded parameters
+(:func:`~memflow.graph.slicing.split_parameters`) capture records per storage (the parameters
+table's ``tensor_split``); the simulator charges those at ``1/p`` per device and the rest of a
+split unit (its normalizations, a row-parallel bias, buffers) whole on every rank, as it
+charges unsplit units (:mod:`memflow.sim.replication`); the pairs of ``Linear`` units are
+:func:`memflow.graph.slicing.unit_pairs` for both.
 
 Refused (:class:`~memflow.errors.ExportError`, naming the unit): split convolutions (no
 ``parallelize_module`` style shards a convolution), glue, split units on different groups,
@@ -90,10 +94,9 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from ..graph.slicing import declared_degree
+from ..graph.slicing import NORMS, megatron_plan, unit_pairs
 from ..graph.units import LOSS
 from ..strategy.policies import M_COMPRESSED, M_HOST, POLICIES
-from ..strategy.sequence_parallel import NORM_KINDS
 from ..strategy.tensor_groups import tensor_groups as groups_of
 from .spans import check_modules, unit_spans
 from .tp_styles import (SEQUENCE_DIM, PartSaved, full_gradients, on_stream, read_full, relayout,
@@ -108,11 +111,6 @@ STYLES = ("colwise", "colwise-sharded", "colwise-qkv", "rowwise", "sequence",
 the same for a fused q, k, v projection regrouped by heads, row-parallel (second of a pair),
 a normalization on its rank's part of the sequence, a container's child run on the whole
 sequence (sequence parallelism)."""
-
-# A split normalization runs replicated: its weights are a vector, and sharding its hidden
-# dimension would need the statistics all-reduced (no parallelize_module style does that).
-_NORMS = tuple(getattr(nn, kind) for kind in NORM_KINDS)
-_ELEMENTWISE = {"ReLU", "GELU", "Tanh", "SiLU", "Sigmoid", "Dropout", "Identity", "LeakyReLU"}
 
 
 def tensor_groups(strategy) -> list[tuple[str, ...]]:
@@ -131,32 +129,6 @@ def tensor_ranks(strategy) -> dict[str, int]:
     return {d: r * len(g) + t for r, g in enumerate(groups) for t, d in enumerate(g)}
 
 
-def _pairs(strategy, graph, split: set[int]) -> dict[int, int]:
-    """Megatron pairs ``first -> second`` of split Linear units, from the graph's tensors."""
-    if graph is None:
-        return {}
-    kind = graph.units["kind"].to_numpy()
-    role = graph.units["role"].to_numpy()
-    producers = graph.tensors["producer"].to_numpy()
-    consumers = graph.tensors["consumers"].to_numpy()
-    names = list(strategy.units)
-    pairs: dict[int, int] = {}
-    for i in sorted(split):
-        if kind[i] != "Linear" or i in pairs.values():
-            continue
-        k = i + 1
-        while k < len(names) and kind[k] in _ELEMENTWISE and role[k] == "module" \
-                and int(strategy.parameter[k]) == 1:
-            k += 1
-        if k >= len(names) or k not in split or kind[k] != "Linear" \
-                or strategy.devices[k] != strategy.devices[i]:
-            continue
-        chain = set(names[i:k + 1])
-        if all(set(c) <= chain for p, c in zip(producers, consumers) if p in names[i:k]):
-            pairs[i] = k
-    return pairs
-
-
 def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
     """Module path -> style (:data:`STYLES`) of every module the split units shard; what
     cannot run (module docstring) raises :class:`~memflow.errors.ExportError` here, before
@@ -165,7 +137,7 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
     spans = unit_spans(strategy.units, graph)
     modules = check_modules(model, spans)
     split = {s.index for s in spans if int(strategy.parameter[s.index]) > 1}
-    pairs = _pairs(strategy, graph, split)
+    pairs = unit_pairs(graph, strategy.parameter, strategy.devices)
     plan: dict[str, str] = {}
     for s in spans:
         if s.index not in split:
@@ -174,9 +146,9 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
             raise ExportError(f"unit {s.name!r} is glue (its module's own code), which export "
                               "cannot split over parameters; use parameter=1 for it")
         module = modules[s.module]
-        inside = [(f"{s.module}.{p}" if p else s.module, m) for p, m in module.named_modules()
+        inside = [(_at(s.module, p), m) for p, m in module.named_modules()
                   if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d))]
-        if not inside and not isinstance(module, _NORMS):
+        if not inside and not isinstance(module, NORMS):
             raise ExportError(f"unit {s.name!r} ({type(module).__name__}) holds no Linear or "
                               "Embedding to shard; use parameter=1 for it")
         for path, m in inside:
@@ -184,10 +156,10 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
                 raise ExportError(f"unit {s.name!r}: {path} is a {type(m).__name__}, which "
                                   "tensor parallelism (parallelize_module) cannot shard; use "
                                   "parameter=1 for it")
-            plan[path] = "colwise"
-        if inside:
-            plan.update(_inner_pairs(s.module, module))
-            plan.update(_declared(s.module, module, int(strategy.parameter[s.index])))
+        _check_declared(s.module, module)
+        # the one rule the simulator charges by too (capture's tensor_split column)
+        plan.update({_at(s.module, path): style for path, style in
+                     megatron_plan(module, int(strategy.parameter[s.index])).items()})
         if strategy.sequence_parallel[s.index]:
             plan.update(_sequence_plan(s, module, bool(inside)))
         if s.index in pairs:
@@ -209,69 +181,27 @@ def tensor_plan(model: nn.Module, strategy, graph=None) -> dict[str, str]:
     return plan
 
 
-def _chain(module: nn.Module) -> list[str] | None:
-    """The children ``module``'s forward calls one after the other, each on the previous
-    one's output alone (``torch.fx``); None when its forward is anything else."""
-    from torch import fx
-    try:
-        nodes = list(fx.symbolic_trace(module).graph.nodes)
-    except Exception:       # noqa: BLE001 - code fx cannot trace is no plain chain
-        return None
-    calls, prev = [], nodes[0] if nodes and nodes[0].op == "placeholder" else None
-    for node in nodes[1:]:
-        if node.op == "output":
-            return calls if prev is not None and node.args == (prev,) else None
-        if node.op != "call_module" or node.args != (prev,) or node.kwargs:
-            return None
-        calls.append(node.target)
-        prev = node
-    return None
-
-
-def _inner_pairs(prefix: str, module: nn.Module) -> dict[str, str]:
-    """Megatron pairs inside a split container: a module whose forward chains two ``Linear``
-    with only element-wise modules between and after them (an MLP: ``fc``, ``act``, ``proj``,
-    ``dropout``; checked with :func:`_chain`)."""
-    out = {}
-    for path, m in module.named_modules():
-        kids = dict(m.named_children())
-        kinds = [type(k).__name__ for k in kids.values()]
-        if kinds.count("Linear") != 2 or not all(k in _ELEMENTWISE or k == "Linear"
-                                                 for k in kinds):
-            continue
-        calls = _chain(m)
-        linear = [c for c in calls or () if type(kids.get(c)).__name__ == "Linear"]
-        if calls and calls[0] == linear[0] and len(linear) == 2 and len(set(calls)) == len(calls):
-            base = f"{prefix}.{path}" if path else prefix
-            out[f"{base}.{linear[0]}"] = "colwise-sharded"
-            out[f"{base}.{linear[1]}"] = "rowwise"
-    return out
-
-
-def _declared(prefix: str, module: nn.Module, ranks: int) -> dict[str, str]:
-    """The Megatron plans declared inside a split container (module docstring): the
-    ``tp_plan`` of each module declaring one whose head counts and sharded widths ``ranks``
-    divides (:func:`~memflow.graph.slicing.declared_degree`); others stay gathered."""
-    out = {}
+def _check_declared(prefix: str, module: nn.Module) -> None:
+    """Raise where a module inside a split unit declares a ``tp_plan`` export cannot run."""
     for path, m in module.named_modules():
         declared = getattr(m, "tp_plan", None)
         if not isinstance(declared, dict):
             continue
-        base = f"{prefix}.{path}" if path else prefix
         kids = dict(m.named_children())
         for child, style in declared.items():
             if style not in STYLES or not isinstance(kids.get(child), nn.Linear):
-                raise ExportError(f"{type(m).__name__}.tp_plan at {base!r}: {child!r} -> "
-                                  f"{style!r}; valid: a Linear child -> one of {STYLES}")
-        degree = declared_degree(m)
-        if degree and degree % ranks == 0:
-            out.update({f"{base}.{child}": style for child, style in declared.items()})
-    return out
+                raise ExportError(f"{type(m).__name__}.tp_plan at {_at(prefix, path)!r}: "
+                                  f"{child!r} -> {style!r}; valid: a Linear child -> one of "
+                                  f"{STYLES}")
+
+
+def _at(prefix: str, path: str) -> str:
+    return f"{prefix}.{path}" if path else prefix
 
 
 def _sequence_plan(span, module: nn.Module, container: bool) -> dict[str, str]:
     """The sequence-parallel entries of a split unit (module docstring)."""
-    if isinstance(module, _NORMS):
+    if isinstance(module, NORMS):
         return {span.module: "sequence"}
     if not container or isinstance(module, (nn.Linear, nn.Embedding)):
         raise ExportError(f"unit {span.name!r} ({type(module).__name__}) is sequence parallel, "
@@ -279,7 +209,7 @@ def _sequence_plan(span, module: nn.Module, container: bool) -> dict[str, str]:
                           "Valid: sequence_parallel=False for it")
     plan = {}
     for name, child in module.named_children():
-        if isinstance(child, _NORMS):
+        if isinstance(child, NORMS):
             plan[f"{span.module}.{name}"] = "sequence"
         elif any(isinstance(m, nn.Linear) for m in child.modules()):
             plan[f"{span.module}.{name}"] = "sequence-gathered"

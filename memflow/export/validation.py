@@ -90,11 +90,11 @@ def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False,
     from ..sim.replication import as_run, replicated_arrays, split_degrees
 
     strategy.validate(graph)
-    scale = None
+    scale = whole = rowwise = None
     if processes:
-        strategy, scale = as_run(strategy, graph)
+        strategy, scale, whole, rowwise = as_run(strategy, graph)
     degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-    ga = replicated_arrays(activation_arrays(graph, strategy.precision), scale)
+    ga = replicated_arrays(activation_arrays(graph, strategy.precision), scale, whole, rowwise)
     layout, M, seq = strategy.layout_ids, strategy.microbatches, strategy.sequence_parallel
     stage = strategy.stage
     placed = placements(ga, layout, (degrees[layout, 0] * degrees[layout, 2]).astype(float),

@@ -249,7 +249,7 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
         meta["expensive_ops"] = sorted(expensive)
     units_table = unit_table(recorder, modules)
     units_table["block"] = enclosing_blocks(model, units_table["module"])
-    parameters = parameter_table(recorder)
+    parameters = parameter_table(recorder, modules)
     half = None
     if bf16 and dtype is None and _all_fp32(model):
         half = _bf16_pass(record, recorder, units_table, parameters, modules, meta)

@@ -11,9 +11,16 @@ One row per parameter or buffer **storage** (tied weights once, under every name
   its module or of the nearest enclosing module that ran;
 * ``readers`` — the units whose forward ops read it, in execution order. The gradient of a
   trainable parameter is made by the backward of its *last* reader (the first to run in
-  backward) and accumulated by the backward of every other reader.
+  backward) and accumulated by the backward of every other reader;
+* ``tensor_split`` — a parameter split of its owner shards it on the tensor-parallel path
+  (:func:`memflow.graph.slicing.split_parameters`: a planned ``Linear``'s or ``Embedding``'s
+  weight, a column-parallel bias); False: every rank of the group holds it whole (a
+  normalization's weights, a row-parallel bias, a buffer — never split);
+* ``row_split`` — the same where its owner, a ``Linear`` unit, runs row-parallel (the second
+  of a Megatron pair of units, :func:`memflow.graph.slicing.unit_pairs`): its bias whole.
 
-The units' ``params``, ``param_bytes``, ``trainable_bytes`` and ``buffer_bytes`` are *derived*
+The units' ``params``, ``param_bytes``, ``trainable_bytes``, ``buffer_bytes`` and
+``replicated_bytes`` are *derived*
 from this table (:func:`unit_sums`), so the two can never disagree. A graph built without the
 table gets one from those unit columns (:func:`default_parameters`).
 
@@ -27,7 +34,7 @@ parameter
 0          fc:params     40     10       True      False    fc    [fc]
 1         bn:buffers      8      2      False       True    bn    [bn]
 >>> unit_sums(check_parameters(table, ["fc", "bn"]), ["fc", "bn"]).loc["bn"].tolist()
-[0, 0, 0, 8]
+[0, 0, 0, 8, 8]
 """
 from __future__ import annotations
 
@@ -53,10 +60,14 @@ PARAMETER_COLUMNS: dict[str, Any] = {
     "is_buffer": False,
     "owner": None,
     "readers": (),
+    "tensor_split": True,
+    "row_split": True,
 }
 
-UNIT_PARAMETER_COLUMNS = ("params", "param_bytes", "trainable_bytes", "buffer_bytes")
+UNIT_PARAMETER_COLUMNS = ("params", "param_bytes", "trainable_bytes", "buffer_bytes",
+                          "replicated_bytes")
 """Unit columns derived from the parameters table."""
+_SEEDS = UNIT_PARAMETER_COLUMNS[:4]     # the ones a graph built without the table gives
 
 _ITEMSIZE_DTYPE = {8: "float64", 4: "float32", 2: "float16", 1: "int8"}
 
@@ -109,8 +120,10 @@ def check_parameters(table: pd.DataFrame, units: Sequence[str]) -> pd.DataFrame:
                         else [[o] for o in table["owner"]])
     for col in ("bytes", "numel"):
         table[col] = pd.to_numeric(table[col], errors="raise").astype(np.int64)
-    for col in ("trainable", "is_buffer"):
+    for col in ("trainable", "is_buffer", "tensor_split", "row_split"):
         table[col] = table[col].astype(bool)
+    for col in ("tensor_split", "row_split"):       # no style shards a buffer
+        table[col] = table[col] & ~table["is_buffer"]
     table["dtype"] = table["dtype"].astype(str)
     order = {name: i for i, name in enumerate(units)}
     seen: dict[str, str] = {}
@@ -152,7 +165,8 @@ def _check_row(row: Any, order: dict[str, int], seen: dict[str, str]) -> None:
 
 def unit_sums(table: pd.DataFrame, units: Sequence[str]) -> pd.DataFrame:
     """Per unit (in ``units`` order): ``params``, ``param_bytes``, ``trainable_bytes``,
-    ``buffer_bytes`` of the rows it owns."""
+    ``buffer_bytes`` of the rows it owns, and ``replicated_bytes``: those of its parameters and
+    buffers a split leaves whole on every rank (``tensor_split`` False)."""
     param = ~table["is_buffer"]
     parts = pd.DataFrame({
         "owner": table["owner"],
@@ -160,6 +174,7 @@ def unit_sums(table: pd.DataFrame, units: Sequence[str]) -> pd.DataFrame:
         "param_bytes": table["bytes"].where(param, 0),
         "trainable_bytes": table["bytes"].where(param & table["trainable"], 0),
         "buffer_bytes": table["bytes"].where(~param, 0),
+        "replicated_bytes": table["bytes"].where(~table["tensor_split"], 0),
     })
     sums = parts.groupby("owner").sum().reindex(list(units), fill_value=0)
     return sums[list(UNIT_PARAMETER_COLUMNS)].astype(np.int64)
@@ -187,7 +202,7 @@ def default_parameters(units: pd.DataFrame) -> pd.DataFrame:
     ``unit:buffers`` for its buffers (assumed float32); it owns and reads them.
     """
     cols = {}
-    for col in UNIT_PARAMETER_COLUMNS:
+    for col in _SEEDS:
         v = pd.to_numeric(units[col], errors="raise") if col in units.columns else \
             pd.Series(0, index=units.index)
         bad = units.index[v < 0].tolist()
@@ -211,7 +226,8 @@ def default_parameters(units: pd.DataFrame) -> pd.DataFrame:
             if b or n:
                 rows.append({"name": f"{name}:{suffix}", "names": [f"{name}:{suffix}"],
                              "bytes": b, "numel": n, "dtype": kind, "trainable": trainable,
-                             "is_buffer": is_buffer, "owner": name, "readers": [name]})
+                             "is_buffer": is_buffer, "owner": name, "readers": [name],
+                             "tensor_split": not is_buffer, "row_split": not is_buffer})
     table = pd.DataFrame(rows, columns=list(PARAMETER_COLUMNS))
     table.index.name = "parameter"
     return table

@@ -34,7 +34,7 @@ from torch import nn
 from .batchdim import carries_batch
 from .opgraph import INPUT, OpGraph
 from .recorder import Recorder, Span, Storage
-from .slicing import shard_axis, tensor_degree
+from .slicing import shard_axis, split_parameters, tensor_degree
 from .units import ROOT
 
 __all__ = ["unit_table", "tensor_table", "parameter_table", "bf16_graph", "HEAD_ATTRIBUTES"]
@@ -51,9 +51,26 @@ def _parent(path: str) -> str:
     return path.rsplit(".", 1)[0] if "." in path else ROOT
 
 
-def parameter_table(recorder: Recorder) -> pd.DataFrame:
-    """The ``parameters`` table: one row per weight storage, with its owner and readers."""
+def parameter_table(recorder: Recorder, modules: dict[str, nn.Module]) -> pd.DataFrame:
+    """The ``parameters`` table: one row per weight storage, with its owner and readers, and
+    whether a parameter split of its owner shards it on the tensor-parallel path
+    (``tensor_split``: :func:`~memflow.graph.slicing.split_parameters` of the owner's module,
+    the rule export's tensor plan runs; ``row_split``: the same, a ``Linear`` owner run
+    row-parallel)."""
     names = [s.name for s in recorder.spans]
+    split: dict[tuple[int, bool], set[str]] = {}
+
+    def sharded(owner: int, aliases: list[str], rowwise: bool = False) -> bool:
+        span = recorder.spans[owner]
+        module = modules.get(span.module) if span.role == "module" else None
+        if module is None:
+            return False
+        if (owner, rowwise) not in split:
+            prefix = "" if span.module == ROOT else span.module + "."
+            split[owner, rowwise] = {prefix + n for n in split_parameters(module,
+                                                                          rowwise=rowwise)}
+        return any(n in split[owner, rowwise] for n in aliases)
+
     first_of: dict[str, int] = {}
     for span in recorder.spans:
         first_of.setdefault(span.module, span.index)
@@ -69,9 +86,11 @@ def parameter_table(recorder: Recorder) -> pd.DataFrame:
         rows.append({"name": w.names[0], "names": list(w.names), "bytes": w.nbytes,
                      "numel": w.numel, "dtype": w.dtype, "trainable": w.trainable,
                      "is_buffer": w.is_buffer, "owner": names[owner],
-                     "readers": [names[r] for r in w.readers]})
+                     "readers": [names[r] for r in w.readers],
+                     "tensor_split": not w.is_buffer and sharded(owner, w.names),
+                     "row_split": not w.is_buffer and sharded(owner, w.names, True)})
     columns = ["name", "names", "bytes", "numel", "dtype", "trainable", "is_buffer", "owner",
-               "readers"]
+               "readers", "tensor_split", "row_split"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -174,7 +193,7 @@ def bf16_graph(units: pd.DataFrame, parameters: pd.DataFrame, recorder: Recorder
     for column in _PASS_COLUMNS:
         u[column] = own[column].to_numpy()
     p = parameters.copy()
-    cast = parameter_table(recorder).set_index("name")
+    cast = parameter_table(recorder, modules).set_index("name")
     buffers = p["is_buffer"].to_numpy(bool)
     for column in ("bytes", "dtype"):
         p.loc[buffers, column] = cast.loc[p.loc[buffers, "name"], column].to_numpy()

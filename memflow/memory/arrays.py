@@ -73,6 +73,8 @@ class GraphArrays:
     param_readers_idx: np.ndarray
     param_storage_bytes: np.ndarray  # bytes of the storage
     param_is_buffer: np.ndarray
+    param_tensor_split: np.ndarray   # a split of its owner shards it (else whole on each rank)
+    param_row_split: np.ndarray      # ... its owner, a Linear unit, run row-parallel
 
     @property
     def n(self) -> int:
@@ -192,6 +194,8 @@ def graph_arrays(graph) -> GraphArrays:
                                   pt["bytes"].to_numpy(np.float64), 0.0),
         param_grad_unit=p_grad_unit, param_readers_ptr=pr_ptr, param_readers_idx=pr_idx,
         param_storage_bytes=pt["bytes"].to_numpy(np.float64),
-        param_is_buffer=pt["is_buffer"].to_numpy(bool))
+        param_is_buffer=pt["is_buffer"].to_numpy(bool),
+        param_tensor_split=pt["tensor_split"].to_numpy(bool),
+        param_row_split=pt["row_split"].to_numpy(bool))
     _CACHE[graph] = out
     return out

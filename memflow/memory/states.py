@@ -177,14 +177,15 @@ def stage_arrays(ga, stage: np.ndarray):
     ptr, idx = ga.param_readers_ptr, ga.param_readers_idx
     readers = [idx[ptr[k]:ptr[k + 1]].tolist() for k in range(len(ptr) - 1)]
     rows = [ga.param_owner, ga.param_grad_bytes, ga.param_grad_unit, ga.param_storage_bytes,
-            ga.param_is_buffer]
-    owner, grad, grad_unit, storage, buffer = (r.tolist() for r in rows)
+            ga.param_is_buffer, ga.param_tensor_split, ga.param_row_split]
+    owner, grad, grad_unit, storage, buffer, split, rowwise = (r.tolist() for r in rows)
     added = {"param_bytes": np.zeros(ga.n), "trainable_bytes": np.zeros(ga.n),
              "buffer_bytes": np.zeros(ga.n)}
     for _, holder, k in copies:
         mine = [r for r in readers[k] if stage[r] == stage[holder]]
         for column, row in ((owner, holder), (grad, grad[k]), (grad_unit, mine[-1]),
-                            (storage, storage[k]), (buffer, buffer[k]), (readers, mine)):
+                            (storage, storage[k]), (buffer, buffer[k]), (split, split[k]),
+                            (rowwise, rowwise[k]), (readers, mine)):
             column.append(row)
         added["buffer_bytes" if buffer[k] else "param_bytes"][holder] += storage[k]
         added["trainable_bytes"][holder] += grad[k]
@@ -196,4 +197,6 @@ def stage_arrays(ga, stage: np.ndarray):
                    param_owner=np.array(owner, np.int64), param_grad_bytes=np.array(grad),
                    param_grad_unit=np.array(grad_unit, np.int64),
                    param_storage_bytes=np.array(storage), param_is_buffer=np.array(buffer, bool),
+                   param_tensor_split=np.array(split, bool),
+                   param_row_split=np.array(rowwise, bool),
                    param_readers_ptr=r_ptr, param_readers_idx=r_idx)

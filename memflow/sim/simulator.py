@@ -143,15 +143,16 @@ class Simulator:
         if ga is None:    # a pipeline's copies make new arrays: once per stage assignment, so
             if len(self._arrays) > self.cache_size:     # that the records' pairs are reused
                 self._arrays.clear()
+            run = as_run(strategy, self.graph)
             ga = self._arrays[key] = replicated_arrays(
                 stage_arrays(activation_arrays(self.graph, key[0]), strategy.stage),
-                as_run(strategy, self.graph)[1])
+                run.scale, run.whole, run.rowwise)
         return ga
 
     def _scale_key(self, strategy: Strategy) -> bytes:
         """What :func:`~memflow.sim.replication.as_run` scales, as part of a cache key."""
-        scale = as_run(strategy, self.graph)[1]
-        return b"" if scale is None else scale.tobytes()
+        run = as_run(strategy, self.graph)
+        return b"".join(b"-" if a is None else a.tobytes() for a in run[1:])
 
     def _table(self, strategy: Strategy, placed: Placed, foreach: bool = True) -> BlockTable:
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)

@@ -9,7 +9,10 @@ the split units' shards (SPMD), so a unit left unsplit (an embedding without a p
 norm, the loss, a CNN's convolutions before a split classifier) runs on every device of its
 group, on the same whole tensors: its compute, weights, gradients and optimizer states are
 on each, the gradients identical there (no all-reduce in the group; averaged over the
-data-parallel replicas as every weight is). :func:`spmd_devices` gives those devices.
+data-parallel replicas as every weight is). :func:`spmd_devices` gives those devices. A
+split unit, too, holds whole on each device what its plan leaves unsharded (its
+normalizations, a row-parallel bias, buffers: the parameters table's ``tensor_split``, from
+``memflow.graph.slicing.split_parameters``), on the devices :func:`rank_groups` gives.
 
 The tensor path is taken when its groups exist (:func:`tensor_groups`; in a pipeline,
 :func:`~memflow.strategy.stage_groups.stage_groups`) and no split unit is one it cannot shard
@@ -33,7 +36,7 @@ import numpy as np
 from .policies import M_COMPRESSED, M_HOST, POLICIES
 from .stage_groups import stage_groups
 
-__all__ = ["tensor_groups", "tensor_path_problem", "spmd_devices"]
+__all__ = ["tensor_groups", "tensor_path_problem", "rank_groups", "spmd_devices"]
 
 # the unit kinds the tensor path shards whole (a container shards the linears inside it)
 _SHARDED = ("Linear", "Embedding")
@@ -140,11 +143,13 @@ def _kinds(graph, n: int) -> tuple[np.ndarray, np.ndarray]:
     return hit
 
 
-def spmd_devices(strategy, graph=None) -> tuple[tuple[str, ...] | None, ...] | None:
-    """Per unit, the devices its processes each run it whole on where that is more than the
-    strategy places it on — an unsplit unit's tensor-parallel groups, one per replica (module
-    docstring) —, None for the others; None when no unit is replicated. ``graph`` tells
-    whether the tensor path takes the split units (:func:`tensor_path_problem`)."""
+def rank_groups(strategy, graph=None) -> list[tuple[str, ...]] | None:
+    """Per unit, the devices of its tensor-parallel groups (every replica's, one after the
+    other) where the script runs the strategy's parameter splits as a process per device of
+    each group; None where it does not (no split, per-unit sample degrees, or the tensor path
+    refuses it: :func:`tensor_path_problem`, ``graph`` telling). A split unit's parameters that
+    its plan does not shard (a normalization's, a row-parallel bias, its buffers:
+    ``memflow.graph.slicing.split_parameters``) are whole on each of those devices."""
     parameter = np.asarray(strategy.parameter)
     if not (parameter > 1).any() or (strategy.sample != strategy.sample[0]).any():
         return None
@@ -156,12 +161,23 @@ def spmd_devices(strategy, graph=None) -> tuple[tuple[str, ...] | None, ...] | N
         groups = stage_groups(strategy)
         if isinstance(groups, str):
             return None
-        mine = [sum((groups[r, int(stage[i])] for r in range(replicas)), ())
+        return [sum((groups[r, int(stage[i])] for r in range(replicas)), ())
                 for i in range(len(parameter))]
-    else:
-        groups = tensor_groups(strategy)
-        if isinstance(groups, str):
-            return None
-        mine = [sum(groups, ())] * len(parameter)
-    out = tuple(m if p == 1 and len(m) > replicas else None for m, p in zip(mine, parameter))
+    groups = tensor_groups(strategy)
+    if isinstance(groups, str):
+        return None
+    return [sum(groups, ())] * len(parameter)
+
+
+def spmd_devices(strategy, graph=None) -> tuple[tuple[str, ...] | None, ...] | None:
+    """Per unit, the devices its processes each run it whole on where that is more than the
+    strategy places it on — an unsplit unit's tensor-parallel groups, one per replica (module
+    docstring; :func:`rank_groups`) —, None for the others; None when no unit is
+    replicated."""
+    mine = rank_groups(strategy, graph)
+    if mine is None:
+        return None
+    replicas = int(strategy.sample[0])
+    out = tuple(m if p == 1 and len(m) > replicas else None
+                for m, p in zip(mine, strategy.parameter))
     return out if any(d is not None for d in out) else None

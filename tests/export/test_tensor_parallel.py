@@ -293,8 +293,8 @@ def test_a_split_block_runs_its_ranks_in_one_process():
 def test_split_decoder_layers_hold_what_is_predicted(tmp_path):
     """Llama's decoder layers, embedding, norm and head split over 2 ranks (grouped-query
     attention by heads, SwiGLU by ffn rows): each rank holds the held-for-backward bytes and
-    model states the simulator predicts, within 1% (the replicated RMSNorm weights, charged at
-    1/2, are the model states' 0.9%)."""
+    model states the simulator predicts, within 1% (the RMSNorm weights, replicated on both
+    ranks, charged whole there: memflow.graph.slicing.split_parameters)."""
     from memflow.export.rank_validation import METRICS, validate_ranks
     options = {**TINY_ARCH, "seq_len": 16}
     graph = memflow.zoo.graph("tinyllama-1.1b", batch_size=4, units="blocks", **options)

@@ -169,3 +169,29 @@ def test_a_document_without_the_table_gets_the_default():
     g = OpGraph.from_dict(doc)
     assert g.parameters["name"].tolist() == ["a:params"]
     assert g.units["params"].tolist() == [10, 0, 0]
+
+
+def test_tensor_split_marks_what_a_split_block_shards():
+    """A split GPT-2 block shards its linears' weights and its column-parallel biases
+    (memflow.graph.slicing.split_parameters, the plan export runs); its norms, the row-parallel
+    biases (attention and MLP output projections) and its causal mask stay whole on every
+    rank, and its unit's replicated_bytes sums those."""
+    import memflow
+    g = memflow.zoo.graph("gpt2", batch_size=2, units="blocks", vocab=40, max_positions=16,
+                          hidden=16, n_layer=1, n_head=2, seq_len=6)
+    t = rows(g)
+    whole = set(t.index[(t["owner"] == "h.0") & ~t["tensor_split"]])
+    assert whole == {"h.0.ln_1.weight", "h.0.ln_1.bias", "h.0.ln_2.weight", "h.0.ln_2.bias",
+                     "h.0.attn.proj.bias", "h.0.mlp.proj.bias", "h.0.attn.mask"}
+    assert g.units.loc["h.0", "replicated_bytes"] == t.loc[sorted(whole), "bytes"].sum()
+    assert t.loc["wte.weight", "tensor_split"] and not t.loc["ln_f.weight", "tensor_split"]
+
+
+def test_a_table_without_tensor_split_splits_parameters_and_no_buffer():
+    units = pd.DataFrame({"params": [10], "param_bytes": [40], "trainable_bytes": [40],
+                          "buffer_bytes": [8], "fwd_flops": [1.0], "bwd_flops": [2.0]},
+                         index=["bn"])
+    tensors = pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["bn"]]})
+    g = OpGraph(units, tensors)
+    assert g.parameters["tensor_split"].tolist() == [True, False]
+    assert g.units.loc["bn", "replicated_bytes"] == 8
