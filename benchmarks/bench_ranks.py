@@ -61,10 +61,11 @@ Why rows differ, and what was fixed:
   stages (the weight's gradients are summed over them); the simulator charged them once, on
   stage 0. It now charges a weight or buffer on every stage that reads it
   (`memflow.memory.states.stage_copies`), and the gradient sum between the stages before the
-  optimizer step. Left: stage 0's weights -1.5% (-3.0% under zero-3 and bf16, whose stage-0
-  weights are half) is the mask's 256 bytes, which the tracer leaves
-  on stage 0 as a plain tensor attribute of `h.0.attn` (not a registered buffer), so the rank's
-  `module.buffers()` does not count it; the bytes are there.
+  optimizer step. Then stage 0's weights read -1.5% (-3.0% under zero-3 and bf16, whose
+  stage-0 weights are half): the mask's 256 bytes, which the tracer leaves on stage 0 as a
+  plain tensor attribute of `h.0.attn` (not a registered buffer), so the measurement, which
+  counted `module.buffers()`, missed bytes the rank holds. It now counts a module's plain
+  tensor attributes too, each storage once (`memflow.export.rank_measure.state_bytes`): 0.0%.
 - gpt2 tensor (was held +88% to +98%, then +10% / +15%; now 0.0% on both ranks), and tensor +
   sequence (was +22% / +29%; now 0.0%): which side was wrong? Each, in turn, measured
   against PyTorch.
