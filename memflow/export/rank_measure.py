@@ -69,7 +69,7 @@ def _at_rest(module: nn.Module, params: list) -> list[torch.Tensor]:
     seen, out = set(), []
     for t in [*params, *module.buffers(), *plain]:
         local = _local(t)
-        key = (local.untyped_storage().data_ptr(), local.storage_offset(), local.nbytes)
+        key = (local.untyped_storage()._cdata, local.storage_offset(), local.nbytes)
         if key not in seen:
             seen.add(key)
             out.append(local)
