@@ -68,7 +68,9 @@ def at_batch(graph: OpGraph, batch_size: int) -> OpGraph:
     t.loc[per, "bytes"] = (t.loc[per, "bytes"] * k).round().astype(np.int64)
     t["shape"] = [_scaled_shape(s, old, batch_size) if p else list(s)
                   for s, p in zip(t["shape"], per)]
+    # model states do not scale with the batch: the parameters table carries over whole
     return OpGraph(u, t, {**graph.meta, "batch_size": int(batch_size)},
+                   parameters=graph.parameters,
                    bf16=None if graph.bf16 is None else at_batch(graph.bf16, batch_size))
 
 

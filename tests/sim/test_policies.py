@@ -39,7 +39,7 @@ def test_single_device_keep_all_matches_estimate(optimizer):
 def test_policies_remove_exactly_what_they_drop(policy, removed, monkeypatch):
     g = chain()
     sim = Simulator(g, V100)
-    sim._compress = (lambda eb, dtype: 5.0, lambda bw, **kw: 1e11, lambda b, **kw: 40.0)
+    sim._compress = (lambda eb, dtype, kind: 5.0, lambda bw, **kw: 1e11, lambda b, **kw: 40.0)
     keep = activations_when_backward_starts(sim.result(Strategy.single_device(g)))
     s = Strategy.single_device(g).with_policy({"u1": policy})
     got = activations_when_backward_starts(sim.result(s))
@@ -76,7 +76,7 @@ def test_offloading_past_host_memory_is_infeasible_naming_the_host():
 def test_compress_time_is_throughput_plus_kernel_launches():
     g = chain()
     sim = Simulator(g, V100)
-    sim._compress = (lambda eb, dtype: 5.0, lambda bw, decompress=False, **kw:
+    sim._compress = (lambda eb, dtype, kind: 5.0, lambda bw, decompress=False, **kw:
                      2e11 if decompress else 1e11, lambda bits, decompress=False: 40.0 + bits)
     tl = sim.result(Strategy.single_device(g).with_policy({"u1": "compress:0.01"})).timeline
     launch = float(V100.devices["launch_overhead"].iloc[0])
