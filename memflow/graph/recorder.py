@@ -5,7 +5,7 @@ autograd, so the same ops a real backend launches) plus the hooks capture instal
 
 * forward pre/post hooks on every module keep a module stack; the *owner* of an op is the
   outermost selected module on the stack, else the innermost module (its glue);
-* a maximal run of consecutive ops with the same owner call is one :class:`Span` — one unit;
+* a maximal run of consecutive ops with the same owner call is one :class:`~.spans.Span` — one unit;
 * every storage an op creates gets a :class:`Storage` record: producer, forward readers,
   savers (from ``saved_tensors_hooks``), whether a gradient flows into it and whether it
   descends from the batch (taint from the per-sample inputs through the ops that keep the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
@@ -33,88 +33,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backend import Backend
 from .batchdim import keeps_batch
-from .mapkind import SIGNED, kind_of
+from .mapkind import kind_of
 from .opcost import OpCounter, tensors_in
 from .selective import EXPENSIVE_OPS, is_expensive, unreplayable_write
+from .spans import Span, Storage, Weight
 from .units import LOSS, ROOT
 from .window import Window
 
-__all__ = ["Recorder", "Span", "Storage", "Weight", "Window"]
+__all__ = ["Recorder"]
 
 _ACCUMULATE = 2 ** 64 - 1       # sequence number of AccumulateGrad nodes (run as soon as ready)
 
 
 def _key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
-
-
-@dataclass(eq=False)
-class Span:
-    """One unit: a run of ops owned by one module call."""
-
-    index: int
-    name: str
-    module: str
-    kind: str
-    role: str
-    call: int
-    owner: int
-    seq_hi: int = 0
-    fwd_flops: float = 0.0
-    fwd_bytes: int = 0
-    fwd_ops: int = 0
-    bwd_flops: float = 0.0
-    bwd_bytes: int = 0
-    bwd_ops: int = 0
-    fwd_tmp: int = 0
-    bwd_tmp: int = 0
-    unpack_tmp: int = 0            # … the same were what it saved decompressed node by node,
-    unpack_done: int = 0           # and the bytes the nodes run before that peak had unpacked
-    # the forward cost of its expensive ops (selective recomputation does not re-run them)
-    expensive_flops: float = 0.0
-    expensive_bytes: int = 0
-    expensive_ops: int = 0
-    # its forward's matrix products and convolutions: (class, m, n, k) -> count (opcost)
-    kernels: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
-    # selective checkpointing replays its forward: no op writes an expensive output it keeps
-    # so that recompute would read another value (:func:`~.selective.unreplayable_write`)
-    selective_replays: bool = True
-    last_out: tuple[str, tuple[int, ...]] | None = None    # dtype, shape of its last op's result
-    main_out: tuple[str, tuple[int, ...]] | None = None    # … of what its module returned
-    reads_params: bool = False
-
-
-@dataclass(eq=False)
-class Storage:
-    """An activation storage made (or first seen) during the forward."""
-
-    nbytes: int
-    producer: int                  # span index; -1 for the model's inputs
-    dtype: str
-    shape: tuple[int, ...]
-    ref: StorageWeakRef
-    tainted: bool
-    requires_grad: bool = False
-    is_output: bool = False
-    expensive: bool = False        # made by an expensive op (:mod:`memflow.graph.selective`)
-    kind: str = SIGNED             # what its values are (:mod:`memflow.graph.mapkind`), as the
-                                   # op that last wrote it leaves them
-    consumers: list[int] = field(default_factory=list)
-    savers: list[int] = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class Weight:
-    """A parameter or buffer storage under all its names, and the spans that read it."""
-
-    names: list[str]
-    numel: int
-    nbytes: int
-    dtype: str
-    trainable: bool
-    is_buffer: bool
-    module: str                    # module of its first name
-    readers: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)

@@ -40,6 +40,8 @@ import weakref
 import numpy as np
 from torch import nn
 
+from .._kinds import NORM_KINDS
+
 __all__ = ["SLICEABLE", "CONVOLUTIONS", "MEGATRON_STYLES", "NORMS", "ELEMENTWISE", "shard_axis",
            "declared_degree", "tensor_degree", "megatron_plan", "split_parameters",
            "unit_pairs"]
@@ -53,9 +55,9 @@ MEGATRON_STYLES = ("colwise-sharded", "colwise-qkv", "rowwise")
 """The ``tp_plan`` styles of a Megatron module: column-parallel with the output left sharded
 (a fused q, k, v projection regrouped by heads), then row-parallel (the output summed)."""
 _HEADS = ("n_head", "n_kv_head")
-NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
-"""Normalizations a split runs whole on every rank: their weights are a vector, and sharding
-their features would need the statistics all-reduced (no ``parallelize_module`` style does)."""
+NORMS = tuple(getattr(nn, kind) for kind in NORM_KINDS)
+"""The classes of :data:`memflow._kinds.NORM_KINDS`: normalizations a split runs whole on every
+rank (no ``parallelize_module`` style shards their features)."""
 ELEMENTWISE = frozenset({"ReLU", "GELU", "Tanh", "SiLU", "Sigmoid", "Dropout", "Identity",
                          "LeakyReLU"})
 """Parameter-free element-wise module kinds a Megatron pair may have between its linears."""

@@ -33,8 +33,9 @@ from torch import nn
 
 from .batchdim import carries_batch
 from .opgraph import INPUT, OpGraph
-from .recorder import Recorder, Span, Storage
+from .recorder import Recorder
 from .slicing import shard_axis, split_parameters, tensor_degree
+from .spans import Span, Storage
 from .units import ROOT
 
 __all__ = ["unit_table", "tensor_table", "parameter_table", "bf16_graph", "HEAD_ATTRIBUTES"]

@@ -18,15 +18,12 @@ import weakref
 
 import numpy as np
 
+from .._kinds import NORM_KINDS
 from .policies import M_COMPRESSED, M_HOST, POLICIES
 from .tensor_groups import tensor_groups
 
-__all__ = ["NORM_KINDS", "sequence_units", "sequence_problem"]
+__all__ = ["sequence_units", "sequence_problem"]
 
-
-NORM_KINDS = ("LayerNorm", "RMSNorm", "GroupNorm")
-"""The ``torch.nn`` normalizations export runs replicated under tensor parallelism, and as
-``SequenceParallel`` under sequence parallelism (:mod:`memflow.export.tensor_parallel`)."""
 
 
 def sequence_units(graph) -> np.ndarray:
