@@ -72,8 +72,8 @@ SOURCES: dict[str, str] = {
                 "kernel after an L2 cache's worth of other traffic, as in a step); charged at "
                 "face value, so the "
                 "efficiency is 1, and the time model adds them up on CPU devices only "
-                "(memflow.sim.costs.cpu_compute)",
-    "cpu-compress": "measured in the simulating process by memflow.sim.costs."
+                "(memflow.sim.cpu_time.cpu_compute)",
+    "cpu-compress": "measured in the simulating process by memflow.sim.cpu_time."
                     "cpu_compressor_rate: export's compressor (SZ3 where pysz is installed) "
                     "packing and unpacking a ReLU map on one thread",
     "cpu-adam": "assumption after ZeRO-Offload's CPU-Adam (Ren et al., USENIX ATC 2021): ~30 "

@@ -11,8 +11,8 @@ from ..memory.blocks import StepBlocks
 from ..memory.states import stage_copies
 from ..strategy.policies import M_COMPRESSED, M_HOST, M_RECOMPUTE, M_SELECTIVE, POLICIES
 from ..strategy.strategy import Strategy
-from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, cpu_compute, cpu_hooks, cpu_optimizer,
-                    ring_time, tied_allreduce)
+from .costs import CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, ring_time, tied_allreduce
+from .cpu_time import cpu_compute, cpu_hooks, cpu_optimizer
 from .expand import Timing
 from .precision import bf16_units
 from .run import ByLayouts, Placement

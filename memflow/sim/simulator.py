@@ -31,8 +31,9 @@ from ..memory.records import Placed, placements
 from ..memory.states import stage_arrays
 from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
-from .costs import (compress_model, compression_ratios, copy_cost, copy_times, cpu_figures,
-                    layout_cost, parameter_tensors, saved_tensors)
+from .costs import copy_cost, copy_times, layout_cost
+from .cpu_time import (compress_model, compression_ratios, cpu_figures, parameter_tensors,
+                       saved_tensors)
 from .durations import placement_timing, policy_timing
 from .shapes import unit_kernels
 from .expand import expand
