@@ -54,7 +54,7 @@ sys.path[:0] = [str(ROOT / "benchmarks")]
 from _results import table, write_section  # noqa: E402
 
 import memflow  # noqa: E402
-from memflow.export.timing import step_time  # noqa: E402
+from memflow.export.timing import step_seconds, step_time  # noqa: E402
 from memflow.hardware import calibrate  # noqa: E402
 from memflow._jsonio import read_json, write_json  # noqa: E402
 from memflow.hardware.kernels import OPERAND_SETS, class_rates  # noqa: E402
@@ -138,7 +138,7 @@ def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
         for clock, cluster in clusters.items():
             predicted = memflow.simulate(graph, s, cluster).iteration_time
             before = memflow.simulate(graph, s, by_flops(cluster)).iteration_time
-            runs[clock].append((predicted, statistics.median(r.attrs[f"{clock}_times"]),
+            runs[clock].append((predicted, step_seconds(r.attrs[f"{clock}_times"], clock),
                                 before))
         if calibrated:
             fitted = calibrate(unit_times(model, graph), clusters["wall"])
@@ -386,8 +386,10 @@ def main(argv: list[str] | None = None) -> None:
     cpu = {k: v["cpu"] for k, v in first.items() if isinstance(v, dict) and "cpu" in v}
     body = (
         f"Predicted (`memflow.simulate` on `Cluster.local`) against measured (the exported "
-        f"script's median step after {memflow.export.timing.WARMUP} warm-up steps, "
-        f"{memflow.export.timing.STEPS} timed) step time; every process runs one thread "
+        f"script's step after {memflow.export.timing.WARMUP} warm-up steps, "
+        f"{memflow.export.timing.STEPS} timed: by CPU time their median, by the wall clock "
+        f"their mean, waits for a core included as in the wall figures' windows, "
+        f"`memflow.export.timing.step_seconds`) step time; every process runs one thread "
         f"(`OMP_NUM_THREADS=1`); {args.repeat} run(s) per row, ratio = median of measured / "
         f"predicted. The figures were measured again just before each row (their load "
         f"beside the row's own); the first row's (load {first['load']:.1f}), one-thread "

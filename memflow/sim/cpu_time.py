@@ -14,33 +14,46 @@ from functools import lru_cache
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 
 from ..hardware.efficiency import efficiency
 from ..strategy.policies import M_COMPRESSED, POLICIES
 
 __all__ = ["compress_model", "compression_ratios", "step_compressor", "step_ratio", "CPU_FIGURES",
            "cpu_figures", "cpu_compute", "cpu_optimizer", "parameter_tensors",
-           "cpu_compressor_rate", "kernel_rate", "saved_tensors", "cpu_hooks"]
+           "cpu_compressor_cost", "compressed_maps", "COMPRESSOR_MAPS", "kernel_rate",
+           "saved_tensors", "cpu_hooks"]
 
 
 def compress_model(clock: str | None = None
-                   ) -> tuple[Callable[..., float], Callable[..., float], Callable[..., float]]:
-    """``(expected_ratio, throughput, launches)`` of activation compression, from
+                   ) -> tuple[Callable[..., float], Callable[..., float], Callable[..., float],
+                              Callable[..., float]]:
+    """``(expected_ratio, throughput, launches, per_call)`` of activation compression, from
     :mod:`memflow.compress` (imported on first use: it loads torch). ``expected_ratio(eb,
     dtype, kind)`` is the ratio of the compressor the exported step runs: the quantizer on
     a GPU; on a CPU measured here (``clock``: the cluster's, see :func:`cpu_figures`)
     :func:`memflow.compress.choose`'s (SZ3 where pysz is installed), whose throughput is then
-    its own, measured (:func:`cpu_compressor_rate`; its calls' overhead inside it), not the
-    GPU quantizer's memory traffic."""
+    its own, measured per map kind (:func:`cpu_compressor_cost`; ``throughput`` and
+    ``per_call`` then take ``kind=``), not the GPU quantizer's memory traffic.
+    ``launches(bits, decompress=)`` counts a GPU quantizer's kernels (charged at the device's
+    launch overhead); ``per_call(decompress=, error_bound=)`` is the seconds each call on
+    one saved tensor costs beyond its bytes: on a CPU the measured fixed cost (SZ3's
+    configuration, its stream's allocation, the quantizer's range scan of a tiny map), 0 on
+    a GPU, whose fixed cost is its launches."""
     from ..compress.model import launches, throughput
     if clock is None:
-        return step_ratio(False), throughput, launches
+        return step_ratio(False), throughput, launches, lambda **_: 0.0
 
-    def measured(_mem_rate: float, *, decompress: bool = False,
-                 error_bound: float = 1e-2) -> float:
-        return cpu_compressor_rate(error_bound, decompress, clock) * efficiency("cpu",
-                                                                                "compress_rate")
-    return step_ratio(True), measured, lambda bits, decompress=False: 0.0
+    def measured(_mem_rate: float, *, decompress: bool = False, error_bound: float = 1e-2,
+                 kind: str = "rectified") -> float:
+        return cpu_compressor_cost(error_bound, decompress, clock, kind)[0] * efficiency(
+            "cpu", "compress_rate")
+
+    def per_call(*, decompress: bool = False, error_bound: float = 1e-2,
+                 kind: str = "rectified") -> float:
+        return cpu_compressor_cost(error_bound, decompress, clock, kind)[1] / efficiency(
+            "cpu", "compress_call_overhead")
+    return step_ratio(True), measured, lambda bits, decompress=False: 0.0, per_call
 
 
 def step_compressor(on_cpu: bool) -> str:
@@ -62,14 +75,41 @@ def step_ratio(on_cpu: bool) -> Callable[..., float]:
     return ratio
 
 
-@lru_cache(maxsize=None)
-def cpu_compressor_rate(error_bound: float, decompress: bool, clock: str = "cpu") -> float:
-    """Bytes per second that export's compressor (:func:`memflow.compress.compress`: SZ3
-    where pysz is installed) packs, or unpacks, of a ReLU feature map (1 MiB, fp32) on one
-    thread of this machine, timed by ``clock`` ("cpu": the process's CPU time; "wall").
-    Measured once per process, in a fraction of a second.
+COMPRESSOR_MAPS = ((8, 32, 32, 32), (1, 4, 32, 32))
+"""The shapes of the maps :func:`cpu_compressor_cost` times: 1 MiB and 16 KiB of fp32 (an
+mlp's or a small block's map: where the fixed cost shows)."""
 
-    >>> cpu_compressor_rate(1e-2, False) > 0
+
+def _sample_map(kind: str, shape: tuple[int, ...]):
+    """A synthetic map of ``kind`` (:data:`~memflow.graph.mapkind.MAP_KINDS`): SZ3's speed
+    follows the values (a ReLU map's zeros and outliers take it about half as fast as a
+    signed one), so each kind is timed on its own."""
+    import torch
+    F = torch.nn.functional
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    made = {"signed": lambda: x, "normalized": lambda: F.layer_norm(x, shape[-1:]),
+            "rectified": lambda: x.relu(),
+            "normalized-rectified": lambda: F.layer_norm(x, shape[-1:]).relu(),
+            "probability": lambda: x.softmax(-1)}
+    return made[kind]()
+
+
+@lru_cache(maxsize=None)
+def cpu_compressor_cost(error_bound: float, decompress: bool, clock: str = "cpu",
+                        kind: str = "rectified") -> tuple[float, float]:
+    """``(bytes per second, seconds per call)`` of export's compressor
+    (:func:`memflow.compress.compress`: SZ3 where pysz is installed) packing, or unpacking, a
+    feature map of ``kind`` (:func:`_sample_map`) on one thread of this machine, timed by
+    ``clock`` ("cpu": the process's CPU time; "wall"): a line through the times of the two
+    maps of :data:`COMPRESSOR_MAPS`, each the mean over a window. A call costs its fixed
+    part (SZ3's configuration, its stream's allocation, the reconstruction it checks)
+    whatever the map's size; on a 64 KiB map that is most of it, so one rate through a large
+    map's time undercharges small maps by several times. Measured once per process and
+    kind, in about half a second (memflow.compress sits beside memflow.hardware, not under
+    it, so ``Cluster.local()``'s micro-benchmark cannot run it).
+
+    >>> rate, per_call = cpu_compressor_cost(1e-2, False)
+    >>> rate > 0 and per_call >= 0
     True
     """
     import time
@@ -81,17 +121,38 @@ def cpu_compressor_rate(error_bound: float, decompress: bool, clock: str = "cpu"
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        x = torch.randn(8, 32, 32, 32, generator=torch.Generator().manual_seed(0)).relu_()
-        packed = compress(x, error_bound)
-        run = (lambda: unpack(packed)) if decompress else (lambda: compress(x, error_bound))
-        run()
-        calls, t0 = 0, clock_of()
-        while calls < 3 or clock_of() - t0 < 0.2:
+        points = []
+        for shape in COMPRESSOR_MAPS:
+            x = _sample_map(kind, shape)
+            packed = compress(x, error_bound)
+            run = (lambda: unpack(packed)) if decompress else (lambda: compress(x, error_bound))
             run()
-            calls += 1
-        return x.numel() * x.element_size() * calls / max(clock_of() - t0, 1e-9)
+            calls, t0 = 0, clock_of()
+            while calls < 3 or clock_of() - t0 < 0.1:
+                run()
+                calls += 1
+            points.append((x.numel() * x.element_size(), max(clock_of() - t0, 1e-9) / calls))
+        (big, t_big), (small, t_small) = points
+        per_byte = max(t_big - t_small, 1e-12) / (big - small)
+        return 1.0 / per_byte, max(t_small - small * per_byte, 0.0)
     finally:
         torch.set_num_threads(before)
+
+
+def compressed_maps(graph) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit, the saved storages a compressing unit's hook packs — one compressor call
+    each, and one to unpack — and their bytes by map kind (``(units, len(MAP_KINDS))``):
+    the floating ones it saves first (a storage saved again is packed once; integers and
+    masks, :data:`~memflow.graph.mapkind.UNCOMPRESSED`, stay as they are)."""
+    from ..graph.mapkind import MAP_KINDS, UNCOMPRESSED
+    t = graph.tensors
+    kind = t["map_kind"] if "map_kind" in t.columns else pd.Series("signed", index=t.index)
+    packed = t[~kind.isin(UNCOMPRESSED) & t["first_saver"].notna()]
+    calls = packed["first_saver"].value_counts().reindex(graph.names, fill_value=0)
+    by_kind = (packed.assign(kind=kind[packed.index]).pivot_table(
+        index="first_saver", columns="kind", values="bytes", aggfunc="sum", fill_value=0)
+        .reindex(index=graph.names, columns=list(MAP_KINDS), fill_value=0))
+    return calls.to_numpy(np.float64), by_kind.to_numpy(np.float64)
 
 
 def compression_ratios(strategy, half: np.ndarray | None = None,
