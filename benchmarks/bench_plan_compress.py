@@ -110,7 +110,7 @@ def write(heads, parts, searches, left: list[str]) -> None:
             "and inputs: trained nets on real data compress differently); 'CPU GB/s' is its "
             "speed here (the measured compressor, single machine under load: noisy); 'max "
             "error' confirms the bound element-wise. The simulator charges "
-            "'simulator ratio' (memflow.sim.costs.compress_model: the ratios of 'simulator "
+            "'simulator ratio' (memflow.sim.cpu_time.compress_model: the ratios of 'simulator "
             "compressor', what the exported step runs on the device — the quantizer on a GPU — "
             "measured by bench_compress per map kind, each of the model's saved maps at its "
             "kind's, weighted by bytes; floating maps, as the measured ratio: integers such as "

@@ -54,13 +54,15 @@ sys.path[:0] = [str(ROOT / "benchmarks")]
 from _results import table, write_section  # noqa: E402
 
 import memflow  # noqa: E402
-from memflow.export.timing import step_time  # noqa: E402
+from memflow.export.timing import step_seconds, step_time  # noqa: E402
 from memflow.hardware import calibrate  # noqa: E402
 from memflow._jsonio import read_json, write_json  # noqa: E402
 from memflow.hardware.kernels import OPERAND_SETS, class_rates  # noqa: E402
 from memflow.hardware.local import FORMAT, cache_file, local, local_cluster, measure  # noqa: E402
 from memflow.hardware.microbench import _seconds_per_call  # noqa: E402
 from memflow.graph.opcost import kernel_shape  # noqa: E402
+from memflow.graph.mapkind import MAP_KINDS, UNCOMPRESSED  # noqa: E402
+from memflow.sim.cpu_time import cpu_compressor_cost  # noqa: E402
 
 # name -> (zoo options, batch): each a fraction of a second per step on 2 loaded cores
 MODELS = {
@@ -138,7 +140,7 @@ def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
         for clock, cluster in clusters.items():
             predicted = memflow.simulate(graph, s, cluster).iteration_time
             before = memflow.simulate(graph, s, by_flops(cluster)).iteration_time
-            runs[clock].append((predicted, statistics.median(r.attrs[f"{clock}_times"]),
+            runs[clock].append((predicted, step_seconds(r.attrs[f"{clock}_times"], clock),
                                 before))
         if calibrated:
             fitted = calibrate(unit_times(model, graph), clusters["wall"])
@@ -384,10 +386,20 @@ def main(argv: list[str] | None = None) -> None:
     one = df[df["processes"] == 1].reset_index(drop=True)
     several = df[df["processes"] > 1].dropna(axis=1).reset_index(drop=True)
     cpu = {k: v["cpu"] for k, v in first.items() if isinstance(v, dict) and "cpu" in v}
+    # the compressor's figures the compress rows were predicted with (CPU time, measured once
+    # in this process at the rows' error bound: memflow.sim.cpu_time.cpu_compressor_cost)
+    compressor = ", ".join(
+        f"{k} {c[0] / 1e6:.3g} MB/s + {c[1] * 1e6:.0f} µs per call (unpack {d[0] / 1e6:.3g} "
+        f"MB/s + {d[1] * 1e6:.0f} µs)"
+        for k in MAP_KINDS if k not in UNCOMPRESSED
+        for c, d in [(cpu_compressor_cost(1e-2, False, "cpu", k),
+                      cpu_compressor_cost(1e-2, True, "cpu", k))])
     body = (
         f"Predicted (`memflow.simulate` on `Cluster.local`) against measured (the exported "
-        f"script's median step after {memflow.export.timing.WARMUP} warm-up steps, "
-        f"{memflow.export.timing.STEPS} timed) step time; every process runs one thread "
+        f"script's step after {memflow.export.timing.WARMUP} warm-up steps, "
+        f"{memflow.export.timing.STEPS} timed: by CPU time their median, by the wall clock "
+        f"their mean, waits for a core included as in the wall figures' windows, "
+        f"`memflow.export.timing.step_seconds`) step time; every process runs one thread "
         f"(`OMP_NUM_THREADS=1`); {args.repeat} run(s) per row, ratio = median of measured / "
         f"predicted. The figures were measured again just before each row (their load "
         f"beside the row's own); the first row's (load {first['load']:.1f}), one-thread "
@@ -404,7 +416,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{first['allreduce']['latency'] * 1e6:.0f} µs; shape classes (`class m x n x k`: "
         f"forward / backward GFLOP/s) "
         + ", ".join(f"{c} {m}x{n}x{k}: {f / 1e9:.3g} / {b / 1e9:.3g}"
-                    for c, m, n, k, f, b in first["kernel_rates"]["cpu"]) + ". Ran in "
+                    for c, m, n, k, f, b in first["kernel_rates"]["cpu"]) + "; the compressor "
+        f"(`memflow.sim.cpu_time.cpu_compressor_cost`, CPU time, measured once in this process "
+        f"per map kind, bound 1e-2: a line through a 1 MiB and a 16 KiB map) {compressor}. "
+        "Ran in "
         f"{time.time() - started:.0f} s (load {load0:.1f} at the start); the "
         f"micro-benchmark (`Cluster.local()`'s measuring, without the all-reduce) took "
         f"{statistics.median(measuring):.1f} s of CPU time per run (median).\n\n"

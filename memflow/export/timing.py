@@ -2,7 +2,8 @@
 
 :func:`step_time` writes the training script of a strategy (:func:`memflow.export.script`),
 runs it (``torchrun`` with one process per data-parallel replica; plain ``python`` for one),
-and takes the steady-state median of its step times after a warm-up. The prediction is
+and takes the steady-state step time after a warm-up (:func:`step_seconds`: the mean by the
+wall clock, the median by CPU time). The prediction is
 :func:`memflow.simulate`'s ``iteration_time`` for the same graph, strategy and cluster — on a
 CPU, a cluster measured here (:meth:`memflow.Cluster.local`); on a GPU, the GPU's cluster.
 
@@ -37,13 +38,13 @@ from ..errors import ExportError
 from .multiprocess import processes
 from .scripts import script, written_path
 
-__all__ = ["validate", "step_time", "measured_step_times", "gpu_problem", "cpu_devices",
-           "WARMUP", "STEPS"]
+__all__ = ["validate", "step_time", "measured_step_times", "step_seconds", "gpu_problem",
+           "cpu_devices", "WARMUP", "STEPS"]
 
 WARMUP = 3
 """Steps run before timing: allocator warm-up, optimizer state, the first DDP bucket rebuild."""
 STEPS = 5
-"""Steps timed after the warm-up; their median is the measured step time."""
+"""Steps timed after the warm-up; they give the measured step time (:func:`step_seconds`)."""
 
 
 def gpu_problem(strategy, devices: Mapping[str, str] | None = None) -> str | None:
@@ -71,6 +72,25 @@ def cpu_devices(cluster) -> dict[str, str] | None:
     else None (the script's default: ``gpuK`` on ``cuda:K``)."""
     local = cluster.devices["model"] == "local-cpu"
     return {d: "cpu" for d in cluster.devices.index} if local.all() else None
+
+
+def step_seconds(times: list[float], clock: str) -> float:
+    """The measured step time of the timed steps' ``times`` by ``clock``: by the wall clock
+    their mean (the wall time of the whole run, per step), by CPU time their median.
+
+    On a shared machine a step shorter than the scheduler's time slice often runs without
+    waiting for a core, so a median of wall times measures a step that met no other job,
+    while the wall figures it is predicted from (:func:`memflow.hardware.microbench.
+    _seconds_per_call`) are means over a window that include the waits: a median would set
+    one against the other (a 3.6 ms step predicted 24 ms under load 13). CPU time has no
+    waits; its median drops a step that a page fault or a collection slowed.
+
+    >>> step_seconds([1.0, 1.0, 4.0], "wall"), step_seconds([1.0, 1.0, 4.0], "cpu")
+    (2.0, 1.0)
+    """
+    if not times:
+        return float("nan")
+    return statistics.fmean(times) if clock == "wall" else statistics.median(times)
 
 
 def measured_step_times(strategy, model: str, *, model_options: Mapping[str, Any] | None = None,
@@ -107,8 +127,8 @@ def step_time(strategy, model: str, cluster, *, model_options: Mapping[str, Any]
               batch_size: int | None = None, graph=None, optimizer: str = "sgd",
               devices: Mapping[str, str] | None = None, warmup: int = WARMUP,
               steps: int = STEPS) -> pd.DataFrame:
-    """One row ``step_time``: ``predicted`` (simulated on ``cluster``), ``measured`` (median
-    of the script's timed steps), ``error`` (measured / predicted - 1). ``attrs`` keeps every
+    """One row ``step_time``: ``predicted`` (simulated on ``cluster``), ``measured`` (the
+    script's timed steps by the cluster's clock, :func:`step_seconds`), ``error`` (measured / predicted - 1). ``attrs`` keeps every
     timed step (``step_times``, by the cluster's clock; ``wall_times`` and ``cpu_times``, the
     CPU time of rank 0's process), the ``clock`` and the GPU reason when the row could not be
     measured.
@@ -136,7 +156,7 @@ def step_time(strategy, model: str, cluster, *, model_options: Mapping[str, Any]
     times = {"wall": [], "cpu": []} if problem else measured_step_times(
         strategy, model, model_options=model_options, batch_size=batch_size, graph=graph,
         optimizer=optimizer, devices=devices, warmup=warmup, steps=steps)
-    measured = statistics.median(times[clock]) if times[clock] else float("nan")
+    measured = step_seconds(times[clock], clock)
     df = pd.DataFrame({"predicted": [predicted], "measured": [measured],
                        "error": [measured / predicted - 1.0]},
                       index=pd.Index(["step_time"], name="metric"))

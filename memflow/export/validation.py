@@ -83,7 +83,7 @@ def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False,
     strategy's precision (:func:`~memflow.sim.precision.activation_arrays`: under bf16, the
     program capture's bf16 pass recorded).
     """
-    from ..sim.costs import compression_ratios, step_ratio
+    from ..sim.cpu_time import compression_ratios, step_ratio
     from ..sim.precision import activation_arrays
     from ..memory.blocks import placement_key
     from ..memory.records import placements

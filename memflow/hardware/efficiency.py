@@ -72,10 +72,12 @@ SOURCES: dict[str, str] = {
                 "kernel after an L2 cache's worth of other traffic, as in a step); charged at "
                 "face value, so the "
                 "efficiency is 1, and the time model adds them up on CPU devices only "
-                "(memflow.sim.costs.cpu_compute)",
-    "cpu-compress": "measured in the simulating process by memflow.sim.costs."
-                    "cpu_compressor_rate: export's compressor (SZ3 where pysz is installed) "
-                    "packing and unpacking a ReLU map on one thread",
+                "(memflow.sim.cpu_time.cpu_compute)",
+    "cpu-compress": "measured in the simulating process by memflow.sim.cpu_time."
+                    "cpu_compressor_cost: export's compressor (SZ3 where pysz is installed) "
+                    "packing and unpacking a 1 MiB and a 16 KiB ReLU map on one thread, a "
+                    "line through the two: bytes per second and a fixed cost per call (one "
+                    "per saved map, memflow.sim.cpu_time.compressed_tensors)",
     "cpu-adam": "assumption after ZeRO-Offload's CPU-Adam (Ren et al., USENIX ATC 2021): ~30 "
                 "bytes of DRAM traffic per parameter, ~1e9 parameters/s on a two-socket server",
 }
@@ -120,6 +122,7 @@ EFFICIENCY: tuple[Efficiency, ...] = (
                      "elementwise_bandwidth", "op_overhead", "backward_op_overhead",
                      "optimizer_overhead", "offload_bandwidth", "hook_overhead")),
     _row("cpu", "compress_rate", 1.0, "cpu-compress"),
+    _row("cpu", "compress_call_overhead", 1.0, "cpu-compress"),
 )
 """Every efficiency constant of the time model (see the module doc)."""
 

@@ -160,7 +160,7 @@ def local_cluster(figures: dict[str, Any], processes: int = 1,
     Besides the catalogue's columns, the devices carry the CPU step's figures
     (:data:`STEP_FIGURES`; ``backward_flops`` the mean of the two backward rates) and the
     shape-class rate table (``kernel_rates``, JSON text of its rows;
-    :mod:`memflow.hardware.kernels`), which :mod:`memflow.sim.costs` charges on CPU devices
+    :mod:`memflow.hardware.kernels`), which :mod:`memflow.sim.cpu_time` charges on CPU devices
     only."""
     n = int(processes)
     threads = threads_per_process(n) if threads == -1 else threads

@@ -6,7 +6,7 @@ its backward, at the cost of a compress and a decompress task on its device. COM
 error bound and then spends the memory saved on a larger batch; :func:`compress` reports, per
 error bound:
 
-* the compression ratio the simulator charges (:func:`memflow.sim.costs.compress_model`: that
+* the compression ratio the simulator charges (:func:`memflow.sim.cpu_time.compress_model`: that
   of the compressor the exported step runs — memflow's quantizer on a GPU, SZ3 on a CPU where
   pysz is installed — for each saved map's kind, :mod:`memflow.graph.mapkind`) and, when asked, the ratio and throughput
   measured on the real feature maps of a model — with SZ3 as COMET (``pysz`` installed) or
@@ -35,7 +35,7 @@ import pandas as pd
 from ..errors import PlanError
 from ..graph.mapkind import UNCOMPRESSED
 from ..sim import Evaluator, estimate
-from ..sim.costs import cpu_figures, step_compressor, step_ratio
+from ..sim.cpu_time import cpu_figures, step_compressor, step_ratio
 from ..strategy import Strategy
 from .batch import graph_source
 from .common import Infeasible, as_cluster, as_limit, check_graph, fastest

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..graph.mapkind import MAP_KINDS
 from ..memory.arrays import graph_arrays
 from ..memory.jit import njit
 from ..memory.blocks import StepBlocks
 from ..memory.states import stage_copies
 from ..strategy.policies import M_COMPRESSED, M_HOST, M_RECOMPUTE, M_SELECTIVE, POLICIES
 from ..strategy.strategy import Strategy
-from .costs import (CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, cpu_compute, cpu_hooks, cpu_optimizer,
-                    ring_time, tied_allreduce)
+from .costs import CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, ring_time, tied_allreduce
+from .cpu_time import cpu_compute, cpu_hooks, cpu_optimizer
 from .expand import Timing
 from .precision import bf16_units
 from .run import ByLayouts, Placement
@@ -134,7 +135,8 @@ def policy_timing(sim, strategy: Strategy, P: Placement,
     """``P.timing`` with what the units' policies set: the policy table's host time factor
     (``Policy.host_scale``) and the compression speed of the units that compress — the
     quantizer's memory-bound throughput on the unit's devices plus its kernel launches
-    (at the code width of the unit's ratio), as one rate over the bytes it compresses; a
+    (at the code width of the unit's ratio) — on a CPU the compressor's measured rate plus
+    its fixed cost per call, one per saved map — as one rate over the bytes it compresses; a
     selective unit's recomputation re-runs its cheap ops only."""
     scale = POLICIES.host_scales[strategy.policy]
     units = np.flatnonzero(plan.compressed > 0)
@@ -154,16 +156,33 @@ def policy_timing(sim, strategy: Strategy, P: Placement,
         return Timing(**{**P.timing.__dict__, **fixed})
     comp, decomp = np.ones(sim.ga.n), np.ones(sim.ga.n)
     ratio, half = sim._ratios(strategy), sim._half_maps(strategy)
-    _, throughput, launches = sim.compression
+    _, throughput, launches, per_call = sim.compression
+    # a CPU's compressor: its measured rate on each kind of map the unit packs (shares of its
+    # bytes) and a fixed cost per call, one per saved map (the GPU quantizer's: one rate)
+    calls, by_kind = sim._cpu_tensors[3] if sim._cpu is not None else (None, None)
+
+    def rate(mem: float, back: bool, eb: float, kind: str | None) -> float:
+        k = (mem, back, eb, kind)
+        if k not in sim._rates:
+            sim._rates[k] = throughput(mem, decompress=back, error_bound=eb,
+                                       **({} if kind is None else {"kind": kind}))
+        return sim._rates[k]
     for u in units.tolist():
         lay, eb = int(strategy.layout_ids[u]), float(strategy.error_bound[u])
         bits = (16 if half[u] else 32) / ratio[u, 0]    # signed maps: the widest codes
-        nbytes = float(plan.compressed[u])
+        nbytes, mem = float(plan.compressed[u]), float(P.mem_rate[lay])
+        kinds = [] if by_kind is None else np.flatnonzero(by_kind[u])
         for out, back in ((comp, False), (decomp, True)):
-            k = (float(P.mem_rate[lay]), back, eb)
-            r = sim._rates.get(k)
-            if r is None:
-                r = sim._rates[k] = throughput(k[0], decompress=back, error_bound=eb)
-            out[u] = nbytes / (nbytes / r + launches(bits, decompress=back) * P.launch[lay])
+            per_unit = launches(bits, decompress=back) * P.launch[lay]
+            if len(kinds):
+                share = by_kind[u, kinds] / by_kind[u, kinds].sum()
+                per_byte = sum(f / rate(mem, back, eb, MAP_KINDS[j])
+                               for f, j in zip(share, kinds))
+                per_unit += sum(calls[u] * f * per_call(decompress=back, error_bound=eb,
+                                                        kind=MAP_KINDS[j])
+                                for f, j in zip(share, kinds))
+            else:
+                per_byte = 1.0 / rate(mem, back, eb, None)
+            out[u] = nbytes / (nbytes * per_byte + per_unit)
     return Timing(**{**P.timing.__dict__, "compress": comp, "decompress": decomp, **fixed})
 

@@ -20,7 +20,7 @@ from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, placement_key, step_bl
 from ..strategy.shard_levels import PRECISIONS
 from ..memory.records import placements
 from ..strategy import Strategy
-from .costs import compression_ratios, cpu_figures, step_ratio
+from .cpu_time import compression_ratios, cpu_figures, step_ratio
 from .expand import Timing, expand
 from .kinds import TASK_KINDS
 from .ledger import ledger_plan, ledgers
@@ -45,7 +45,7 @@ def _capacity_and_foreach(graph, device: Any) -> tuple[float, bool, str]:
 
 def _on_cpu(device: Any, label: str) -> bool:
     """The step runs on a CPU: ``"cpu"``, or a cluster of CPUs measured here (what decides
-    the compressor its compress units run, :func:`~memflow.sim.costs.step_compressor`)."""
+    the compressor its compress units run, :func:`~memflow.sim.cpu_time.step_compressor`)."""
     return label == "cpu" or (hasattr(device, "devices") and cpu_figures(device) is not None)
 
 

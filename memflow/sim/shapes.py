@@ -2,7 +2,7 @@
 
 A unit's matrix products and convolutions (units column ``kernels``) are charged at the
 forward and backward rates of their shape classes: per unit, the flop-weighted harmonic mean
-of its kernels' rates (:func:`shaped_rates`). :func:`memflow.sim.costs.cpu_compute` charges
+of its kernels' rates (:func:`shaped_rates`). :func:`memflow.sim.cpu_time.cpu_compute` charges
 that share of the unit's expensive FLOPs at those rates, and the rest (fused attention, a
 kernel of a class the table lacks, a graph saved before the column) as before, by FLOPs per
 op between the small and the large kernels' rates.

@@ -31,8 +31,9 @@ from ..memory.records import Placed, placements
 from ..memory.states import stage_arrays
 from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
-from .costs import (compress_model, compression_ratios, copy_cost, copy_times, cpu_figures,
-                    layout_cost, parameter_tensors, saved_tensors)
+from .costs import copy_cost, copy_times, layout_cost
+from .cpu_time import (compress_model, compressed_maps, compression_ratios, cpu_figures,
+                       parameter_tensors, saved_tensors)
 from .durations import placement_timing, policy_timing
 from .shapes import unit_kernels
 from .expand import expand
@@ -78,10 +79,12 @@ class Simulator:
         self.ga: GraphArrays = graph_arrays(graph)
         self.ca = cluster.arrays if cluster is not None else None
         self._cpu = cpu_figures(cluster)      # a CPU measured here: its own time model
-        # per unit, parameter and saved tensors: graph constants the CPU model reads per timing
+        # per unit, parameter and saved tensors, kernels and the maps a compress hook packs:
+        # graph constants the CPU model reads per timing
         self._cpu_tensors = None if self._cpu is None else (parameter_tensors(graph),
                                                             saved_tensors(graph),
-                                                            unit_kernels(graph))
+                                                            unit_kernels(graph),
+                                                            compressed_maps(graph))
         self._layout_cost: dict[tuple, Any] = {}
         self._rows: dict[tuple, np.ndarray] = {}      # per layout: its rates as one row
         self._copy_cost: dict[tuple, Any] = {}
@@ -97,8 +100,9 @@ class Simulator:
 
     @property
     def compression(self) -> tuple:
-        """``(expected_ratio, throughput, launches)`` of :mod:`memflow.compress`, loaded when
-        a strategy first compresses."""
+        """``(expected_ratio, throughput, launches, per_call)`` of :mod:`memflow.compress`
+        (:func:`~memflow.sim.cpu_time.compress_model`), loaded when a strategy first
+        compresses."""
         if self._compress is None:
             self._compress = compress_model(self._cpu and self._cpu["clock"])
         return self._compress

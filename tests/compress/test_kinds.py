@@ -12,7 +12,7 @@ from memflow.export import apply
 from memflow.graph.mapkind import MAP_KINDS, UNCOMPRESSED, kind_code, kind_of, saved_maps
 from memflow.memory.measure import memtracker_peak
 from memflow.memory.blocks import step_blocks
-from memflow.sim.costs import compression_ratios, step_ratio
+from memflow.sim.cpu_time import compression_ratios, step_ratio
 from memflow.strategy import Strategy
 
 

@@ -38,7 +38,7 @@ def test_validate_time_adds_the_step_time_row(cached, monkeypatch):
                   model_options={"n": 2, "width": 16})
     assert list(df.index) == ["saved_bytes", "offloaded_bytes", "step_time"]
     row = df.loc["step_time"]
-    assert row["predicted"] > 0 and row["measured"] == 0.5
+    assert row["predicted"] > 0 and row["measured"] == 0.5      # the wall clock's mean
     assert row["error"] == pytest.approx(0.5 / row["predicted"] - 1)
 
 
@@ -65,6 +65,20 @@ def test_a_cpu_clock_cluster_is_compared_with_the_steps_cpu_time(monkeypatch):
     r = step_time(s, "chain", cluster, model_options={"n": 2, "width": 16}, graph=g)
     assert r.attrs["clock"] == "cpu" and r.loc["step_time", "measured"] == 0.4
     assert r.attrs["wall_times"] == [0.25, 0.5, 0.75]
+
+
+def test_wall_time_is_the_runs_mean_and_cpu_time_the_median(cached, monkeypatch):
+    # a step that waited for a core counts by the wall clock, as the wall figures' windows
+    # count their waits; CPU time has none, and its median drops one slowed step
+    from memflow.export import timing
+
+    monkeypatch.setattr(timing, "measured_step_times",
+                        lambda *a, **k: {"wall": [0.1, 0.1, 0.7], "cpu": [0.1, 0.1, 0.4]})
+    g, s = _chain()
+    r = step_time(s, "chain", memflow.Cluster.local(names=["gpu0"]),
+                  model_options={"n": 2, "width": 16}, graph=g)
+    assert r.loc["step_time", "measured"] == pytest.approx(0.3)
+    assert timing.step_seconds(r.attrs["cpu_times"], "cpu") == 0.1
 
 
 @needs_no_gpu

@@ -131,7 +131,7 @@ def test_cpu_clock_cluster_takes_the_cpu_time_figures(monkeypatch):
 
 
 def test_cpu_time_model_adds_up_on_local_cpus_only():
-    from memflow.sim.costs import cpu_figures
+    from memflow.sim.cpu_time import cpu_figures
 
     g = memflow.zoo.graph("chain", batch_size=8, n=2, width=16)
     local = local_cluster(EXAMPLE_FIGURES, 1, threads=1, clock="cpu")

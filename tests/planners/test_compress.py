@@ -8,7 +8,7 @@ from memflow.planners import Infeasible
 from memflow.planners.compress import compress, compress_strategy, largest_batch
 from memflow.planners.compress_measure import feature_map_ratios, gradient_error
 from memflow.planners.batch import graph_source
-from memflow.sim.costs import compress_model
+from memflow.sim.cpu_time import compress_model
 from memflow.strategy import Strategy
 
 from .graphs import GIB, chain

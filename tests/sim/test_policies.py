@@ -39,7 +39,8 @@ def test_single_device_keep_all_matches_estimate(optimizer):
 def test_policies_remove_exactly_what_they_drop(policy, removed, monkeypatch):
     g = chain()
     sim = Simulator(g, V100)
-    sim._compress = (lambda eb, dtype, kind: 5.0, lambda bw, **kw: 1e11, lambda b, **kw: 40.0)
+    sim._compress = (lambda eb, dtype, kind: 5.0, lambda bw, **kw: 1e11, lambda b, **kw: 40.0,
+                     lambda **kw: 0.0)
     keep = activations_when_backward_starts(sim.result(Strategy.single_device(g)))
     s = Strategy.single_device(g).with_policy({"u1": policy})
     got = activations_when_backward_starts(sim.result(s))
@@ -77,7 +78,8 @@ def test_compress_time_is_throughput_plus_kernel_launches():
     g = chain()
     sim = Simulator(g, V100)
     sim._compress = (lambda eb, dtype, kind: 5.0, lambda bw, decompress=False, **kw:
-                     2e11 if decompress else 1e11, lambda bits, decompress=False: 40.0 + bits)
+                     2e11 if decompress else 1e11, lambda bits, decompress=False: 40.0 + bits,
+                     lambda **kw: 0.0)
     tl = sim.result(Strategy.single_device(g).with_policy({"u1": "compress:0.01"})).timeline
     launch = float(V100.devices["launch_overhead"].iloc[0])
     bits = 32 / 5.0
