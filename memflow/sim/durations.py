@@ -70,10 +70,10 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
     :class:`~memflow.sim.simulator.Simulator` whose per-layout costs they read."""
     ga, M = sim.arrays(strategy), strategy.microbatches
     keys = strategy.layouts
-    lcs = [sim._lc(k) for k in keys]
+    lcs = routes.of.lcs
     L = strategy.layout_ids
-    # one row of rates per layout (cached by placement key), spread over the units
-    rates = np.stack([sim._lc_row(k, lc) for k, lc in zip(keys, lcs)])
+    # one row of rates per layout (kept per list of layouts), spread over the units
+    rates = routes.of.rates
     deg = rates[L, _DEGREE] * M
     precision = sim.precision_of(strategy)
     half = ga.half | (precision != "fp32")
@@ -112,8 +112,8 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
         lc, mine = lcs[i], L == i
         # ZeRO-1/2: each replica updated its shard; the new parameters are all-gathered
         regather = states.regather[mine]
-        if regather.any():
-            optimizer[i] += float(ring_time(regather.sum(), *lc.replica_ring)) / 2
+        if regather.any():      # compiled: ring_time's numpy calls on one number
+            optimizer[i] += _ring(float(regather.sum()), *lc.replica_ring) / 2
         if off[mine].any():    # ZeRO-Offload: gradients down, CPU Adam, parameters up
             on_host = np.bincount(sim.ca.host[lc.devices]).max()
             optimizer[i] += (float(np.sum(states.gradients[mine & off])) * lc.d2h[1]
