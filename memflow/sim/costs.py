@@ -248,16 +248,17 @@ def _route_costs(keys, uniq: np.ndarray, cost) -> tuple[tuple[np.ndarray, ...], 
     links, concatenated, of each distinct route ``uniq`` of :func:`copy_times`."""
     pair, ps = np.divmod(uniq, 2)
     src, dst = np.divmod(pair, len(keys))
+    fwd = [cost(keys[a], keys[b], bool(c)) for a, b, c in zip(src.tolist(), dst.tolist(),
+                                                               ps.tolist())]
+    back = [cost(keys[b], keys[a], bool(c)) for a, b, c in zip(src.tolist(), dst.tolist(),
+                                                                ps.tolist())]
     out = []
-    for forward in (True, False):
-        per, lat = np.empty(len(uniq)), np.empty(len(uniq))
-        links = []
-        for j in range(len(uniq)):
-            a, b = keys[int(src[j])], keys[int(dst[j])]
-            lk, per[j], lat[j] = cost(a, b, bool(ps[j])) if forward else cost(b, a, bool(ps[j]))
-            links.append(lk)
-        lens = np.array([len(x) for x in links], np.int64)
-        flat = (np.concatenate(links).astype(np.int64) if links else np.zeros(0, np.int64))
+    for answers in (fwd, back):
+        per = np.array([x[1] for x in answers], np.float64)
+        lat = np.array([x[2] for x in answers], np.float64)
+        lens = np.array([len(x[0]) for x in answers], np.int64)
+        flat = (np.concatenate([x[0] for x in answers]).astype(np.int64) if answers
+                else np.zeros(0, np.int64))
         for x in (per, lat, lens, flat):
             x.flags.writeable = False
         out.append((per, lat, lens, flat))
