@@ -105,8 +105,7 @@ class OfLayouts:
     rates: np.ndarray                       # per layout: its rates as one row (Simulator._lc_row)
     channels: tuple[np.ndarray, np.ndarray]  # CSR: compute, comm, to-host, from-host sets
     device_class: np.ndarray
-    layouts: tuple[np.ndarray, np.ndarray]  # CSR: device classes of each layout
-    layout_classes: list[np.ndarray]        # the same, split per layout
+    layout_classes: list[np.ndarray]        # per layout: the device classes of its devices
     layout_hosts: list[np.ndarray]          # hosts of each layout's devices
     devices_used: np.ndarray
     mem_rate: np.ndarray                    # per layout
@@ -115,22 +114,16 @@ class OfLayouts:
 
 @dataclass(frozen=True)
 class ByLayouts:
-    """What the units' layouts (degrees and devices) alone fix: copy times and the channel
-    and device classes, kept when a move changes only model states or stages."""
+    """What the units' layouts (degrees and devices) fix: copy times and the channel
+    classes, kept when a move changes only model states or stages, and what the layouts fix
+    whichever units take them (``of``)."""
 
     copy: np.ndarray                        # seconds of each copy
     back: np.ndarray                        # and of its gradient's way back
     raw: tuple[np.ndarray, np.ndarray]      # CSR: raw channel ids of each channel set
     channel_class: np.ndarray
     sets: tuple[np.ndarray, np.ndarray]
-    device_class: np.ndarray
-    layouts: tuple[np.ndarray, np.ndarray]  # CSR: device classes of each layout
-    layout_classes: list[np.ndarray]        # the same, split per layout
-    layout_hosts: list[np.ndarray]          # hosts of each layout's devices
-    devices_used: np.ndarray
-    mem_rate: np.ndarray                    # per layout
-    launch: np.ndarray
-    of: OfLayouts                           # what the layouts fix whatever units take them
+    of: OfLayouts
 
 
 @dataclass

@@ -217,7 +217,7 @@ class Simulator:
             channels=rows_of([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
                              + [2 * n + lc.d2h[0] for lc in lcs]
                              + [2 * n + lc.h2d[0] for lc in lcs]),
-            device_class=dev_cls, layouts=lay, layout_classes=np.split(lay[1], lay[0][1:-1]),
+            device_class=dev_cls, layout_classes=np.split(lay[1], lay[0][1:-1]),
             layout_hosts=[self.ca.host[lc.devices] for lc in lcs],
             devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])),
             mem_rate=np.array([lc.mem_rate for lc in lcs]),
@@ -242,10 +242,7 @@ class Simulator:
         ch_cls, sets = classes(*raw, 2 * n + len(self.ca.link_rate), fold)
         if len(self._layouts_cache) > 4 * self.cache_size:   # layouts seen long ago
             self._layouts_cache.clear()
-        self._layouts_cache[key] = ByLayouts(
-            copy, back, raw, ch_cls, sets, of.device_class, of.layouts,
-            layout_classes=of.layout_classes, layout_hosts=of.layout_hosts,
-            devices_used=of.devices_used, mem_rate=of.mem_rate, launch=of.launch, of=of)
+        self._layouts_cache[key] = ByLayouts(copy, back, raw, ch_cls, sets, of)
         return self._layouts_cache[key]
 
     def placement(self, strategy: Strategy, fold: bool = True) -> Placement:
@@ -279,13 +276,14 @@ class Simulator:
                           split_degrees(strategy, degrees))
         R = self._by_layouts(strategy, placed, fold)
         timing = placement_timing(self, strategy, S, table.states, R)
+        of = R.of
         out = Placement(
             placed=placed, blocks=table, structure=S, timing=timing, sets=R.sets,
             raw_sets=R.raw, n_channel_classes=int(R.channel_class.max()) + 1,
-            channel_class=R.channel_class, device_class=R.device_class,
-            layout_classes=R.layout_classes, layout_hosts=R.layout_hosts,
-            n_device_classes=int(R.device_class.max()) + 1, devices_used=R.devices_used,
-            mem_rate=R.mem_rate, launch=R.launch)
+            channel_class=R.channel_class, device_class=of.device_class,
+            layout_classes=of.layout_classes, layout_hosts=of.layout_hosts,
+            n_device_classes=int(of.device_class.max()) + 1, devices_used=of.devices_used,
+            mem_rate=of.mem_rate, launch=of.launch)
         self._placements[key] = out
         if len(self._placements) > self.cache_size:
             self._placements.popitem(last=False)
