@@ -120,6 +120,28 @@ def _unit_columns(n: int, optimizer_rows: int) -> tuple[np.ndarray, np.ndarray]:
     return category, per_mb
 
 
+_SAVED: dict[int, tuple] = {}
+
+
+def _saved(ga: GraphArrays) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit, whether it saves a storage, and the bytes of each map kind it saves
+    (weights its unpacked bytes' ratio): graph constants, made once per graph arrays (a
+    search had made them for every placement)."""
+    hit = _SAVED.get(id(ga))
+    if hit is not None and hit[0]() is ga:
+        return hit[1]
+    saves = np.zeros(ga.n, bool)
+    saves[ga.savers_idx] = True
+    by_kind = np.zeros((ga.n, len(MAP_KINDS)))
+    owners = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.savers_ptr))
+    np.add.at(by_kind, (ga.savers_idx, ga.map_kind[owners]), ga.bytes[owners])
+    saves.flags.writeable = by_kind.flags.writeable = False
+    if len(_SAVED) > 16:        # graph arrays long gone
+        _SAVED.clear()
+    _SAVED[id(ga)] = (weakref.ref(ga), (saves, by_kind))
+    return saves, by_kind
+
+
 _STATES: dict[tuple, tuple] = {}
 
 
@@ -169,8 +191,7 @@ class BlockTable:
         self.state_row = self.unit_row + NU * n + len(o_lay)
         k = self.state_row + NM * n
         self.placed, self.n, self.microbatches = P, n, M
-        self.saves = np.zeros(n, bool)
-        self.saves[ga.savers_idx] = True
+        self.saves, self.saved_by_kind = _saved(ga)
         category, per_mb = _unit_columns(n, len(o_lay))
         self.static = {
             "layout": np.concatenate([np.repeat(P.layout, NS), P.grad_layout, np.repeat(layout, NU),
@@ -191,10 +212,6 @@ class BlockTable:
         self.cached = ga.cached * per
         self.expensive = ga.expensive[P.tensor]
         self.kind = ga.map_kind[P.tensor]       # each record's ratio is its kind's
-        # per unit, the bytes of each kind it saves (weights its unpacked bytes' ratio)
-        self.saved_by_kind = np.zeros((n, len(MAP_KINDS)))
-        owners = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.savers_ptr))
-        np.add.at(self.saved_by_kind, (ga.savers_idx, ga.map_kind[owners]), ga.bytes[owners])
         # a tied weight's contributions are in bwd_tmp: the one waiting for the others is a
         # gradient alive between backwards, the sum the reader that adds it in makes its own
         bwd_tmp = self.bwd_tmp = ga.bwd_tmp * per
@@ -236,9 +253,10 @@ class BlockTable:
         self.bytes[u + NU * n:self.state_row] = o_b.reshape(-1)
         self._state_blocks(layout, st, _unit_anchors(ga))
         self.persistent = np.zeros((L, len(CATEGORIES)))
-        np.add.at(self.persistent[:, WEIGHTS], layout, st.weights)
-        np.add.at(self.persistent[:, OPTIMIZER], layout, st.optimizer)
-        np.add.at(self.persistent[:, COMMUNICATION], layout, st.bucket)
+        # summed in unit order from 0, as np.add.at adds (the same bits)
+        for col, b in ((WEIGHTS, st.weights), (OPTIMIZER, st.optimizer),
+                       (COMMUNICATION, st.bucket)):
+            self.persistent[:, col] = np.bincount(layout, weights=b, minlength=L)
 
     def with_states(self, ga: GraphArrays, layout: np.ndarray, degrees: np.ndarray, *,
                     optimizer: str = "sgd", foreach: bool = True, precision: str | None = None,

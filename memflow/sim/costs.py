@@ -203,30 +203,30 @@ def _slowest(ca, flat: np.ndarray, lens: np.ndarray) -> float:
     return float(np.max(np.add.reduceat(lat, starts[some]), initial=0.0))
 
 
-def copy_times(keys: list[tuple], cp, per_sample: np.ndarray, n_devices: int,
-               cost: Callable[[tuple, tuple, bool], tuple[np.ndarray, float, float]]):
+def copy_times(keys: tuple, cp, per_sample: np.ndarray, n_devices: int,
+               cost: Callable[[tuple, tuple, bool], tuple[np.ndarray, float, float]],
+               memo: dict | None = None):
     """Seconds of each copy ``cp`` (:class:`~memflow.memory.records.Copies`) between the
     placements ``keys`` and of its gradient's way back, with the channels of each as CSR
     (link ``l`` is channel ``2 · n_devices + l``). ``cost(src, dst, per_sample)`` is
     :func:`copy_cost`, asked once per distinct (source, destination, per-sample): a strategy
-    has many copies and few distinct ones. Returns ``(forward, back, forward channels, back
+    has many copies and few distinct ones; ``memo`` keeps those answers per ``keys`` and
+    distinct routes (a search's moves give units other layouts among the same few, and
+    asking was a Python loop per route). Returns ``(forward, back, forward channels, back
     channels)``."""
     scale = np.array([k[0] * k[2] for k in keys], np.float64)
     whole = cp.bytes * np.where(per_sample, scale[cp.dst_layout], 1.0)
     trip = (cp.src_layout * len(keys) + cp.dst_layout) * 2 + per_sample
     uniq, inv = np.unique(trip, return_inverse=True)
-    pair, ps = np.divmod(uniq, 2)
-    src, dst = np.divmod(pair, len(keys))
+    routes = None if memo is None else memo.get((keys, uniq.tobytes()))
+    if routes is None:
+        routes = _route_costs(keys, uniq, cost)
+        if memo is not None:
+            if len(memo) > 4096:        # layouts seen long ago
+                memo.clear()
+            memo[(keys, uniq.tobytes())] = routes
     out = []
-    for forward in (True, False):
-        per, lat = np.empty(len(uniq)), np.empty(len(uniq))
-        links = []
-        for j in range(len(uniq)):
-            a, b = keys[int(src[j])], keys[int(dst[j])]
-            lk, per[j], lat[j] = cost(a, b, bool(ps[j])) if forward else cost(b, a, bool(ps[j]))
-            links.append(lk)
-        lens = np.array([len(x) for x in links], np.int64)
-        flat = (np.concatenate(links).astype(np.int64) if links else np.zeros(0, np.int64))
+    for per, lat, lens, flat in routes:
         first = np.cumsum(lens) - lens
         n_of = lens[inv]
         ptr = np.zeros(len(inv) + 1, np.int64)
@@ -236,6 +236,28 @@ def copy_times(keys: list[tuple], cp, per_sample: np.ndarray, n_devices: int,
                     (ptr, 2 * n_devices + flat[at])))
     (fwd, fwd_links), (back, back_links) = out
     return fwd, back, fwd_links, back_links
+
+
+def _route_costs(keys, uniq: np.ndarray, cost) -> tuple[tuple[np.ndarray, ...], ...]:
+    """Per direction (forward, back), the seconds per byte, latency, number of links and the
+    links, concatenated, of each distinct route ``uniq`` of :func:`copy_times`."""
+    pair, ps = np.divmod(uniq, 2)
+    src, dst = np.divmod(pair, len(keys))
+    fwd = [cost(keys[a], keys[b], bool(c)) for a, b, c in zip(src.tolist(), dst.tolist(),
+                                                               ps.tolist())]
+    back = [cost(keys[b], keys[a], bool(c)) for a, b, c in zip(src.tolist(), dst.tolist(),
+                                                                ps.tolist())]
+    out = []
+    for answers in (fwd, back):
+        per = np.array([x[1] for x in answers], np.float64)
+        lat = np.array([x[2] for x in answers], np.float64)
+        lens = np.array([len(x[0]) for x in answers], np.int64)
+        flat = (np.concatenate([x[0] for x in answers]).astype(np.int64) if answers
+                else np.zeros(0, np.int64))
+        for x in (per, lat, lens, flat):
+            x.flags.writeable = False
+        out.append((per, lat, lens, flat))
+    return tuple(out)
 
 
 def tied_allreduce(ga, copies: list[tuple[int, int, int]], layout: np.ndarray, keys: list[tuple],

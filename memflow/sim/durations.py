@@ -71,10 +71,10 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
     :class:`~memflow.sim.simulator.Simulator` whose per-layout costs they read."""
     ga, M = sim.arrays(strategy), strategy.microbatches
     keys = strategy.layouts
-    lcs = [sim._lc(k) for k in keys]
+    lcs = routes.of.lcs
     L = strategy.layout_ids
-    # one row of rates per layout (cached by placement key), spread over the units
-    rates = np.stack([sim._lc_row(k, lc) for k, lc in zip(keys, lcs)])
+    # one row of rates per layout (kept per list of layouts), spread over the units
+    rates = routes.of.rates
     deg = rates[L, _DEGREE] * M
     precision = sim.precision_of(strategy)
     half = ga.half | (precision != "fp32")
@@ -109,13 +109,23 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
         optimizer += tied_allreduce(whole, stage_copies(whole, strategy.stage), L, keys,
                                     sim._cc)
     off = strategy.offload_optimizer
-    for i in np.unique(L[(states.regather > 0) | off]).tolist():
-        lc, mine = lcs[i], L == i
+    busy = (states.regather > 0) | off
+    if busy.any():
+        # the units by layout, ascending within each: a layout's units are one slice (the
+        # same numbers in the same order as a mask picks them, so the same sums), not a
+        # mask and two copies per layout
+        order = np.argsort(L, kind="stable")
+        bounds = np.searchsorted(L[order], np.arange(len(keys) + 1)).tolist()
+        by_layout = states.regather[order]
+        offloaded = off[order]
+    for i in np.unique(L[busy]).tolist():
+        lc, a, b = lcs[i], bounds[i], bounds[i + 1]
         # ZeRO-1/2: each replica updated its shard; the new parameters are all-gathered
-        regather = states.regather[mine]
-        if regather.any():
-            optimizer[i] += float(ring_time(regather.sum(), *lc.replica_ring)) / 2
-        if off[mine].any():    # ZeRO-Offload: gradients down, CPU Adam, parameters up
+        regather = by_layout[a:b]
+        if regather.any():      # compiled: ring_time's numpy calls on one number
+            optimizer[i] += _ring(float(regather.sum()), *lc.replica_ring) / 2
+        if offloaded[a:b].any():    # ZeRO-Offload: gradients down, CPU Adam, parameters up
+            mine = L == i
             on_host = np.bincount(sim.ca.host[lc.devices]).max()
             optimizer[i] += (float(np.sum(states.gradients[mine & off])) * lc.d2h[1]
                              + on_host * float(np.sum(states.host_elements[mine]))

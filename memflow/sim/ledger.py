@@ -44,10 +44,12 @@ def ledger_plan(plan: StepBlocks, layout_classes: list[np.ndarray], n_classes: i
     ``layout_hosts[L]`` the host of each of its devices (a host takes one copy per device).
     """
     persistent = np.zeros((n_classes, len(CATEGORIES)))
-    for L, cl in enumerate(layout_classes):
-        np.add.at(persistent, cl, plan.persistent[L])
-    return LedgerPlan(plan.rows, *rows_of(layout_classes), *rows_of(layout_hosts), persistent,
-                      n_hosts)
+    ptr, cls = rows_of(layout_classes)
+    # one np.add.at over every (layout, class), layout by layout: each class adds its
+    # layouts' rows in the order one np.add.at per layout added them (the same bits)
+    np.add.at(persistent, cls, plan.persistent[np.repeat(np.arange(len(layout_classes)),
+                                                         np.diff(ptr))])
+    return LedgerPlan(plan.rows, ptr, cls, *rows_of(layout_hosts), persistent, n_hosts)
 
 
 @njit

@@ -15,7 +15,7 @@ from .expand import Tasks, Timing
 from .ledger import Ledger, LedgerPlan
 from .structure import Structure
 
-__all__ = ["Evaluation", "Placement", "Run", "ByLayouts", "Prepared"]
+__all__ = ["Evaluation", "Placement", "Run", "ByLayouts", "OfLayouts", "Prepared"]
 
 
 @dataclass(frozen=True)
@@ -97,22 +97,33 @@ class Run:
 
 
 @dataclass(frozen=True)
+class OfLayouts:
+    """What a list of layouts alone fixes, whichever units take them: their costs, rates,
+    channel sets and device classes."""
+
+    lcs: list                               # per layout: its LayoutCost
+    rates: np.ndarray                       # per layout: its rates as one row (Simulator._lc_row)
+    channels: tuple[np.ndarray, np.ndarray]  # CSR: compute, comm, to-host, from-host sets
+    device_class: np.ndarray
+    layout_classes: list[np.ndarray]        # per layout: the device classes of its devices
+    layout_hosts: list[np.ndarray]          # hosts of each layout's devices
+    devices_used: np.ndarray
+    mem_rate: np.ndarray                    # per layout
+    launch: np.ndarray
+
+
+@dataclass(frozen=True)
 class ByLayouts:
-    """What the units' layouts (degrees and devices) alone fix: copy times and the channel
-    and device classes, kept when a move changes only model states or stages."""
+    """What the units' layouts (degrees and devices) fix: copy times and the channel
+    classes, kept when a move changes only model states or stages, and what the layouts fix
+    whichever units take them (``of``)."""
 
     copy: np.ndarray                        # seconds of each copy
     back: np.ndarray                        # and of its gradient's way back
     raw: tuple[np.ndarray, np.ndarray]      # CSR: raw channel ids of each channel set
     channel_class: np.ndarray
     sets: tuple[np.ndarray, np.ndarray]
-    device_class: np.ndarray
-    layouts: tuple[np.ndarray, np.ndarray]  # CSR: device classes of each layout
-    layout_classes: list[np.ndarray]        # the same, split per layout
-    layout_hosts: list[np.ndarray]          # hosts of each layout's devices
-    devices_used: np.ndarray
-    mem_rate: np.ndarray                    # per layout
-    launch: np.ndarray
+    of: OfLayouts
 
 
 @dataclass

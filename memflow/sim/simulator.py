@@ -42,7 +42,7 @@ from .structure import structure, with_states
 from .folding import classes, rows_of, stack_rows
 from .ledger import ledger_plan, ledgers
 from .precision import ACTIVATION_WIDTH, activation_arrays
-from .run import ByLayouts, Evaluation, Placement, Prepared, Run
+from .run import ByLayouts, Evaluation, OfLayouts, Placement, Prepared, Run
 from .schedule import schedule
 
 __all__ = ["Simulator", "Evaluation", "Run", "Placement", "PRECISIONS"]
@@ -94,6 +94,9 @@ class Simulator:
         self._states_of: dict[tuple, Placement] = {}   # per placement key but model states
         self._placements: OrderedDict[tuple, Placement] = OrderedDict()
         self._layouts_cache: dict[tuple, ByLayouts] = {}
+        self._of_layouts_cache: dict[tuple, OfLayouts] = {}
+        # per layouts and their distinct copy routes: each route's cost and channels
+        self._copy_routes: dict[tuple, tuple] = {}
         self._compress: tuple | None = None
         self._rates: dict[tuple, float] = {}
         self._prepared_cache: OrderedDict[tuple, Prepared] = OrderedDict()
@@ -200,34 +203,50 @@ class Simulator:
             path = self._routes[(a, b)] = self.ca.routing.route(a, b)
         return path
 
+    def _of_layouts(self, keys: tuple, fold: bool) -> OfLayouts:
+        """What the layouts ``keys`` decide whatever units take them (cached by them: a copy
+        move often gives units another of the same layouts, which re-derived all of this)."""
+        k = (keys, fold)
+        hit = self._of_layouts_cache.get(k)
+        if hit is not None:
+            return hit
+        n = len(self.ca.devices)
+        lcs = [self._lc(key) for key in keys]
+        dev_cls, lay = classes(*rows_of([lc.devices for lc in lcs]), n, fold)
+        if len(self._of_layouts_cache) > 4 * self.cache_size:   # layouts seen long ago
+            self._of_layouts_cache.clear()
+        hit = self._of_layouts_cache[k] = OfLayouts(
+            lcs=lcs, rates=np.stack([self._lc_row(key, lc) for key, lc in zip(keys, lcs)]),
+            # channel sets: compute, comm, to-host, from-host per layout
+            channels=rows_of([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
+                             + [2 * n + lc.d2h[0] for lc in lcs]
+                             + [2 * n + lc.h2d[0] for lc in lcs]),
+            device_class=dev_cls, layout_classes=np.split(lay[1], lay[0][1:-1]),
+            layout_hosts=[self.ca.host[lc.devices] for lc in lcs],
+            devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])),
+            mem_rate=np.array([lc.mem_rate for lc in lcs]),
+            launch=np.array([lc.launch for lc in lcs]))
+        return hit
+
     def _by_layouts(self, strategy: Strategy, placed: Placed, fold: bool) -> ByLayouts:
         """Copy times, channel sets and classes of ``strategy``'s layouts (cached by them)."""
-        key = (strategy.layout_ids.tobytes(), tuple(strategy.layouts), strategy.microbatches,
+        keys = tuple(strategy.layouts)
+        key = (strategy.layout_ids.tobytes(), keys, strategy.microbatches,
                self.precision_of(strategy), fold)
         hit = self._layouts_cache.get(key)
         if hit is not None:
             return hit
         n = len(self.ca.devices)
-        keys = strategy.layouts
-        lcs = [self._lc(k) for k in keys]
+        of = self._of_layouts(keys, fold)
         copy, back, links_fwd, links_back = copy_times(
             keys, placed.copies, self.arrays(strategy).per_sample[placed.copies.tensor], n,
-            self._cc)
-        # channel sets: compute, comm, to-host, from-host per layout, then copies, copies back
-        raw = stack_rows(rows_of([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
-                                 + [2 * n + lc.d2h[0] for lc in lcs]
-                                 + [2 * n + lc.h2d[0] for lc in lcs]), links_fwd, links_back)
+            self._cc, self._copy_routes)
+        # channel sets: the layouts' own, then copies, copies back
+        raw = stack_rows(of.channels, links_fwd, links_back)
         ch_cls, sets = classes(*raw, 2 * n + len(self.ca.link_rate), fold)
-        dev_cls, lay = classes(*rows_of([lc.devices for lc in lcs]), n, fold)
         if len(self._layouts_cache) > 4 * self.cache_size:   # layouts seen long ago
             self._layouts_cache.clear()
-        self._layouts_cache[key] = ByLayouts(
-            copy, back, raw, ch_cls, sets, dev_cls, lay,
-            layout_classes=np.split(lay[1], lay[0][1:-1]),
-            layout_hosts=[self.ca.host[lc.devices] for lc in lcs],
-            devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])),
-            mem_rate=np.array([lc.mem_rate for lc in lcs]),
-            launch=np.array([lc.launch for lc in lcs]))
+        self._layouts_cache[key] = ByLayouts(copy, back, raw, ch_cls, sets, of)
         return self._layouts_cache[key]
 
     def placement(self, strategy: Strategy, fold: bool = True) -> Placement:
@@ -261,13 +280,14 @@ class Simulator:
                           split_degrees(strategy, degrees))
         R = self._by_layouts(strategy, placed, fold)
         timing = placement_timing(self, strategy, S, table.states, R)
+        of = R.of
         out = Placement(
             placed=placed, blocks=table, structure=S, timing=timing, sets=R.sets,
             raw_sets=R.raw, n_channel_classes=int(R.channel_class.max()) + 1,
-            channel_class=R.channel_class, device_class=R.device_class,
-            layout_classes=R.layout_classes, layout_hosts=R.layout_hosts,
-            n_device_classes=int(R.device_class.max()) + 1, devices_used=R.devices_used,
-            mem_rate=R.mem_rate, launch=R.launch)
+            channel_class=R.channel_class, device_class=of.device_class,
+            layout_classes=of.layout_classes, layout_hosts=of.layout_hosts,
+            n_device_classes=int(of.device_class.max()) + 1, devices_used=of.devices_used,
+            mem_rate=of.mem_rate, launch=of.launch)
         self._placements[key] = out
         if len(self._placements) > self.cache_size:
             self._placements.popitem(last=False)

@@ -183,3 +183,25 @@ def test_layouts_interned_along_moves_are_the_distinct_placements_by_first_use(d
                        s.devices))
         assert [s.layouts[i] for i in s.layout_ids] == own
         assert s.layouts == list(dict.fromkeys(own))
+
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 1), min_size=2, max_size=2), min_size=1, max_size=4),
+       st.sampled_from(["sgd", "adam"]))
+def test_units_moved_among_the_same_layouts_reuse_them_and_match_a_fresh_simulator(
+        assignments, optimizer):
+    """Units given other layouts of the same list (a copy move's usual proposal) reuse what the
+    list fixes whichever units take it (:class:`memflow.sim.run.OfLayouts`) and the copy
+    routes' costs kept per list and distinct routes, and give a fresh simulator's result to
+    the bit."""
+    from .graphs import chain
+    g = chain(saved=(100, 200, 300, 400), internal=(10, 20, 30, 40), params=4096)
+    groups = (DEVICES[:4], DEVICES[4:6])        # two layouts, their list in this order
+    kept = Simulator(g, CLUSTER, optimizer=optimizer)
+    for rest in [[1, 0]] + assignments:
+        s = Strategy.data_parallel(g, DEVICES[:4]).with_config(
+            {u: {"sample": len(groups[k]), "devices": groups[k]}
+             for u, k in zip(g.names, [0, 1] + rest)})
+        _same_result(kept.result(s), Simulator(g, CLUSTER, optimizer=optimizer).result(s))
+    assert len(kept._of_layouts_cache) == 1     # one list of layouts, whatever units take it
