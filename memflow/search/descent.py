@@ -41,7 +41,7 @@ from .space import SearchSpace, policy_label, precision_choices, shard_choices
 if TYPE_CHECKING:
     from .mcmc import MCMCSearch
 
-__all__ = ["neighbours", "descend"]
+__all__ = ["neighbours", "global_changes", "descend"]
 
 
 def _together(space: SearchSpace, i: int) -> list[str]:
@@ -56,6 +56,13 @@ def neighbours(s: Strategy, space: SearchSpace, moves: Collection[str]) -> Itera
     """Every strategy one change of ``moves`` (move names) from ``s`` that descent tries (free
     units only; in the runnable space only those export runs), global changes first: they are
     few and move the most."""
+    for c in global_changes(s, space, moves) + _unit_changes(s, space, moves):
+        if c != s and (not space.runnable or space.runs(c)):
+            yield c
+
+
+def global_changes(s: Strategy, space: SearchSpace, moves: Collection[str]) -> list[Strategy]:
+    """``s`` with a neighbouring micro-batch count or another precision (of ``moves``)."""
     candidates: list[Strategy] = []
     if "microbatches" in moves:
         candidates += [with_microbatches(s, m, space) for m in microbatch_choices(s, space)]
@@ -63,6 +70,11 @@ def neighbours(s: Strategy, space: SearchSpace, moves: Collection[str]) -> Itera
         candidates += [s.with_model_states(precision=p)
                        for p in precision_choices(s, space.bf16)
                        if not space.runnable or p in RUNNABLE.precisions]
+    return candidates
+
+
+def _unit_changes(s: Strategy, space: SearchSpace, moves: Collection[str]) -> list[Strategy]:
+    candidates: list[Strategy] = []
     for i in space.free():
         i = int(i)
         name, now = space.names[i], policy_label(int(s.policy[i]), float(s.error_bound[i]))
@@ -78,21 +90,44 @@ def neighbours(s: Strategy, space: SearchSpace, moves: Collection[str]) -> Itera
             host = {u for u, off in zip(s.units, s.offload_optimizer) if off}
             host = host - set(group) if s.offload_optimizer[i] else host | set(group)
             candidates.append(s.with_model_states(offload_optimizer=sorted(host) or False))
-    for c in candidates:
-        if c != s and (not space.runnable or space.runs(c)):
-            yield c
+    return candidates
+
+
+def _settle(search: "MCMCSearch", s: Strategy, moves: Collection[str],
+            end: float | None) -> tuple[Strategy, int]:
+    """``s`` improved by per-unit changes alone, each the first that lowers the search's cost
+    (feasibility included), until none does or the time is spent; and the tries."""
+    space, score, tried, improved = search.space, search.score(s), 0, True
+    while improved:
+        improved = False
+        for option in _unit_changes(s, space, moves):
+            if end is not None and time.perf_counter() >= end:
+                return s, tried
+            if option == s or (space.runnable and not space.runs(option)):
+                continue
+            tried += 1
+            new = search.score(option)
+            if new.cost < score.cost:
+                s, score, improved = option, new, True
+                break
+    return s, tried
 
 
 def descend(search: "MCMCSearch", seconds: float | None = None) -> int:
     """Improve ``search``'s best one change at a time (:func:`neighbours`) until no change
-    improves it or ``seconds`` of wall time are spent; the strategies tried. Each improvement
-    moves the chain to it, so a later ``run`` goes on from descent's best."""
+    improves it or ``seconds`` of wall time are spent; the strategies tried. A global change
+    (micro-batches, precision) that does not improve at once is settled first (per-unit changes
+    from it, each lowering the cost) and offered settled: two micro-batches on resnet50 cost
+    more than one while the optimal schedule's recomputation stays, and win once it goes. Each
+    improvement moves the chain to it, so a later ``run`` goes on from descent's best."""
     end = None if seconds is None else time.perf_counter() + float(seconds)
     moves = [m for m, w in search.settings["moves"].items() if w > 0]
     tried, improved = 0, True
     while improved:
         improved = False
-        for option in neighbours(search.best, search.space, moves):
+        best = search.best
+        globals_ = global_changes(best, search.space, moves)
+        for option in neighbours(best, search.space, moves):
             if end is not None and time.perf_counter() >= end:
                 return tried
             tried += 1
@@ -100,6 +135,12 @@ def descend(search: "MCMCSearch", seconds: float | None = None) -> int:
                 if search.offer(option):
                     improved = True
                     break
+                if option in globals_:
+                    settled, n = _settle(search, option, moves, end)
+                    tried += n
+                    if settled != option and search.offer(settled):
+                        improved = True
+                        break
             except MemflowError:
                 continue        # a change the graph or cluster refuses: not a neighbour
     return tried

@@ -102,3 +102,16 @@ def test_microbatch_move_splits_every_replica_batch_evenly(batch, devices, seed)
         assert space.runs(new)
         new.validate(g, FOUR)
         s = new
+
+
+def test_descent_settles_a_global_change():
+    """From every unit recomputed, two micro-batches alone are slower (each micro-batch
+    still recomputes); settled — the recomputation dropped unit by unit — they win: descent
+    alone, no chain, reaches accumulation."""
+    g, _, recompute, two, limit = _accumulation_case()
+    ev = Evaluator(g, FOUR, limit)
+    assert ev(recompute.with_schedule(microbatches=2)).time > ev(recompute).time
+    search = MCMCSearch(g, FOUR, memory_limit=limit, init=recompute, seed=0, moves=MOVE_SET)
+    descend(search)
+    assert search.best.microbatches > 1 and search.iteration == 0
+    assert ev(search.best).fits and ev(search.best).time <= ev(two).time * (1 + 1e-12)
