@@ -191,6 +191,11 @@ class MCMCSearch:
         """One row per proposal (see :mod:`memflow.search.history`)."""
         return self._history.frame
 
+    def score(self, strategy: Strategy) -> Score:
+        """The search's cost of ``strategy`` as it stands (memoized; no pins applied, no
+        projection, no history row): what a proposal of it would be judged by."""
+        return self._cost(strategy)
+
     def acceptance_rate(self, window: int | None = 100) -> float:
         """Share of the last ``window`` proposals accepted (NaN before the first)."""
         return self._history.acceptance_rate(window)

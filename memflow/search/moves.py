@@ -14,6 +14,9 @@
 * ``sequence`` — one split unit that may be sequence parallel (in the runnable space a block
   Megatron splits, on the tensor-parallel path: :mod:`memflow.strategy.sequence_parallel`)
   turns sequence parallelism on or off;
+* ``microbatches`` — the strategy gets another number of micro-batches per replica (gradient
+  accumulation with one stage, the pipeline's count with several:
+  :mod:`memflow.search.microbatch_counts`); opt-in (:data:`MICROBATCH_WEIGHTS`);
 * ``shard``, ``precision``, ``optimizer_place`` — a unit's shard level, the global precision,
   a unit's optimizer on the device or the host (:data:`MODEL_STATE_MOVES`, on by default where
   export writes their choices: FSDP2 / ZeRO-1, bf16 and pure-bf16, optimizer offload).
@@ -38,6 +41,7 @@ import numpy as np
 from ..strategy import POLICIES, Strategy
 from ..strategy.runnable import RUNNABLE
 from .move_guards import dropping_sequence, dropping_states, keeping_pipeline, keeping_states
+from .microbatch_counts import microbatch_choices, with_microbatches
 from .per_op import per_op_choices
 from .space import SearchSpace, policy_label, precision_choices, shard_choices
 
@@ -45,7 +49,8 @@ __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGH
            "FLEXFLOW_WEIGHTS", "policy", "segment", "per_op", "config", "copy", "swap",
            "replicas",
            "MODEL_STATE_MOVES", "MODEL_STATE_WEIGHTS", "EXPORTED_MODEL_STATE_MOVES",
-           "GLOBAL_MOVES", "shard", "precision", "optimizer_place", "sequence"]
+           "MICROBATCH_WEIGHTS",
+           "GLOBAL_MOVES", "shard", "precision", "optimizer_place", "sequence", "microbatches"]
 
 
 @dataclass(frozen=True)
@@ -309,6 +314,25 @@ def sequence(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propo
     return Proposal("sequence", name, option)
 
 
+def microbatches(rng: np.random.Generator, s: Strategy,
+                 space: SearchSpace) -> Proposal | None:
+    """The whole strategy gets another micro-batch count (global: ``unit`` is empty), one
+    that splits every replica's batch evenly.
+
+    >>> import memflow
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(2, batch=16)
+    >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"))
+    >>> microbatches(np.random.default_rng(0), memflow.Strategy.data_parallel(g, 4), sp
+    ...              ).strategy.microbatches
+    2
+    """
+    choices = microbatch_choices(s, space)
+    if not choices:
+        return None
+    return Proposal("microbatches", "", with_microbatches(s, _pick(rng, choices), space))
+
+
 SHARD_CHECKS = 4
 """Options the shard move checks against export's rules before it proposes nothing."""
 
@@ -407,6 +431,7 @@ MOVES: dict[str, Move] = {**{m.__name__: dropping_sequence(m)
                           **{m.__name__: keeping_pipeline(dropping_states(dropping_sequence(m)))
                              for m in (config, copy, swap, replicas)},
                           "sequence": sequence,
+                          "microbatches": keeping_pipeline(microbatches),
                           "shard": keeping_pipeline(keeping_states(shard)),
                           **{m.__name__: keeping_states(m) for m in (precision, optimizer_place)}}
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
@@ -418,13 +443,21 @@ EXPORTED_MODEL_STATE_MOVES = tuple(m for m, exported in (
     ("shard", len(RUNNABLE.shard_levels) > 1), ("precision", len(RUNNABLE.precisions) > 1),
     ("optimizer_place", RUNNABLE.offload_optimizer)) if exported)
 """The model-state moves whose choices :data:`~memflow.strategy.runnable.RUNNABLE` accepts."""
-GLOBAL_MOVES = ("precision",)
+GLOBAL_MOVES = ("precision", "microbatches")
 """Moves that change the whole strategy: their proposals name no unit (``unit`` is "")."""
 MEMORY_MOVES = ("policy", "segment", "per_op")
 PARALLEL_MOVES = ("config", "copy", "swap", "replicas", "sequence")
 DEFAULT_WEIGHTS = {"policy": 0.3, "segment": 0.2, "per_op": 0.05, "config": 0.2, "copy": 0.15,
                    "swap": 0.1, "replicas": 0.05, "sequence": 0.05,
                    **{m: MODEL_STATE_WEIGHTS[m] for m in EXPORTED_MODEL_STATE_MOVES}}
+MICROBATCH_WEIGHTS = {"microbatches": 0.05}
+"""The micro-batch move, opt-in (``moves={**DEFAULT_WEIGHTS, **MICROBATCH_WEIGHTS}``): on the
+10-unit single-GPU chains of ``tests/search/test_quality.py`` it made 4 of 15 chains end over 1%
+from the keep/recompute optimum — from an infeasible start the chain takes a feasible
+accumulation that costs more than the optimum's recomputation and stays there, every way back
+(one micro-batch, the right units recomputed) crossing infeasible strategies. Where memory and
+parallelism interact (``benchmarks/bench_quality.py``) it wins: resnet50 at batch 1,024 on
+4×V100-16GB fits with two micro-batches and nothing recomputed."""
 FLEXFLOW_WEIGHTS = {"config": 0.6, "copy": 0.25, "swap": 0.15}
 """FlexFlow changes one operator's configuration at a time and never a memory policy (in the
 runnable space its data-parallel degree stays the start's: name ``replicas`` to move it)."""
