@@ -64,7 +64,7 @@ import memflow  # noqa: E402
 from memflow import planners  # noqa: E402
 from memflow.errors import MemflowError  # noqa: E402
 from memflow.search import MCMCSearch  # noqa: E402
-from memflow.search.descent import descend  # noqa: E402
+from memflow.search.descent import search_and_descend  # noqa: E402
 from memflow.search.moves import (DEFAULT_WEIGHTS, MICROBATCH_WEIGHTS,  # noqa: E402
                                   MODEL_STATE_WEIGHTS)
 from memflow.sim import Evaluator  # noqa: E402
@@ -222,7 +222,7 @@ def bench(name: str, case: Case, seconds: float, quick: bool) -> tuple[pd.DataFr
     search = MCMCSearch(g, c, init=seed, seed=0, moves=moves, **sim_opts,
                         runnable=not fits or unrunnable(seed, g) is None)
     start = search.best_score
-    tried = timed_search(search, seconds)
+    tried = search_and_descend(search, seconds, chunks=CHUNKS)
     assert no_worse(start, search.best_score), f"{name}: the search ended worse than its start"
     rows[MEMFLOW], plan_s[MEMFLOW] = search.best, seconds
     mine = ev(search.best)
@@ -245,18 +245,6 @@ def bench(name: str, case: Case, seconds: float, quick: bool) -> tuple[pd.DataFr
           f"FlexFlow) in {time.perf_counter() - t0:.0f} s")
     return df, f"{name} b={batch} ({len(g)} units, {case.label}, {case.cluster}): " \
         f"{search.iteration} proposals for memflow, {flex.iteration} for FlexFlow; {why}"
-
-
-def timed_search(search: MCMCSearch, seconds: float) -> int:
-    """Descent from the seed, then the chain and descent in turn, within ``seconds`` of wall
-    time in all; descent's tries. (Descent first: from the chain's best after a chunk it
-    ended on llama2-7b at the seed's 910 ms in one run, from the seed itself at 889.)"""
-    end = time.perf_counter() + seconds
-    tried = descend(search, seconds=seconds)
-    while (left := end - time.perf_counter()) > 0:
-        search.run(seconds=min(left, seconds / CHUNKS))
-        tried += descend(search, seconds=max(0.0, end - time.perf_counter()))
-    return tried
 
 
 def explain(search: MCMCSearch, start, seed_name: str | None, seed, rows, ev,

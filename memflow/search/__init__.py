@@ -4,7 +4,9 @@
   incremental (``step``/``run``), steerable (``pin``/``unpin``), resumable (``save``/``load``);
 * :func:`run_chains` — several chains in processes or on a Dask cluster, sharing their best;
 * :func:`exhaustive` — every assignment of a small space, simulated;
-* :func:`refine` — the search started from a planner's strategy, beside that strategy.
+* :func:`refine` — the search started from a planner's strategy, beside that strategy;
+* :func:`descend`, :func:`search_and_descend` — the best improved one change at a time, and
+  the chain and descent in turn within a time budget (what ``bench_quality`` runs).
 
 The optimal keep/recompute schedule of a chain, which the search starts from and is checked
 against, is a planner: :func:`memflow.planners.optimal_checkpointing`.
@@ -27,6 +29,8 @@ _EXPORTS = {
     "ExhaustiveResult": "memflow.search.enumeration",
     "baselines": "memflow.search.initial",
     "refine": "memflow.search.refinement",
+    "descend": "memflow.search.descent",
+    "search_and_descend": "memflow.search.descent",
 }
 
 __all__ = sorted(_EXPORTS)

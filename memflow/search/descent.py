@@ -41,7 +41,7 @@ from .space import SearchSpace, policy_label, precision_choices, shard_choices
 if TYPE_CHECKING:
     from .mcmc import MCMCSearch
 
-__all__ = ["neighbours", "global_changes", "descend", "SETTLE_WITHIN"]
+__all__ = ["neighbours", "global_changes", "descend", "search_and_descend", "SETTLE_WITHIN"]
 
 SETTLE_WITHIN = 0.05
 """A global change is settled only where it costs at most this share more than the best: two
@@ -151,4 +151,27 @@ def descend(search: "MCMCSearch", seconds: float | None = None) -> int:
                         break
             except MemflowError:
                 continue        # a change the graph or cluster refuses: not a neighbour
+    return tried
+
+
+def search_and_descend(search: "MCMCSearch", seconds: float, chunks: int = 3) -> int:
+    """Descent from where ``search`` stands, then the chain and descent in turn (the chain in
+    ``chunks`` slices of the budget), within ``seconds`` of wall time in all; descent's tries.
+
+    Descent comes first: from the chain's best after a chunk it ended on llama2-7b at the
+    seed's 910 ms in one run, from the seed itself at 889 (``benchmarks/bench_quality.py``).
+
+    >>> import memflow
+    >>> from memflow.search import MCMCSearch
+    >>> from memflow.search.synthetic import chain_graph
+    >>> g = chain_graph(4, batch=64, width=512)
+    >>> search = MCMCSearch(g, memflow.Cluster.preset("1xV100-16GB"), seed=0)
+    >>> search_and_descend(search, seconds=0.5) > 0, search.iteration > 0
+    (True, True)
+    """
+    end = time.perf_counter() + seconds
+    tried = descend(search, seconds=seconds)
+    while (left := end - time.perf_counter()) > 0:
+        search.run(seconds=min(left, seconds / chunks))
+        tried += descend(search, seconds=max(0.0, end - time.perf_counter()))
     return tried
