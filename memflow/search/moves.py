@@ -412,7 +412,7 @@ MOVES: dict[str, Move] = {**{m.__name__: dropping_sequence(m)
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
 """Moves over model states. Search space = export space: the default weights hold those whose
 choices export runs (:data:`EXPORTED_MODEL_STATE_MOVES`: all three, as FSDP2 / ZeRO-1,
-bf16 / pure-bf16 and optimizer offload; ``amp`` is proposed only outside the runnable space)."""
+bf16 / pure-bf16 / amp (on whole-model replicas) and optimizer offload)."""
 MODEL_STATE_WEIGHTS = {"shard": 0.1, "precision": 0.05, "optimizer_place": 0.05}
 EXPORTED_MODEL_STATE_MOVES = tuple(m for m, exported in (
     ("shard", len(RUNNABLE.shard_levels) > 1), ("precision", len(RUNNABLE.precisions) > 1),

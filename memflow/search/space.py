@@ -25,7 +25,7 @@ from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..sim.precision import BF16_PRECISIONS
 from ..strategy import POLICIES, parse_policy
-from ..strategy.runnable import (RUNNABLE, model_state_problem, parameter_limits,
+from ..strategy.runnable import (RUNNABLE, amp_problem, model_state_problem, parameter_limits,
                                  pipeline_problem, root_sharded, sample_problem,
                                  sequence_problem, sequence_units, unrunnable)
 from ..strategy.shard_levels import S_GRADIENTS
@@ -217,8 +217,10 @@ class SearchSpace:
     def holds_states(self, strategy) -> bool:
         """Whether export holds ``strategy``'s model states at its precision and optimizer
         place (:func:`~memflow.strategy.runnable.model_state_problem`, the root group's rule
-        from this space's cached :func:`~memflow.strategy.runnable.root_sharded`)."""
-        if model_state_problem(strategy) is not None:
+        from this space's cached :func:`~memflow.strategy.runnable.root_sharded`; ``amp`` only
+        on a graph holding its program, :func:`~memflow.strategy.runnable.amp_problem`)."""
+        if model_state_problem(strategy) is not None or \
+                amp_problem(strategy, self.graph) is not None:
             return False
         root = np.asarray(strategy.shard)[self.root_sharded]
         place = np.asarray(strategy.offload_optimizer)[self.root_sharded][root >= S_GRADIENTS]
