@@ -354,7 +354,8 @@ def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal
 
 def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
     """The whole strategy gets another precision (global: ``unit`` is empty); bf16 ones only
-    where a device has bf16 units (:func:`~memflow.search.space.precision_choices`).
+    where a device has bf16 units (:func:`~memflow.search.space.precision_choices`), ``amp``
+    in the runnable space only on a graph holding its program (:attr:`SearchSpace.amp`).
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
@@ -366,8 +367,8 @@ def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Prop
     >>> draw("1xA100-80GB"), draw("1xV100-16GB")
     ('pure-bf16', 'amp')
     """
-    choices = [p for p in precision_choices(s, space.bf16)
-               if not space.runnable or p in RUNNABLE.precisions]
+    choices = [p for p in precision_choices(s, space.bf16) if not space.runnable or (
+        p in RUNNABLE.precisions and (p != "amp" or space.amp))]
     if not choices or space.precision_pinned:
         return None
     return Proposal("precision", "", s.with_model_states(precision=_pick(rng, choices)))

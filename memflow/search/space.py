@@ -25,7 +25,7 @@ from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..sim.precision import BF16_PRECISIONS
 from ..strategy import POLICIES, parse_policy
-from ..strategy.runnable import (RUNNABLE, amp_problem, model_state_problem, parameter_limits,
+from ..strategy.runnable import (RUNNABLE, model_state_problem, parameter_limits, runs_amp,
                                  pipeline_problem, root_sharded, sample_problem,
                                  sequence_problem, sequence_units, unrunnable)
 from ..strategy.shard_levels import S_GRADIENTS
@@ -137,6 +137,9 @@ class SearchSpace:
         # bf16 precisions are proposed only where some device has bf16 units: elsewhere they
         # hold what amp holds at the FP32 rate (a pin or a given strategy still runs them)
         self.bf16 = bool(cluster.devices["bf16"].any())
+        # amp runs in the runnable space only on a graph holding its program (capture's amp
+        # pass): halving an fp32 capture is not what the exported autocast step holds
+        self.amp = runs_amp(graph)
 
     # ------------------------------------------------------------------ units
     def index(self, units: str | Iterable[str]) -> list[int]:
@@ -218,9 +221,9 @@ class SearchSpace:
         """Whether export holds ``strategy``'s model states at its precision and optimizer
         place (:func:`~memflow.strategy.runnable.model_state_problem`, the root group's rule
         from this space's cached :func:`~memflow.strategy.runnable.root_sharded`; ``amp`` only
-        on a graph holding its program, :func:`~memflow.strategy.runnable.amp_problem`)."""
-        if model_state_problem(strategy) is not None or \
-                amp_problem(strategy, self.graph) is not None:
+        on a graph holding its program, :attr:`amp`)."""
+        if model_state_problem(strategy) is not None or (
+                strategy.precision == "amp" and not self.amp):
             return False
         root = np.asarray(strategy.shard)[self.root_sharded]
         place = np.asarray(strategy.offload_optimizer)[self.root_sharded][root >= S_GRADIENTS]

@@ -248,7 +248,7 @@ def amp_problem(strategy, graph=None) -> str | None:
 
     >>> from memflow.strategy import Strategy
     >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu1")] * 2, sample=[2, 2], precision="amp")
-    >>> amp_problem(s) is None, amp_problem(s.with_config("b", stage=1))[:62]
+    >>> amp_problem(s) is None, amp_problem(s.with_config("b", stage=1))[:63]
     (True, "precision 'amp' in a strategy with pipeline stages: export runs")
     """
     if strategy.precision != "amp":
