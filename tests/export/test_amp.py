@@ -2,18 +2,16 @@
 over fp32 model states with a loss scaler, on whole-model replicas — one process, and gloo
 ranks under DistributedDataParallel, FSDP2 and ZeRO-1 — holding what the memory model
 predicts from capture's amp pass (measured per rank, never against memflow)."""
-import importlib.util
-
 import pytest
 import torch
 
 import memflow
-from memflow.export import script
 from memflow.export.rank_validation import METRICS, validate_ranks
 from memflow.strategy import Strategy
 from memflow.strategy.runnable import unrunnable
 
 from test_fsdp import BATCH, MODELS, WORLD, _graph
+from test_model_states import one_replica_losses
 
 
 def _exact(df, zero1: bool = False):
@@ -28,17 +26,17 @@ def _exact(df, zero1: bool = False):
         assert bad.empty, f"{metric}: {bad.T}"
 
 
-def test_one_replica_script_trains_under_autocast(tmp_path):
-    """Without torchrun: fp32 weights, float16 autocast forward, a scaled backward; the
-    loss falls."""
-    g = _graph("gpt2")
+@pytest.mark.parametrize("model,more", [("gpt2", "plain"), ("chain", "accumulation, host")])
+def test_one_replica_script_trains_under_autocast(tmp_path, model, more):
+    """Without torchrun: fp32 weights, float16 autocast forward, a scaled backward — also
+    under gradient accumulation with a unit's optimizer on the host; the loss falls."""
+    g = _graph(model)
     s = Strategy.single_device(g).with_model_states(precision="amp")
-    path = script(s, tmp_path / "train.py", model="gpt2", model_options=MODELS["gpt2"],
-                  batch_size=BATCH, lr=0.05, optimizer="adam", graph=g)
-    spec = importlib.util.spec_from_file_location("amp_train", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    losses = module.main(["--steps", "4"])
+    if more != "plain":
+        s = s.with_schedule(microbatches=2, schedule="1f1b").with_model_states(
+            offload_optimizer=g.names[:1])
+    assert unrunnable(s, g) is None
+    losses = one_replica_losses(s, g, tmp_path / "train.py", model)
     assert len(losses) == 4 and losses[-1] < losses[0]
 
 
