@@ -37,7 +37,8 @@ import numpy as np
 
 from ..strategy import POLICIES, Strategy
 from ..strategy.runnable import RUNNABLE
-from .move_guards import dropping_sequence, dropping_states, keeping_pipeline, keeping_states
+from .move_guards import (dropping_sequence, dropping_states, keeping_pipeline, keeping_states,
+                          replicating)
 from .per_op import per_op_choices
 from .space import SearchSpace, policy_label, precision_choices, shard_choices
 
@@ -409,7 +410,8 @@ MOVES: dict[str, Move] = {**{m.__name__: dropping_sequence(m)
                              for m in (config, copy, swap, replicas)},
                           "sequence": sequence,
                           "shard": keeping_pipeline(keeping_states(shard)),
-                          **{m.__name__: keeping_states(m) for m in (precision, optimizer_place)}}
+                          "precision": keeping_states(replicating(precision)),
+                          "optimizer_place": keeping_states(optimizer_place)}
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
 """Moves over model states. Search space = export space: the default weights hold those whose
 choices export runs (:data:`EXPORTED_MODEL_STATE_MOVES`: all three, as FSDP2 / ZeRO-1,

@@ -206,6 +206,28 @@ class SearchSpace:
         return {"sample": sample, "parameter": p, "attribute": 1,
                 "devices": self.groups(k)[first // k]}
 
+    def whole_replicas(self, strategy):
+        """``strategy`` as whole-model replicas: every unit on the largest data-parallel
+        degree of :meth:`sample_degrees` its devices hold, on the first aligned run of them,
+        without pipeline stages, parameter or attribute splits (policies, micro-batches — on
+        a schedule export runs with one stage — and model states kept).
+
+        >>> import memflow
+        >>> from memflow.search.synthetic import chain_graph
+        >>> g = chain_graph(2, batch=8)
+        >>> four = memflow.Cluster.preset("4xV100-16GB")
+        >>> sp = SearchSpace(g, four)
+        >>> w = sp.whole_replicas(memflow.Strategy.pipeline(g, four, stages=2, dp=2,
+        ...                                                 microbatches=1))
+        >>> w.sample.tolist(), w.stage.tolist(), w.devices[0]
+        ([4, 4], [-1, -1], ('gpu0', 'gpu1', 'gpu2', 'gpu3'))
+        """
+        held = len(set(strategy.device_names))
+        sample = max([d for d in self.sample_degrees(strategy.microbatches) if d <= held]
+                     or [1])
+        return strategy.with_config(self.names, sample=sample, parameter=1, attribute=1,
+                                    stage=-1, devices=self.groups(sample)[0])
+
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
         root = np.asarray(strategy.shard)[self.root_sharded]

@@ -8,11 +8,14 @@ list: norms, losses, ``exp``…) — and the copies the casts make (under ``amp`
 copy of each weight, made once per step); and buffers at the width the cast gives them (batch
 norms' statistics in bf16).
 
-A graph without that pass (built by hand) halves instead: every float32 tensor, temporary and
-byte moved at 2 bytes, integer tensors (token ids, masks) and units captured in half precision
-unchanged. That under-counts a model that upcasts, and misses autocast's weight copies. A graph
-captured under autocast is its own ``amp`` program (it already records which ops ran in half
-precision); ``fp32`` keeps the capture's own sizes.
+A graph without the bf16 pass (built by hand) halves instead under a bf16 precision: every
+float32 tensor, temporary and byte moved at 2 bytes, integer tensors (token ids, masks) and
+units captured in half precision unchanged. That under-counts a model that upcasts. Without
+the amp pass ``amp`` keeps the capture's own sizes, as ``fp32`` does: right for a graph
+captured under autocast (its own ``amp`` program: it records which ops ran in half
+precision), not for an fp32 one, on which export refuses ``amp``
+(:func:`memflow.strategy.runnable.amp_problem`) — halving would miss autocast's weight copies
+and fp32 ops all the same.
 
 Which units compute in bfloat16 (:func:`bf16_units`) matters to time: a GPU without bf16
 units (``bf16`` false in the cluster's devices, as on a V100) runs them at its FP32 rate.
@@ -53,19 +56,18 @@ def activation_arrays(graph, precision: str | None) -> GraphArrays:
     ...                           "consumers": [["fc"], []], "dtype": ["int64", "float32"]}))
     >>> activation_arrays(g, "bf16").bytes.tolist(), activation_arrays(g, "bf16").fwd_tmp.tolist()
     ([8.0, 200.0], [20.0])
-    >>> activation_arrays(g, "amp").bytes.tolist()        # no amp pass: halved too
-    [8.0, 200.0]
-    >>> g.meta["autocast"] = "float16"                     # captured under autocast
-    >>> activation_arrays(g, "amp") is graph_arrays(g)
+    >>> activation_arrays(g, "amp") is graph_arrays(g)     # no amp pass: the capture's sizes
     True
     """
     ga = graph_arrays(graph)
     key = PASS.get(precision or "fp32")
-    if key is None or (key == "amp" and graph.meta.get("autocast")):
+    if key is None:
         return ga
     run = getattr(graph, key, None)
     if run is not None:                                 # the program as the precision runs it
         return graph_arrays(run)
+    if key == "amp":
+        return ga
     per_graph = _CACHE.setdefault(graph, {})
     hit = per_graph.get(precision)
     if hit is None or hit[0] is not ga:
