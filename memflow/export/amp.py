@@ -35,10 +35,10 @@ from typing import ContextManager
 
 import torch
 
-__all__ = ["AMP_DTYPE", "autocast", "grad_scaler", "AmpScaler"]
+from ..graph.autocast import AMP_DTYPE
 
-AMP_DTYPE = torch.float16
-"""The dtype autocast computes its lower-precision ops in under ``amp``."""
+__all__ = ["autocast", "grad_scaler", "AmpScaler"]
+
 
 
 def autocast(precision: str | None, device: torch.device) -> ContextManager:

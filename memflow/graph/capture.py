@@ -40,7 +40,7 @@ from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
 from ..errors import CaptureError
-from .autocast import parse_autocast
+from .autocast import AMP_DTYPE, parse_autocast
 from .backend import Backend, get_backend
 from .compute import COMPUTE_DTYPE, cast_buffer_names, upcast
 from .eager import KnownValues, eager_predicates
@@ -266,29 +266,30 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
         if bf16:
             passes["bf16"] = _second_pass(
                 lambda names: record(COMPUTE_DTYPE, names), *first,
-                how="with its parameters and inputs in bfloat16", what="bf16 precisions")
+                how="with its parameters and inputs in bfloat16",
+                fallback="bf16 precisions will halve its fp32 activations instead")
         if amp:
             passes["amp"] = _second_pass(
-                lambda names: record(None, names, torch.float16), *first,
-                how="under float16 autocast", what="amp")
+                lambda names: record(None, names, AMP_DTYPE), *first,
+                how="under float16 autocast",
+                fallback="amp keeps its fp32 sizes, and export refuses amp on it")
     return OpGraph(units_table, tensor_table(recorder), meta, parameters=parameters, **passes)
 
 
 def _second_pass(record: Callable, first: Recorder, units: pd.DataFrame,
                  parameters: pd.DataFrame, modules: dict[str, nn.Module],
-                 meta: dict, *, how: str, what: str) -> OpGraph | None:
+                 meta: dict, *, how: str, fallback: str) -> OpGraph | None:
     """``graph.bf16`` or ``graph.amp``: the step as ``record(names)`` runs it; None with a
     warning where the model does not run so (it mixes a dtype of its own with bf16) or runs
     other units than in the first pass."""
     names = [s.name for s in first.spans]
-    fallback = f"; {what} will halve its fp32 activations instead"
     try:
         second = record(names)
     except CaptureError as err:
-        warnings.warn(f"{meta['model']} does not run {how} ({err}){fallback}", stacklevel=3)
+        warnings.warn(f"{meta['model']} does not run {how} ({err}); {fallback}", stacklevel=3)
         return None
     if [s.name for s in second.spans] != names:
-        warnings.warn(f"{meta['model']} ran other units {how} than in float32{fallback}",
+        warnings.warn(f"{meta['model']} ran other units {how} than in float32; {fallback}",
                       stacklevel=3)
         return None
     return pass_graph(units, parameters, second, modules, meta)
