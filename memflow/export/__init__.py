@@ -19,8 +19,9 @@ stretches of the forward), :mod:`~.tracker` (following them at run time), :mod:`
 :mod:`~.pipelining` (pipeline stages, ``torch.distributed.pipelining``),
 :mod:`~.tensor_parallel` (parameter splits as DTensor shards) and :mod:`~.multiprocess` (the
 training script's path for both); :mod:`~.fsdp` (shard levels: FSDP2 ``fully_shard`` and
-ZeRO-1, on the replicas of either path) and :mod:`~.model_states` (precision and optimizer
-offload on whole-model replicas).
+ZeRO-1, on the replicas of either path), :mod:`~.model_states` (precision and optimizer
+offload on whole-model replicas) and :mod:`~.amp` (the ``amp`` precision: autocast and a loss
+scaler in the replicas' training loop).
 
 >>> import memflow
 >>> sorted(memflow.export.__all__)

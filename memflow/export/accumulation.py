@@ -65,13 +65,16 @@ def micro_batches(args: tuple, kwargs: dict, m: int) -> list[tuple[tuple, dict]]
 
 
 def accumulate(model, call: tuple[tuple, dict], m: int, loss: Callable[[Any, int], torch.Tensor],
-               no_sync: Callable[[], Any] = contextlib.nullcontext) -> torch.Tensor:
+               no_sync: Callable[[], Any] = contextlib.nullcontext, *,
+               autocast: Callable[[], Any] = contextlib.nullcontext,
+               scale: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> torch.Tensor:
     """One training step's forwards and backwards over ``m`` micro-batches of ``call``
     (``(args, kwargs)``), one micro-batch at a time; returns the batch's loss (detached).
 
     ``loss(output, k)`` is micro-batch ``k``'s mean loss; each backward runs on it times the
     micro-batch's share of the batch, so the gradients sum to the full batch's. The backwards
-    of all micro-batches but the last run inside ``no_sync()``.
+    of all micro-batches but the last run inside ``no_sync()``. Each forward and loss run
+    inside ``autocast()``, each backward on ``scale(loss)`` (``amp``: :mod:`memflow.export.amp`).
     """
     parts = micro_batches(*call, m)
     rows = [next((t.shape[0] for t in pytree.tree_leaves(p) if isinstance(t, torch.Tensor)
@@ -79,7 +82,8 @@ def accumulate(model, call: tuple[tuple, dict], m: int, loss: Callable[[Any, int
     total = None
     for k, (args, kwargs) in enumerate(parts):
         with no_sync() if k < m - 1 else contextlib.nullcontext():
-            part = loss(model(*args, **kwargs), k) * (rows[k] / sum(rows))
-            part.backward()
+            with autocast():
+                part = loss(model(*args, **kwargs), k) * (rows[k] / sum(rows))
+            scale(part).backward()
         total = part.detach() if total is None else total + part.detach()
     return total

@@ -26,9 +26,10 @@ counted apart (on a machine without GPU the host and the device are both ``cpu``
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -109,7 +110,8 @@ def _copy_inputs(example_inputs: Any) -> tuple[tuple, dict]:
 
 def held_bytes(model: nn.Module, example_inputs: Any, *, forwards: int = 1,
                skip: Callable[[], set[int]] = set,
-               then: Callable[[list[torch.Tensor]], None] | None = None) -> dict[str, int]:
+               then: Callable[[list[torch.Tensor]], None] | None = None,
+               autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, int]:
     """Bytes the autograd graph of one forward of ``model`` holds, by device (see module doc).
 
     ``example_inputs`` as for :func:`memflow.from_torch`; they are copied, so the caller's
@@ -121,7 +123,8 @@ def held_bytes(model: nn.Module, example_inputs: Any, *, forwards: int = 1,
     FSDP2's all-gather buffers are told by the ops that make them) — and
     ``then(probes)``, called after counting with one scalar per forward whose backward runs
     through every graph (so that DistributedDataParallel or FSDP2 finish their step). Storages
-    a hook resized to nothing (FSDP2 frees a gathered weight so) are not counted.
+    a hook resized to nothing (FSDP2 frees a gathered weight so) are not counted. Each
+    forward runs inside ``autocast()`` (the ``amp`` precision's, :mod:`memflow.export.amp`).
     """
     weights = {storage_key(t) for t in _plain([*model.parameters(), *model.buffers()])}
     mode = _Allocations()
@@ -129,7 +132,7 @@ def held_bytes(model: nn.Module, example_inputs: Any, *, forwards: int = 1,
     for _ in range(forwards):
         args, kwargs = _copy_inputs(example_inputs)
         pytree.tree_map_only(torch.Tensor, mode.note, (args, kwargs))
-        with mode:
+        with mode, autocast():
             out = model(*args, **kwargs)
         leaves = [t for t in pytree.tree_leaves(out)
                   if isinstance(t, torch.Tensor) and t.grad_fn is not None]

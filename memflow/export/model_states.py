@@ -145,12 +145,15 @@ class Steps:
     """Several optimizers stepped as one. ``links`` pair a parameter with the tensor an
     optimizer steps for it: a DTensor parameter's local shard (same storage), or one of the
     ``masters`` — an fp32 copy, or a host copy when offloaded (``host``: their ids) — whose
-    gradient is copied in and whose update is copied back."""
+    gradient is copied in and whose update is copied back. ``params`` are the model's
+    parameters, whose gradients backward makes: a loss scaler unscales them (its
+    ``param_groups``, :mod:`memflow.export.amp`) before :meth:`step` copies them on."""
 
     def __init__(self, parts: list, links: list[tuple], masters: list[nn.Parameter] = (),
-                 host: set[int] = frozenset()):
+                 host: set[int] = frozenset(), params: list[nn.Parameter] = ()):
         self.parts, self.links = parts, [(p, q) for p, q in links if p is not q]
         self.masters, self.host = list(masters), set(host)
+        self.param_groups = [{"params": list(params)}]
 
     @classmethod
     def build(cls, params: list[nn.Parameter], opt_class: type, options: dict, *,
@@ -188,7 +191,7 @@ class Steps:
                                                     optimizer_class=opt_class,
                                                     process_group=group, **options))
             links += views
-        return cls(parts, links, masters, on_host)
+        return cls(parts, links, masters, on_host, params)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for o in self.parts:

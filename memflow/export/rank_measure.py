@@ -14,8 +14,9 @@ write ``rank<r>.json`` after its last training step (:func:`measure_rank`).
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -85,11 +86,13 @@ def _gathered(module: nn.Module) -> set[int]:
 
 def measure_rank(folder: str | Path, rank: int, path: str | None, module: nn.Module,
                  optimizer, call: tuple[tuple, dict], *, stage=None,
-                 microbatches: int = 1, schedule: str = "gpipe") -> dict[str, Any]:
+                 microbatches: int = 1, schedule: str = "gpipe",
+                 autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, Any]:
     """What rank ``rank`` writes to ``folder/rank<r>.json`` after its last training step
     (module doc): ``module`` is what it trains (DistributedDataParallel, FSDP2 or DTensor
     wrapped, or its pipeline ``stage``'s module), ``call`` one step's ``(args, kwargs)`` of the
-    rank's batch. Every rank of the group calls it (a forward runs its collectives).
+    rank's batch; ``autocast()`` the context its forwards run in (the ``amp`` precision's).
+    Every rank of the group calls it (a forward runs its collectives).
     """
     record: dict[str, Any] = {"rank": rank, "path": path or "replicas", **state_bytes(
         getattr(module, "module", module) if stage is None else module, optimizer)}
@@ -97,7 +100,8 @@ def measure_rank(folder: str | Path, rank: int, path: str | None, module: nn.Mod
         def finish(probes):     # a backward, so that DDP or FSDP2 close their step
             sum(probes).backward()
             optimizer.zero_grad(set_to_none=True)
-        held = held_bytes(module, _inputs(*call), skip=lambda: _gathered(module), then=finish)
+        held = held_bytes(module, _inputs(*call), skip=lambda: _gathered(module), then=finish,
+                          autocast=autocast)
     else:
         index, n = stage.stage_index, stage.num_stages
         if stage.is_first:
@@ -110,7 +114,7 @@ def measure_rank(folder: str | Path, rank: int, path: str | None, module: nn.Mod
                 m.dtype.is_floating_point) for m in metas)
             inputs = args
         held = held_bytes(module, inputs, forwards=in_flight(index, n, microbatches, schedule),
-                          skip=lambda: _gathered(module))
+                          skip=lambda: _gathered(module), autocast=autocast)
     record["held"] = sum(v for k, v in held.items() if k != HOST)
     record["offloaded"] = held.get(HOST, 0)
     write_json(Path(folder) / f"rank{rank}.json", record)

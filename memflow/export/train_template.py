@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from memflow.export import apply
 from memflow.export.accumulation import accumulate, accumulates, micro_batches
+from memflow.export.amp import autocast, grad_scaler
 from memflow.export.fsdp import shard_model
 from memflow.export.multiprocess import train_across_processes
 from memflow.export.rank_measure import measure_rank
@@ -150,6 +151,9 @@ def main(argv: list[str] | None = None) -> list[float]:
                      (torch.optim.SGD, {"lr": args.lr, "momentum": 0.9 if args.optimizer ==
                                         "momentum" else 0.0}))
     optimizer = sharding.optimizer(kind, **options)
+    # ---- precision amp (memflow.export.amp): forward and loss under float16 autocast, fp32
+    # weights, gradients and states, backward on the scaled loss (a pass-through otherwise)
+    scaler = grad_scaler(strategy.precision, device)
     losses, target, seconds, cpu_seconds = [], None, [], []
     for step in tqdm(range(args.steps), disable=rank != 0, desc="training"):
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -172,18 +176,23 @@ def main(argv: list[str] | None = None) -> list[float]:
                                         None, args.seed + 1000 + rank)
                 return loss_of(args.loss, output, target.tensor_split(m)[k],
                                args.seed + 1000 + rank)[0]
-            loss = accumulate(model, (call_args, call_kwargs), m, micro_loss, sharding.no_sync)
+            loss = accumulate(model, (call_args, call_kwargs), m, micro_loss, sharding.no_sync,
+                              autocast=lambda: autocast(strategy.precision, device),
+                              scale=scaler.scale)
             # ---- end of gradient accumulation ----
         else:
-            loss, target = loss_of(args.loss, model(*call_args, **call_kwargs), target,
-                                   args.seed + 1000 + rank)
-            loss.backward()
+            with autocast(strategy.precision, device):
+                loss, target = loss_of(args.loss, model(*call_args, **call_kwargs), target,
+                                       args.seed + 1000 + rank)
+            scaler.scale(loss).backward()
         sharding.after_backward()
-        optimizer.step()
+        scaler.step(optimizer)      # skipped, and the scale shrunk, if a gradient is not finite
+        scaler.update()
         if args.measure and step == args.steps - 1:     # one micro-batch's under accumulation
             measure_rank(args.measure, rank, None, model, optimizer,
                          micro_batches(call_args, call_kwargs, strategy.microbatches)[0]
-                         if accumulates(strategy) else (call_args, call_kwargs))
+                         if accumulates(strategy) else (call_args, call_kwargs),
+                         autocast=lambda: autocast(strategy.precision, device))
         value = loss.detach().float()
         if distributed:
             dist.all_reduce(value)

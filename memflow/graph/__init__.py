@@ -12,7 +12,8 @@
 * :mod:`~memflow.graph.selective` — the expensive ops whose outputs selective recomputation
   keeps;
 * :mod:`~memflow.graph.backend` and :mod:`~memflow.graph.autocast` — device rules for what
-  autograd saves, and mixed precision;
+  autograd saves, and mixed precision (also capture's amp pass, ``OpGraph.amp``: the step as
+  the ``amp`` precision runs it under float16 autocast);
 * :mod:`~memflow.graph.compute` — what a bf16 strategy casts, the rule capture's bf16 pass
   (``OpGraph.bf16``) and the exported script share;
 * :mod:`~memflow.graph.tables` — the ``units``, ``tensors`` and ``parameters`` tables of a

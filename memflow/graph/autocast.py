@@ -33,11 +33,14 @@ from typing import Any, ContextManager
 
 import torch
 
-__all__ = ["LOWER", "FP32", "FP32_DTYPE", "PROMOTE", "DTYPES", "CudaAutocast", "parse_autocast",
-           "cpu_autocast"]
+__all__ = ["LOWER", "FP32", "FP32_DTYPE", "PROMOTE", "DTYPES", "AMP_DTYPE", "CudaAutocast",
+           "parse_autocast", "cpu_autocast"]
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 """Autocast dtypes capture accepts, by name."""
+AMP_DTYPE = torch.float16
+"""The dtype the ``amp`` precision autocasts to: capture's amp pass and the exported script
+(:mod:`memflow.export.amp`) share it."""
 
 LOWER = frozenset({
     "linear", "matmul", "mm", "bmm", "addmm", "addbmm", "baddbmm", "addmv", "addr", "mv",

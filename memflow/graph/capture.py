@@ -40,7 +40,7 @@ from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
 from ..errors import CaptureError
-from .autocast import parse_autocast
+from .autocast import AMP_DTYPE, parse_autocast
 from .backend import Backend, get_backend
 from .compute import COMPUTE_DTYPE, cast_buffer_names, upcast
 from .eager import KnownValues, eager_predicates
@@ -48,7 +48,7 @@ from .opcost import OpCounter
 from .opgraph import OpGraph
 from .recorder import Recorder
 from .selective import EXPENSIVE_OPS
-from .tables import bf16_graph, parameter_table, tensor_table, unit_table
+from .tables import pass_graph, parameter_table, tensor_table, unit_table
 from .units import describe_units, enclosing_blocks, module_paths, select_units
 
 __all__ = ["from_torch", "split_inputs", "describe_inputs"]
@@ -195,7 +195,8 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
                backend: str | Backend = "cpu", autocast: Any = None,
                loss_fn: Callable[[Any], torch.Tensor] | None = None,
                name: str | None = None, keep_output: bool = False,
-               expensive_ops: Iterable[str] = EXPENSIVE_OPS, bf16: bool = True) -> OpGraph:
+               expensive_ops: Iterable[str] = EXPENSIVE_OPS, bf16: bool = True,
+               amp: bool = True) -> OpGraph:
     """Capture ``model`` on ``example_inputs`` as a graph of units for one training step.
 
     ``example_inputs`` is a tensor, a tuple/list of positional inputs or a dict of keyword
@@ -218,6 +219,14 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     ``graph.bf16`` holds the tensors and temporaries of that program, in the dtype each op
     makes (fp32 where the model upcasts), which the memory model charges under a bf16
     precision (:func:`memflow.sim.precision.activation_arrays`).
+
+    With ``amp`` (the default) such a model runs once more as an ``amp`` strategy runs it:
+    fp32 parameters and inputs, forward and loss under float16 autocast with the backend's op
+    lists (``torch.autocast("cpu")`` for ``backend="cpu"``, CUDA's for a GPU backend,
+    :mod:`memflow.graph.autocast`). ``graph.amp`` holds that program's tensors — the half
+    copies autocast makes of the weights (once per step, its cache), fp16 outputs of its
+    lower-precision ops, fp32 where it runs in fp32 — which the memory model charges under
+    ``amp``.
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -232,9 +241,10 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     expensive = frozenset(expensive_ops)
     counter = OpCounter()       # one for both passes: an uncounted op warns once
 
-    def record(cast: torch.dtype | None = None, units: list[str] | None = None) -> Recorder:
+    def record(cast: torch.dtype | None = None, units: list[str] | None = None,
+               autocast: torch.dtype | None = dtype) -> Recorder:
         recorder = Recorder(rules, counter, selected, paths, batch, expensive, units)
-        _record(model, args, kwargs, recorder, rules, dtype, loss_fn, modules, inputs, cast)
+        _record(model, args, kwargs, recorder, rules, autocast, loss_fn, modules, inputs, cast)
         return recorder
 
     recorder = record()
@@ -250,30 +260,39 @@ def from_torch(model: nn.Module, example_inputs: Any, *, units: Any = "leaves",
     units_table = unit_table(recorder, modules)
     units_table["block"] = enclosing_blocks(model, units_table["module"])
     parameters = parameter_table(recorder, modules)
-    half = None
-    if bf16 and dtype is None and _all_fp32(model):
-        half = _bf16_pass(record, recorder, units_table, parameters, modules, meta)
-    return OpGraph(units_table, tensor_table(recorder), meta, parameters=parameters, bf16=half)
+    passes = {}
+    if dtype is None and _all_fp32(model):
+        first = (recorder, units_table, parameters, modules, meta)
+        if bf16:
+            passes["bf16"] = _second_pass(
+                lambda names: record(COMPUTE_DTYPE, names), *first,
+                how="with its parameters and inputs in bfloat16",
+                fallback="bf16 precisions will halve its fp32 activations instead")
+        if amp:
+            passes["amp"] = _second_pass(
+                lambda names: record(None, names, AMP_DTYPE), *first,
+                how="under float16 autocast",
+                fallback="amp keeps its fp32 sizes, and export refuses amp on it")
+    return OpGraph(units_table, tensor_table(recorder), meta, parameters=parameters, **passes)
 
 
-def _bf16_pass(record: Callable, first: Recorder, units: pd.DataFrame,
-               parameters: pd.DataFrame, modules: dict[str, nn.Module],
-               meta: dict) -> OpGraph | None:
-    """``graph.bf16``, or None with a warning where the model does not run as a bf16
-    strategy runs it (it mixes a dtype of its own with bf16) or runs other units."""
+def _second_pass(record: Callable, first: Recorder, units: pd.DataFrame,
+                 parameters: pd.DataFrame, modules: dict[str, nn.Module],
+                 meta: dict, *, how: str, fallback: str) -> OpGraph | None:
+    """``graph.bf16`` or ``graph.amp``: the step as ``record(names)`` runs it; None with a
+    warning where the model does not run so (it mixes a dtype of its own with bf16) or runs
+    other units than in the first pass."""
     names = [s.name for s in first.spans]
-    fallback = "; bf16 precisions will halve its fp32 activations instead"
     try:
-        second = record(COMPUTE_DTYPE, names)
+        second = record(names)
     except CaptureError as err:
-        warnings.warn(f"{meta['model']} does not run with its parameters and inputs in "
-                      f"bfloat16 ({err}){fallback}", stacklevel=3)
+        warnings.warn(f"{meta['model']} does not run {how} ({err}); {fallback}", stacklevel=3)
         return None
     if [s.name for s in second.spans] != names:
-        warnings.warn(f"{meta['model']} ran other units in bfloat16 than in float32{fallback}",
+        warnings.warn(f"{meta['model']} ran other units {how} than in float32; {fallback}",
                       stacklevel=3)
         return None
-    return bf16_graph(units, parameters, second, modules, meta)
+    return pass_graph(units, parameters, second, modules, meta)
 
 
 def _all_fp32(model: nn.Module) -> bool:

@@ -31,11 +31,14 @@ from .opcost import KERNEL_CLASSES
 from .parameters import (UNIT_PARAMETER_COLUMNS, as_names, check_agreement, check_parameters,
                          default_parameters, framed, unit_sums)
 
-__all__ = ["OpGraph", "INPUT", "UNIT_COLUMNS", "TENSOR_COLUMNS"]
+__all__ = ["OpGraph", "INPUT", "UNIT_COLUMNS", "TENSOR_COLUMNS", "PASSES"]
 
 INPUT = "<input>"
 """Producer name of the model's inputs in ``graph.tensors``."""
 
+PASSES = ("bf16", "amp")
+"""The second passes a graph may hold, as attributes and file keys: the step as a bf16
+precision runs it, and as ``amp`` (float16 autocast) runs it (:func:`memflow.from_torch`)."""
 FORMAT = "memflow.graph/2"     # /2 added the parameters table; /1 files still load
 
 # Columns a unit table must or may carry, with the default used when it is absent.
@@ -158,17 +161,19 @@ class OpGraph:
 
     def __init__(self, units: pd.DataFrame, tensors: pd.DataFrame,
                  meta: Mapping[str, Any] | None = None, *,
-                 parameters: pd.DataFrame | None = None, bf16: "OpGraph | None" = None):
+                 parameters: pd.DataFrame | None = None, bf16: "OpGraph | None" = None,
+                 amp: "OpGraph | None" = None):
         self.meta: dict[str, Any] = dict(meta or {})
-        # the same step as a bf16 precision runs it (memflow.graph.compute): its own tensors
-        # and byte columns, captured by a second pass; None: not captured (bf16 then halves
-        # the fp32 activations, memflow.sim.precision)
-        self.bf16 = bf16
+        # the same step as a bf16 precision runs it (memflow.graph.compute), and as amp runs
+        # it (float16 autocast): their own tensors and byte columns, captured by second
+        # passes; None: not captured (memflow.sim.precision then halves the fp32 activations)
+        self.bf16, self.amp = bf16, amp
         self.units = self._check_units(units)
         self.parameters = self._check_parameters(parameters)
         self.tensors = self._check_tensors(tensors)
-        if bf16 is not None and list(bf16.units.index) != list(self.units.index):
-            raise GraphError("bf16: its units must be the graph's, in the same order")
+        for key, other in self.passes().items():
+            if list(other.units.index) != list(self.units.index):
+                raise GraphError(f"{key}: its units must be the graph's, in the same order")
         self._derive()
         self._edges: pd.DataFrame | None = None
 
@@ -380,9 +385,13 @@ class OpGraph:
                "units": units.to_dict(orient="list"),
                "tensors": tensors.to_dict(orient="list"),
                "parameters": self.parameters.to_dict(orient="list")}
-        if self.bf16 is not None:      # an optional key: files without it still load
-            doc["bf16"] = {k: v for k, v in self.bf16.to_dict().items() if k != "meta"}
+        for key, other in self.passes().items():    # optional keys: files without them load
+            doc[key] = {k: v for k, v in other.to_dict().items() if k != "meta"}
         return doc
+
+    def passes(self) -> dict[str, "OpGraph"]:
+        """The second passes captured (:data:`PASSES` keys: ``bf16``, ``amp``), by key."""
+        return {key: getattr(self, key) for key in PASSES if getattr(self, key) is not None}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "OpGraph":
@@ -392,10 +401,10 @@ class OpGraph:
             raise GraphError("not a memflow graph document (its 'format' is not 'memflow.graph/…')")
         units = pd.DataFrame(doc["units"]).set_index("unit")
         parameters = doc.get("parameters")
-        bf16 = doc.get("bf16")
+        passes = {key: cls.from_dict({**doc[key], "meta": doc.get("meta")})
+                  for key in PASSES if doc.get(key) is not None}
         return cls(units, pd.DataFrame(doc["tensors"]), doc.get("meta"),
-                   parameters=None if parameters is None else pd.DataFrame(parameters),
-                   bf16=None if bf16 is None else cls.from_dict({**bf16, "meta": doc.get("meta")}))
+                   parameters=None if parameters is None else pd.DataFrame(parameters), **passes)
 
     def save(self, path: str | Path) -> Path:
         """Write the graph as JSON (atomically)."""

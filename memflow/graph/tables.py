@@ -20,7 +20,7 @@ Rules that are heuristics, documented here because the simulator relies on them:
   through ops that keep the batch, and one of its dimensions is a multiple of the batch
   (:mod:`~memflow.graph.batchdim`): a causal mask made once, a position embedding, a weight
   cast under autocast, batch norm's per-channel statistics or a scalar loss are not;
-* the **bf16 pass** (:func:`bf16_graph`) keeps the first pass's units — names, FLOPs, degrees
+* a **second pass** (bf16, amp: :func:`pass_graph`) keeps the first pass's units — names, FLOPs, degrees
   and ``dtype``, the width model states are charged from — and takes from its own run the
   bytes each unit moves and holds for a while, its tensors, and its buffers' bytes.
 """
@@ -38,7 +38,7 @@ from .slicing import shard_axis, split_parameters, tensor_degree
 from .spans import Span, Storage
 from .units import ROOT
 
-__all__ = ["unit_table", "tensor_table", "parameter_table", "bf16_graph", "HEAD_ATTRIBUTES"]
+__all__ = ["unit_table", "tensor_table", "parameter_table", "pass_graph", "HEAD_ATTRIBUTES"]
 
 HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "heads")
 _RECURRENT = ("LSTM", "GRU", "RNN")
@@ -177,18 +177,18 @@ def tensor_table(recorder: Recorder) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-# what a unit moves and holds for a while: the bf16 pass's own (the rest is the first pass's)
+# what a unit moves and holds for a while: the second pass's own (the rest is the first pass's)
 _PASS_COLUMNS = ("fwd_bytes_moved", "bwd_bytes_moved", "fwd_tmp_bytes", "bwd_tmp_bytes",
                  "expensive_fwd_bytes_moved", "cached_bytes", "unpack_tmp_bytes",
                  "unpack_done_bytes")
 
 
-def bf16_graph(units: pd.DataFrame, parameters: pd.DataFrame, recorder: Recorder,
+def pass_graph(units: pd.DataFrame, parameters: pd.DataFrame, recorder: Recorder,
                modules: dict[str, nn.Module], meta: dict[str, Any]) -> OpGraph:
-    """``OpGraph.bf16``: the step as the bf16 pass ``recorder`` ran it, on the units of the
-    first pass (``units``, ``parameters``: the same names in the same order); buffers at the
-    bytes that pass gave them (batch norms' statistics in bf16), parameters at the first
-    pass's (a precision's widths scale them, :mod:`memflow.memory.states`)."""
+    """``OpGraph.bf16`` or ``OpGraph.amp``: the step as a second pass ``recorder`` ran it, on
+    the units of the first pass (``units``, ``parameters``: the same names in the same order);
+    buffers at the bytes that pass gave them (batch norms' statistics in bf16), parameters at
+    the first pass's (a precision's widths scale them, :mod:`memflow.memory.states`)."""
     own = unit_table(recorder, modules)
     u = units.copy()
     for column in _PASS_COLUMNS:

@@ -9,7 +9,7 @@ minutes each time. ``at_batch`` scales a graph linearly instead, with these rule
   written, in backward) stays, the rest scales;
 * activation storages marked ``per_sample`` scale (and the batch dimension of their shape);
   others, such as a causal mask, do not; parameters never do;
-* the bf16 pass (``graph.bf16``) scales by the same rules.
+* the second passes (``graph.bf16``, ``graph.amp``) scale by the same rules.
 
 This is exact for models whose every per-sample cost is linear in the batch (convolutions,
 linear layers, LSTMs and attention at a fixed sequence length) and an approximation where a
@@ -71,7 +71,7 @@ def at_batch(graph: OpGraph, batch_size: int) -> OpGraph:
     # model states do not scale with the batch: the parameters table carries over whole
     return OpGraph(u, t, {**graph.meta, "batch_size": int(batch_size)},
                    parameters=graph.parameters,
-                   bf16=None if graph.bf16 is None else at_batch(graph.bf16, batch_size))
+                   **{key: at_batch(other, batch_size) for key, other in graph.passes().items()})
 
 
 def _scaled_shape(shape: list[int], old: int, new: int) -> list[int]:

@@ -40,8 +40,9 @@ import numpy as np
 
 from ..strategy import POLICIES, Strategy
 from ..strategy.runnable import RUNNABLE
-from .move_guards import dropping_sequence, dropping_states, keeping_pipeline, keeping_states
 from .microbatch_counts import microbatch_choices, with_microbatches
+from .move_guards import (dropping_sequence, dropping_states, keeping_pipeline, keeping_states,
+                          replicating)
 from .per_op import per_op_choices
 from .space import SearchSpace, policy_label, precision_choices, shard_choices
 
@@ -378,7 +379,8 @@ def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal
 
 def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
     """The whole strategy gets another precision (global: ``unit`` is empty); bf16 ones only
-    where a device has bf16 units (:func:`~memflow.search.space.precision_choices`).
+    where a device has bf16 units (:func:`~memflow.search.space.precision_choices`), ``amp``
+    in the runnable space only on a graph holding its program (:attr:`SearchSpace.amp`).
 
     >>> import memflow
     >>> from memflow.search.synthetic import chain_graph
@@ -390,8 +392,8 @@ def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Prop
     >>> draw("1xA100-80GB"), draw("1xV100-16GB")
     ('pure-bf16', 'amp')
     """
-    choices = [p for p in precision_choices(s, space.bf16)
-               if not space.runnable or p in RUNNABLE.precisions]
+    choices = [p for p in precision_choices(s, space.bf16) if not space.runnable or (
+        p in RUNNABLE.precisions and (p != "amp" or space.amp))]
     if not choices or space.precision_pinned:
         return None
     return Proposal("precision", "", s.with_model_states(precision=_pick(rng, choices)))
@@ -433,11 +435,12 @@ MOVES: dict[str, Move] = {**{m.__name__: dropping_sequence(m)
                           "sequence": sequence,
                           "microbatches": keeping_pipeline(microbatches),
                           "shard": keeping_pipeline(keeping_states(shard)),
-                          **{m.__name__: keeping_states(m) for m in (precision, optimizer_place)}}
+                          "precision": keeping_states(replicating(precision)),
+                          "optimizer_place": keeping_states(optimizer_place)}
 MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
 """Moves over model states. Search space = export space: the default weights hold those whose
 choices export runs (:data:`EXPORTED_MODEL_STATE_MOVES`: all three, as FSDP2 / ZeRO-1,
-bf16 / pure-bf16 and optimizer offload; ``amp`` is proposed only outside the runnable space)."""
+bf16 / pure-bf16 / amp (on whole-model replicas) and optimizer offload)."""
 MODEL_STATE_WEIGHTS = {"shard": 0.1, "precision": 0.05, "optimizer_place": 0.05}
 EXPORTED_MODEL_STATE_MOVES = tuple(m for m, exported in (
     ("shard", len(RUNNABLE.shard_levels) > 1), ("precision", len(RUNNABLE.precisions) > 1),

@@ -25,7 +25,7 @@ from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..sim.precision import BF16_PRECISIONS
 from ..strategy import POLICIES, parse_policy
-from ..strategy.runnable import (RUNNABLE, model_state_problem, parameter_limits,
+from ..strategy.runnable import (RUNNABLE, model_state_problem, parameter_limits, runs_amp,
                                  pipeline_problem, root_sharded, sample_problem,
                                  sequence_problem, sequence_units, unrunnable)
 from ..strategy.shard_levels import S_GRADIENTS
@@ -137,6 +137,9 @@ class SearchSpace:
         # bf16 precisions are proposed only where some device has bf16 units: elsewhere they
         # hold what amp holds at the FP32 rate (a pin or a given strategy still runs them)
         self.bf16 = bool(cluster.devices["bf16"].any())
+        # amp runs in the runnable space only on a graph holding its program (capture's amp
+        # pass): halving an fp32 capture is not what the exported autocast step holds
+        self.amp = runs_amp(graph)
 
     # ------------------------------------------------------------------ units
     def index(self, units: str | Iterable[str]) -> list[int]:
@@ -203,6 +206,28 @@ class SearchSpace:
         return {"sample": sample, "parameter": p, "attribute": 1,
                 "devices": self.groups(k)[first // k]}
 
+    def whole_replicas(self, strategy):
+        """``strategy`` as whole-model replicas: every unit on the largest data-parallel
+        degree of :meth:`sample_degrees` its devices hold, on the first aligned run of them,
+        without pipeline stages, parameter or attribute splits (policies, micro-batches — on
+        a schedule export runs with one stage — and model states kept).
+
+        >>> import memflow
+        >>> from memflow.search.synthetic import chain_graph
+        >>> g = chain_graph(2, batch=8)
+        >>> four = memflow.Cluster.preset("4xV100-16GB")
+        >>> sp = SearchSpace(g, four)
+        >>> w = sp.whole_replicas(memflow.Strategy.pipeline(g, four, stages=2, dp=2,
+        ...                                                 microbatches=1))
+        >>> w.sample.tolist(), w.stage.tolist(), w.devices[0]
+        ([4, 4], [-1, -1], ('gpu0', 'gpu1', 'gpu2', 'gpu3'))
+        """
+        held = len(set(strategy.device_names))
+        sample = max([d for d in self.sample_degrees(strategy.microbatches) if d <= held]
+                     or [1])
+        return strategy.with_config(self.names, sample=sample, parameter=1, attribute=1,
+                                    stage=-1, devices=self.groups(sample)[0])
+
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
         root = np.asarray(strategy.shard)[self.root_sharded]
@@ -217,8 +242,10 @@ class SearchSpace:
     def holds_states(self, strategy) -> bool:
         """Whether export holds ``strategy``'s model states at its precision and optimizer
         place (:func:`~memflow.strategy.runnable.model_state_problem`, the root group's rule
-        from this space's cached :func:`~memflow.strategy.runnable.root_sharded`)."""
-        if model_state_problem(strategy) is not None:
+        from this space's cached :func:`~memflow.strategy.runnable.root_sharded`; ``amp`` only
+        on a graph holding its program, :attr:`amp`)."""
+        if model_state_problem(strategy) is not None or (
+                strategy.precision == "amp" and not self.amp):
             return False
         root = np.asarray(strategy.shard)[self.root_sharded]
         place = np.asarray(strategy.offload_optimizer)[self.root_sharded][root >= S_GRADIENTS]

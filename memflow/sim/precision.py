@@ -1,17 +1,21 @@
-"""What a strategy's precision does to its activations: a ``bf16`` or ``pure-bf16`` step runs
-the model cast to bfloat16 (:mod:`memflow.graph.compute`), so its saved tensors, temporaries
-and memory traffic are those of that program, which capture records in a second pass
-(``graph.bf16``): each tensor in the dtype its op makes — bf16 mostly, fp32 where the model
-upcasts (Llama's RMSNorm, a softmax in fp32, the loss) — and the copies the casts make; and
-buffers at the width the cast gives them (batch norms' statistics in bf16).
+"""What a strategy's precision does to its activations. A ``bf16`` or ``pure-bf16`` step runs
+the model cast to bfloat16 (:mod:`memflow.graph.compute`); an ``amp`` step runs it with fp32
+weights under float16 autocast. Its saved tensors, temporaries and memory traffic are those of
+that program, which capture records in a second pass (:data:`PASS`: ``graph.bf16``,
+``graph.amp``): each tensor in the dtype its op makes — bf16 or fp16 mostly, fp32 where the
+model upcasts (Llama's RMSNorm, a softmax in fp32, the loss) or autocast runs in fp32 (its fp32
+list: norms, losses, ``exp``…) — and the copies the casts make (under ``amp``, autocast's half
+copy of each weight, made once per step); and buffers at the width the cast gives them (batch
+norms' statistics in bf16).
 
-A graph without that pass (built by hand, or captured under autocast) halves instead: every
+A graph without the bf16 pass (built by hand) halves instead under a bf16 precision: every
 float32 tensor, temporary and byte moved at 2 bytes, integer tensors (token ids, masks) and
-units captured in half precision unchanged. That under-counts a model that upcasts.
-
-The precisions that cast activations are those whose weights are half width in
-:data:`memflow.memory.states.WIDTHS`; ``fp32`` and ``amp`` keep the capture's own sizes (an
-``amp`` capture under autocast already records which ops ran in half precision).
+units captured in half precision unchanged. That under-counts a model that upcasts. Without
+the amp pass ``amp`` keeps the capture's own sizes, as ``fp32`` does: right for a graph
+captured under autocast (its own ``amp`` program: it records which ops ran in half
+precision), not for an fp32 one, on which export refuses ``amp``
+(:func:`memflow.strategy.runnable.amp_problem`) — halving would miss autocast's weight copies
+and fp32 ops all the same.
 
 Which units compute in bfloat16 (:func:`bf16_units`) matters to time: a GPU without bf16
 units (``bf16`` false in the cluster's devices, as on a V100) runs them at its FP32 rate.
@@ -26,13 +30,16 @@ import numpy as np
 from ..memory.arrays import GraphArrays, graph_arrays
 from ..memory.states import WIDTHS
 
-__all__ = ["activation_arrays", "ACTIVATION_WIDTH", "BF16_PRECISIONS", "bf16_units"]
+__all__ = ["activation_arrays", "ACTIVATION_WIDTH", "BF16_PRECISIONS", "PASS", "bf16_units"]
 
 ACTIVATION_WIDTH = {p: w for p, (w, _, _) in WIDTHS.items() if w is not None}
 """precision -> bytes per floating-point activation element, where the precision casts."""
 BF16_PRECISIONS = tuple(ACTIVATION_WIDTH)
 """The precisions that compute in bfloat16: those that cast (export casts to bfloat16,
 :func:`memflow.export.model_states.compute_dtype`)."""
+PASS = {"bf16": "bf16", "pure-bf16": "bf16", "amp": "amp"}
+"""precision -> the graph's second pass (:data:`memflow.graph.opgraph.PASSES`) that runs it."""
+_HALF_WIDTH = 2         # bytes per element of a half-precision activation (bf16, fp16)
 _FP32 = {"float32", "torch.float32", "float"}
 _BF16 = {"bfloat16", "torch.bfloat16"}
 _CACHE: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
@@ -49,24 +56,27 @@ def activation_arrays(graph, precision: str | None) -> GraphArrays:
     ...                           "consumers": [["fc"], []], "dtype": ["int64", "float32"]}))
     >>> activation_arrays(g, "bf16").bytes.tolist(), activation_arrays(g, "bf16").fwd_tmp.tolist()
     ([8.0, 200.0], [20.0])
-    >>> activation_arrays(g, "amp") is graph_arrays(g)
+    >>> activation_arrays(g, "amp") is graph_arrays(g)     # no amp pass: the capture's sizes
     True
     """
     ga = graph_arrays(graph)
-    width = ACTIVATION_WIDTH.get(precision or "fp32")
-    if width is None:
+    key = PASS.get(precision or "fp32")
+    if key is None:
         return ga
-    if getattr(graph, "bf16", None) is not None:       # the program as it runs in bf16
-        return graph_arrays(graph.bf16)
+    run = getattr(graph, key, None)
+    if run is not None:                                 # the program as the precision runs it
+        return graph_arrays(run)
+    if key == "amp":
+        return ga
     per_graph = _CACHE.setdefault(graph, {})
     hit = per_graph.get(precision)
     if hit is None or hit[0] is not ga:
         dtype = graph.tensors["dtype"].astype(str) if "dtype" in graph.tensors.columns else None
         fp32 = (np.zeros(len(ga.bytes), bool) if dtype is None
                 else dtype.isin(_FP32).to_numpy())
-        unit = np.where(ga.half, 1.0, width / 4)       # fp32 units' temporaries and traffic
+        unit = np.where(ga.half, 1.0, _HALF_WIDTH / 4)       # fp32 units' temporaries and traffic
         hit = per_graph[precision] = (ga, replace(
-            ga, bytes=np.where(fp32, ga.bytes * width / 4, ga.bytes),
+            ga, bytes=np.where(fp32, ga.bytes * _HALF_WIDTH / 4, ga.bytes),
             fwd_tmp=ga.fwd_tmp * unit, bwd_tmp=ga.bwd_tmp * unit, cached=ga.cached * unit,
             unpack_tmp=np.where(ga.unpack_tmp < 0, -1.0, ga.unpack_tmp * unit),
             unpack_done=ga.unpack_done * unit,

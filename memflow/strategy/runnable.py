@@ -38,7 +38,8 @@ The rules of :data:`RUNNABLE`:
   so they share one level;
 * **precision and optimizer place on replicas, pipeline stages and tensor-parallel shards** —
   precisions in ``precisions`` (``bf16``: FSDP2's ``MixedPrecisionPolicy`` or bf16
-  parameters with fp32 master copies; ``pure-bf16``; not ``amp``'s autocast yet) and
+  parameters with fp32 master copies; ``pure-bf16``; ``amp``: float16 autocast with a loss
+  scaler, on whole-model replicas only, :func:`amp_problem`) and
   optimizer offload if ``offload_optimizer`` (FSDP2's ``CPUOffloadPolicy``, or a host copy
   stepped there), written by :mod:`memflow.export.model_states` on whole-model replicas and on
   pipeline stages run a process each, and ``bf16`` on tensor-parallel shards too (not
@@ -98,7 +99,7 @@ from .shard_levels import SHARD_LEVELS, S_GRADIENTS, S_NONE, S_OPTIMIZER
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
            "root_sharded", "shard_problem", "pipeline_problem",
-           "model_state_problem", "sample_problem", "sample_groups", "sequence_problem",
+           "model_state_problem", "amp_problem", "runs_amp", "sample_problem", "sample_groups", "sequence_problem",
            "sequence_units"]
 
 
@@ -115,7 +116,7 @@ class Runnable:
     """Pipeline schedules export runs with more than one micro-batch."""
     shard_levels: tuple[str, ...] = SHARD_LEVELS
     """Shard levels export writes (:mod:`memflow.export.fsdp`: FSDP2 and ZeRO-1)."""
-    precisions: tuple[str | None, ...] = (None, "fp32", "bf16", "pure-bf16")
+    precisions: tuple[str | None, ...] = (None, "fp32", "bf16", "pure-bf16", "amp")
     """Strategy precisions export writes (None and ``fp32``: the model's own dtype)."""
     offload_optimizer: bool = True
     """Whether export runs optimizer states and steps on the host."""
@@ -229,6 +230,48 @@ def shard_problem(strategy, graph) -> str | None:
     return None
 
 
+def runs_amp(graph) -> bool:
+    """Whether the memory model knows ``graph``'s ``amp`` program: capture's amp pass
+    (``graph.amp``), or a capture under autocast (its own program); True without a graph."""
+    return graph is None or getattr(graph, "amp", None) is not None or \
+        bool(graph.meta.get("autocast"))
+
+
+def amp_problem(strategy, graph=None) -> str | None:
+    """Why export cannot run ``strategy``'s ``amp`` precision (None: it can, or the precision
+    is another). The training loop runs the forward and loss under autocast and steps through
+    a loss scaler (:mod:`memflow.export.amp`) on whole-model replicas — one process, or
+    DistributedDataParallel, FSDP2 and ZeRO-1 over them, gradient accumulation —, not yet in
+    the processes of pipeline stages, tensor-parallel shards or sample groups. With ``graph``,
+    the graph must hold the amp program (:func:`runs_amp`): halving an fp32 capture misses
+    autocast's weight copies and fp32 ops, so the run would not hold what was predicted.
+
+    >>> from memflow.strategy import Strategy
+    >>> s = Strategy(["a", "b"], devices=[("gpu0", "gpu1")] * 2, sample=[2, 2], precision="amp")
+    >>> amp_problem(s) is None, amp_problem(s.with_config("b", stage=1))[:63]
+    (True, "precision 'amp' in a strategy with pipeline stages: export runs")
+    """
+    if strategy.precision != "amp":
+        return None
+    sample = np.asarray(strategy.sample)
+    where = next((what for what, found in (
+        ("pipeline stages", (np.asarray(strategy.stage) > 0).any()),
+        ("parameter splits", (np.asarray(strategy.parameter) > 1).any()),
+        ("per-unit sample degrees", (sample != sample[0]).any())) if found), None)
+    if where is not None:
+        return (f"precision 'amp' in a strategy with {where}: export runs autocast and its "
+                "loss scaler on whole-model replicas (one process, DistributedDataParallel, "
+                "FSDP2, ZeRO-1), not yet in the processes of pipeline stages, tensor-parallel "
+                f"shards or sample groups. Valid: no {where}, or precision None, 'fp32' or "
+                "'bf16'")
+    if not runs_amp(graph):
+        return (f"precision 'amp' on graph {graph.meta.get('model', '')!r}, captured without "
+                "its amp pass (memflow.from_torch(amp=False), a graph built by hand, or a model "
+                "that does not run under float16 autocast): the memory of its autocast program "
+                "is unknown. Valid: a graph captured with amp=True, or another precision")
+    return None
+
+
 def model_state_problem(strategy, graph=None) -> str | None:
     """Why export cannot hold ``strategy``'s model states at its precision and optimizer place
     (None: it can); the root-group rule is checked only with ``graph``.
@@ -239,6 +282,9 @@ def model_state_problem(strategy, graph=None) -> str | None:
     >>> model_state_problem(s) is None, model_state_problem(s.with_shard({"b": "optimizer"}))[:64]
     (True, "unit 'b' has shard level 'optimizer' with fp32 master weights (p")
     """
+    problem = amp_problem(strategy, graph)
+    if problem is not None:
+        return problem
     offload = np.asarray(strategy.offload_optimizer)
     masters = strategy.precision == "bf16"
     if not (masters or offload.any() or strategy.precision == "pure-bf16"):
@@ -337,8 +383,7 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
     if problem is not None:
         return problem
     if strategy.precision not in rules.precisions:
-        return (f"precision {strategy.precision!r}: export does not write it (autocast "
-                "training is not written yet). Valid: precision "
+        return (f"precision {strategy.precision!r}: export does not write it. Valid: precision "
                 f"{', '.join(map(repr, rules.precisions))}")
     problem = model_state_problem(strategy, graph)
     if problem is not None:

@@ -133,7 +133,10 @@ def test_walks_reach_every_feature():
     seen = {"parameter": set(), "replicas": set(), "1f1b stages": set(), "mixed": set(),
             "accumulation": set(), "stage states": set(), "block split": set(),
             "sequence": set()}
-    for seed in range(30):
+    # 60 seeds: a parameter degree of 4 comes in ~1 walk of 35 (seeds 30-69: 5 of 160 walks
+    # before amp was runnable, 4 now that amp on these V100s proposes whole-model replicas);
+    # amp changed the random streams, and only seed 56 below 60 reaches it now
+    for seed in range(60):
         for model in MODELS:
             g, s = walk(model, "4xV100-16GB", seed, 40, 0)
             seen["parameter"].add(int(s.parameter.max()))

@@ -171,5 +171,8 @@ def test_half_precision_strategies_hold_half_width_activations(precision):
     e32 = memflow.estimate(g, "cpu", strategy=s)
     e16 = memflow.estimate(g, "cpu", strategy=s.with_model_states(precision=precision))
     assert e16.loc["activations", "max"] == pytest.approx(e32.loc["activations", "max"] / 2)
+    # amp runs the autocast program capture's amp pass recorded: at batch 8 autocast's half
+    # copies of the 256² weights outweigh its halved activations (tests/graph/test_amp_pass.py
+    # checks that program against real autocast steps)
     amp = Simulator(g, one).result(s.with_model_states(precision="amp")).memory
-    assert amp["activations"].max() == full["activations"].max()
+    assert amp["activations"].max() > full["activations"].max()
