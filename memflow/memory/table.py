@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 
-from ..graph.mapkind import MAP_KINDS
+from ..graph.mapkind import MAP_KINDS, UNCOMPRESSED, kind_code
 from ..strategy.policies import POLICIES
 from .arrays import GraphArrays
 from .plan import StepBlocks
@@ -190,11 +190,14 @@ class BlockTable:
         self.recompute_tmp = ga.fwd_tmp * per
         self.cached = ga.cached * per
         self.expensive = ga.expensive[P.tensor]
-        self.kind = ga.map_kind[P.tensor]       # each record's ratio is its kind's
+        # each record's ratio is its kind's; the step's inputs are charged as a kind no
+        # compressor packs: the caller holds them through the step, so export packs none
+        kind = np.where(ga.producer < 0, kind_code(min(UNCOMPRESSED)), ga.map_kind)
+        self.kind = kind[P.tensor]
         # per unit, the bytes of each kind it saves (weights its unpacked bytes' ratio)
         self.saved_by_kind = np.zeros((n, len(MAP_KINDS)))
         owners = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.savers_ptr))
-        np.add.at(self.saved_by_kind, (ga.savers_idx, ga.map_kind[owners]), ga.bytes[owners])
+        np.add.at(self.saved_by_kind, (ga.savers_idx, kind[owners]), ga.bytes[owners])
         # a tied weight's contributions are in bwd_tmp: the one waiting for the others is a
         # gradient alive between backwards, the sum the reader that adds it in makes its own
         bwd_tmp = self.bwd_tmp = ga.bwd_tmp * per
