@@ -41,6 +41,7 @@ import torch
 
 from ..compress import choose, compress, compressed_saved_tensors, decompress
 from ..errors import PlanError
+from ..graph.capture import split_inputs
 from ..graph.mapkind import UNCOMPRESSED, saved_maps
 
 __all__ = ["feature_map_ratios", "gradient_error", "real_model", "map_bits"]
@@ -135,7 +136,7 @@ def map_bits(model: torch.nn.Module, inputs: Any, *,
     kind costs this model, before any exported run (``graph.meta["map_bits"]``, read by
     :func:`memflow.estimate`, the simulator and the planners).
 
-    ``inputs`` as for :func:`memflow.from_torch` (a tensor or a tuple). The forward runs on a
+    ``inputs`` as for :func:`memflow.from_torch` (a tensor, a tuple or a dict). The forward runs on a
     copy (batch norm's running statistics stay as they are) with the random state restored
     after it; each map is compressed whole up to ``sample`` elements, else its first
     ``sample`` (weighted by its whole size). ``compressor``: the one the step runs
@@ -151,9 +152,9 @@ def map_bits(model: torch.nn.Module, inputs: Any, *,
     import copy
 
     compressor = choose("cpu", compressor)
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    args, kwargs = split_inputs(inputs)
     with torch.random.fork_rng(devices=[]):
-        maps = [(t, k) for t, k in saved_maps(copy.deepcopy(model), *args)
+        maps = [(t, k) for t, k in saved_maps(copy.deepcopy(model), *args, kwargs=kwargs)
                 if k not in UNCOMPRESSED]
     if not maps:
         raise PlanError("the model saved no floating activations to compress")
