@@ -176,9 +176,8 @@ class SavedStore:
         from ..compress import FLOAT_DTYPES, compress, decompress
 
         def pack(t: torch.Tensor) -> Any:
-            record = self._record(t)
-            if record is None or t.dtype not in FLOAT_DTYPES or t.layout != torch.strided \
-                    or storage_key(t) in self.inputs:
+            record = None if storage_key(t) in self.inputs else self._record(t)
+            if record is None or t.dtype not in FLOAT_DTYPES or t.layout != torch.strided:
                 return t    # weights, held storages, inputs, integers and masks stay as they are
             view = (t.storage_offset(), tuple(t.size()), t.stride(), t.dtype)
             for saved in record.live_packs():   # the same view saved twice is packed once
