@@ -147,8 +147,8 @@ def replan(pol, start, ratio, unit_ratio, old_pol, old_start, old_ratio, first, 
         bytes_[unit_row + NU * u + REC_TMP] = recompute_tmp[u] if start[u] >= 0 else 0.0
         bytes_[unit_row + NU * u + CACHED] = (cached[u] if start[u] >= 0
                                               and pol[u] == M_SELECTIVE else 0.0)
-        # a compressing unit's backward decompresses what each node saved as the node runs;
-        # its packs stay to its end, but for those of the nodes run before its peak
+        # a compressing unit's backward decompresses what each node saved as the node runs,
+        # and frees its packs as it goes: those left at its peak are temporaries of it
         by_node = pol[u] == M_COMPRESSED and unpack_tmp[u] >= 0
         bytes_[unit_row + NU * u + BWD_TMP] = (
             max(unpack_tmp[u] + left[u] - unpack_done[u] / unit_ratio[u], 0.0) if by_node
