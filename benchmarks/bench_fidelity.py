@@ -6,7 +6,10 @@ Each row is one real CPU step (forward, ``loss_fn(output)`` with the output drop
 exists) measured by MemTracker, against ``memflow.estimate`` of the graph captured from the
 same model and inputs. Optimizers: SGD with momentum, AdamW (memflow's ``adam`` states).
 Plans (``--plans``, on ``blocks`` units): every unit under ``recompute``, ``selective`` or
-``compress:0.01``, applied by ``memflow.export.apply`` and measured on the exported model.
+``compress:0.01``, applied by ``memflow.export.apply`` and measured on the exported model;
+under ``compress`` the estimate charges the ratios the compressor reaches on the model's own
+maps, measured before the run on its weights as built
+(:func:`memflow.planners.compress_measure.map_bits`).
 Target: within 1%.
 
     python benchmarks/bench_fidelity.py                       # everything
@@ -33,6 +36,7 @@ sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests" / "graph"), str(ROO
 import memflow  # noqa: E402
 from memflow.export import apply  # noqa: E402
 from memflow.memory.measure import memtracker_peak  # noqa: E402
+from memflow.planners.compress_measure import map_bits  # noqa: E402
 from memflow.strategy import Strategy  # noqa: E402
 from _results import RESULTS, table, write_section  # noqa: E402
 from bench_estimate import SHRUNK  # noqa: E402
@@ -58,6 +62,8 @@ def row(name: str, units, plan: str, optimizer: str) -> dict:
     graph = memflow.from_torch(model, inputs, units=units, loss_fn=loss_fn)
     strategy = Strategy.single_device(graph)
     if plan != "keep":
+        if plan.startswith("compress:"):    # the model's own maps' ratios, before the run
+            graph.meta["map_bits"] = map_bits(model, inputs, error_bounds=[float(plan[9:])])
         body = [u for u in graph.names if u != "<loss>"]
         strategy = strategy.with_policy({u: plan for u in body})
         model = apply(model, strategy, graph, devices={"gpu0": "cpu"})

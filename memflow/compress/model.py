@@ -21,6 +21,12 @@ compressor the step runs (:func:`~memflow.compress.codec.choose`: SZ3 on a CPU w
 is installed, the quantizer on a GPU or without it), so that the memory model charges each
 saved record what the exported hooks will hold. Without ``kind``, the maps pooled.
 
+**Ratio measured on the model itself.** The zoo's figures are pooled over other models' maps:
+a raw signed map's spread is its own weights' (inception_v3's batch-norm inputs pack 4.4-5x
+where the zoo's signed maps pack 6x). ``measured`` (bits per element by kind and bound, of
+one compressor: :func:`memflow.planners.compress_measure.map_bits` compresses the maps a
+real forward of the model saves, before any run) replaces the table for the kinds it has.
+
 **Speed.** The quantizer is a chain of memory-bound elementwise torch ops, so on a GPU its time
 is its memory traffic over the achieved bandwidth, plus a launch per op. The benchmark counts
 that traffic with a dispatch mode — bytes read and written by every op, per element, at each
@@ -47,6 +53,8 @@ True
 from __future__ import annotations
 
 import math
+from typing import Mapping
+
 import numpy as np
 
 from ..errors import CompressionError
@@ -110,7 +118,8 @@ _V100 = 900e9 * 0.88
 
 
 def _bits(error_bound: float, relative: bool, lossless: bool, compressor: str = "quantizer",
-          kind: str | None = None) -> float:
+          kind: str | None = None, measured: Mapping[str, Mapping[float, float]] | None = None
+          ) -> float:
     if compressor not in COMPRESSORS:
         raise CompressionError(f"compressor must be one of {', '.join(COMPRESSORS)}, "
                                f"got {compressor!r}")
@@ -122,6 +131,8 @@ def _bits(error_bound: float, relative: bool, lossless: bool, compressor: str = 
             raise CompressionError("ratios by map kind, and SZ3's, are measured at absolute "
                                    "bounds without the zlib stage only")
         table = MEASURED[(bool(relative), bool(lossless))]
+    elif measured and (kind or "all") in measured:
+        table = measured[kind or "all"]
     else:
         table = BY_KIND[(compressor, kind or "all")]
     bounds = np.log10(sorted(table))
@@ -134,19 +145,22 @@ def _bits(error_bound: float, relative: bool, lossless: bool, compressor: str = 
 
 def expected_ratio(error_bound: float, dtype: str = "float32", *, relative: bool = False,
                    lossless: bool = False, compressor: str = "quantizer",
-                   kind: str | None = None) -> float:
+                   kind: str | None = None,
+                   measured: Mapping[str, Mapping[float, float]] | None = None) -> float:
     """Compression ratio of saved feature maps at ``error_bound`` (see the module's notes).
 
     ``relative``: the bound is a fraction of each map's value range. ``lossless``: with the
     zlib stage (CPU only, so not what a GPU step would use); both for the quantizer's pooled
     figures only. ``compressor``: ``"quantizer"`` or ``"sz3"``; ``kind``: the maps' kind
-    (``memflow.graph.mapkind.MAP_KINDS``; None: all maps pooled).
+    (``memflow.graph.mapkind.MAP_KINDS``; None: all maps pooled); ``measured``: bits per
+    element by kind (``"all"``: pooled) and bound, measured with ``compressor`` on the
+    model's own maps, used for the kinds it holds.
     """
     if not (error_bound > 0 and math.isfinite(error_bound)):
         return 1.0
     width = {"float16": 16, "bfloat16": 16, "float64": 64}.get(str(dtype).replace("torch.", ""),
                                                                32)
-    bits = _bits(error_bound, relative, lossless, compressor, kind)
+    bits = _bits(error_bound, relative, lossless, compressor, kind, measured)
     if bits > min(23, width - 1):  # the quantizer keeps such maps raw (see quantizer.py)
         return 1.0
     return width / bits

@@ -102,7 +102,7 @@ class Exported(nn.Module):
         self._state.clear()
         self._state.update(storage_key(t) for t in [*self.module.parameters(),
                                                      *self.module.buffers()])
-        self.store.reset()
+        self.store.reset(pytree.tree_leaves((args, kwargs)))
         m = self.strategy.microbatches
         try:
             if m == 1 or accumulates(self.strategy):     # one micro-batch per call

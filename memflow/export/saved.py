@@ -18,7 +18,9 @@ Both realise the memory model (``docs/data-model.md``) exactly:
 * a storage stays on the device at full size when any unit holding it keeps it or it is a
   recompute segment's input, however many others offload or compress it. :meth:`hold` is told
   of such storages (the :meth:`observer` sees what ``keep`` units save): a copy made before is
-  dropped and its views rebuilt on the device storage; none is made after.
+  dropped and its views rebuilt on the device storage; none is made after;
+* the step's inputs stay as they are under ``compress``: the caller holds them through the
+  step, so a pack of one would only add its bytes (:meth:`reset` is told of them).
 
 >>> import torch
 >>> store = SavedStore(state=set())
@@ -107,12 +109,15 @@ class SavedStore:
         self.state = state
         self.records: dict[int, _Record] = {}
         self.held: set[int] = set()
+        self.inputs: set[int] = set()
         self.host_made: list[StorageWeakRef] = []     # host images of this forward (measuring)
 
-    def reset(self) -> None:
-        """Forget the previous forward (its graph holds what it still needs)."""
+    def reset(self, inputs: Any = ()) -> None:
+        """Forget the previous forward (its graph holds what it still needs); ``inputs``: the
+        tensors of the forward starting now."""
         self.records.clear()
         self.held.clear()
+        self.inputs = {storage_key(t) for t in inputs if isinstance(t, torch.Tensor)}
         self.host_made = []
 
     def observer(self) -> _Hooks:
@@ -171,9 +176,9 @@ class SavedStore:
         from ..compress import FLOAT_DTYPES, compress, decompress
 
         def pack(t: torch.Tensor) -> Any:
-            record = self._record(t)
+            record = None if storage_key(t) in self.inputs else self._record(t)
             if record is None or t.dtype not in FLOAT_DTYPES or t.layout != torch.strided:
-                return t            # weights, held storages, integers and masks stay as they are
+                return t    # weights, held storages, inputs, integers and masks stay as they are
             view = (t.storage_offset(), tuple(t.size()), t.stride(), t.dtype)
             for saved in record.live_packs():   # the same view saved twice is packed once
                 if saved.view == view:

@@ -101,7 +101,8 @@ def predicted_held(graph, strategy: Strategy, *, by_layout: bool = False,
                         split_degrees(strategy, degrees), M, sequence=seq, stage=stage)
     plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
                        # the exported step runs here, on the CPU: its compressor's ratios
-                       compression_ratios(strategy, ga.half, step_ratio(True)),
+                       compression_ratios(strategy, ga.half,
+                                          step_ratio(True, graph.meta.get("map_bits"))),
                        sequence=seq, stage=stage,
                        cache={placement_key(layout, degrees, M, seq, stage): placed})
     device, host = plan.held_for_backward()

@@ -117,10 +117,11 @@ class KindLabels(TorchDispatchMode):
         return out
 
 
-def saved_maps(model: torch.nn.Module, *inputs: Any, min_numel: int = 64
-               ) -> list[tuple[torch.Tensor, str]]:
+def saved_maps(model: torch.nn.Module, *inputs: Any, min_numel: int = 64,
+               kwargs: dict | None = None) -> list[tuple[torch.Tensor, str]]:
     """``(map, kind)`` of every floating storage autograd saves in one real forward of
-    ``model`` (parameters excluded, each storage once, at least ``min_numel`` elements)."""
+    ``model`` (parameters excluded, each storage once, at least ``min_numel`` elements);
+    ``kwargs``: the forward's keyword inputs."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, torch.Tensor] = {}
 
@@ -132,5 +133,5 @@ def saved_maps(model: torch.nn.Module, *inputs: Any, min_numel: int = 64
         return t
 
     with KindLabels() as mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(*inputs)
+        model(*inputs, **(kwargs or {}))
     return [(t, mode.labels.get(ptr, SIGNED)) for ptr, t in seen.items()]

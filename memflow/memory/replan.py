@@ -109,11 +109,15 @@ def replan(pol, start, ratio, unit_ratio, old_pol, old_start, old_ratio, first, 
         # its savers' backwards (their backward temporaries), its pack freed at the end of
         # them, where capture recorded how (``unpack_tmp`` not -1)
         by_node = state == M_COMPRESSED and unpack_tmp[cc] >= 0
+        # ... and, where its last backward (its first saver's) decompresses node by node too,
+        # each node frees its packs as it runs: that backward's temporaries hold what is left
+        fs = max(first_saver, 0)
+        gone = by_node and pol[fs] == M_COMPRESSED and unpack_tmp[fs] >= 0
         bytes_[row + RESTORED] = b if held and not by_node else 0.0
         alloc[row + RESTORED, 0], alloc[row + RESTORED, 1], alloc[row + RESTORED, 2] = back, cc, START
         for j in range(3):
             if by_node:
-                _set(free, row + STORED, j, A_BWD, max(first_saver, 0), END)
+                _set(free, row + STORED, j, A_BWD, fs, START if gone else END)
             else:
                 _set(free, row + STORED, j, back, cc, END)
             _set(free, row + RESTORED, j, A_BWD, max(first_saver, 0), START)
@@ -133,15 +137,22 @@ def replan(pol, start, ratio, unit_ratio, old_pol, old_start, old_ratio, first, 
                 _set(free, row + REMAT, j, A_RECOMP, last_in if last_in >= 0 else max(p, 0), END)
         carrier[x] = c if held else -1
         compress[x] = state == M_COMPRESSED
+    left = np.zeros(n_units)        # per unit, the packs its backward frees node by node
+    for x in range(R):
+        fs = sv[sv_ptr[x]] if sv_ptr[x + 1] > sv_ptr[x] else 0
+        if carrier[x] >= 0 and compress[x] and pol[fs] == M_COMPRESSED and unpack_tmp[fs] >= 0 \
+                and unpack_tmp[carrier[x]] >= 0:
+            left[fs] += bytes_[NS * x + STORED]
     for u in range(n_units):
         bytes_[unit_row + NU * u + REC_TMP] = recompute_tmp[u] if start[u] >= 0 else 0.0
         bytes_[unit_row + NU * u + CACHED] = (cached[u] if start[u] >= 0
                                               and pol[u] == M_SELECTIVE else 0.0)
-        # a compressing unit's backward decompresses what each node saved as the node runs;
-        # its packs stay to its end, but for those of the nodes run before its peak
+        # a compressing unit's backward decompresses what each node saved as the node runs,
+        # and frees its packs as it goes: those left at its peak are temporaries of it
         by_node = pol[u] == M_COMPRESSED and unpack_tmp[u] >= 0
         bytes_[unit_row + NU * u + BWD_TMP] = (
-            max(unpack_tmp[u] - unpack_done[u] / unit_ratio[u], 0.0) if by_node else bwd_tmp[u])
+            max(unpack_tmp[u] + left[u] - unpack_done[u] / unit_ratio[u], 0.0) if by_node
+            else bwd_tmp[u])
         offloaded[u] = 0.0
         compressed[u] = 0.0
     for x in range(R):        # summed in record order, whatever changed

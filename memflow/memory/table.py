@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 
-from ..graph.mapkind import MAP_KINDS
+from ..graph.mapkind import MAP_KINDS, UNCOMPRESSED, kind_code
 from ..strategy.policies import POLICIES
 from .arrays import GraphArrays
 from .plan import StepBlocks
@@ -123,23 +123,27 @@ def _unit_columns(n: int, optimizer_rows: int) -> tuple[np.ndarray, np.ndarray]:
 _SAVED: dict[int, tuple] = {}
 
 
-def _saved(ga: GraphArrays) -> tuple[np.ndarray, np.ndarray]:
+def _saved(ga: GraphArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per unit, whether it saves a storage, and the bytes of each map kind it saves
-    (weights its unpacked bytes' ratio): graph constants, made once per graph arrays (a
-    search had made them for every placement)."""
+    (weights its unpacked bytes' ratio); per tensor, the kind its record is charged as: graph
+    constants, made once per graph arrays (a search had made them for every placement).
+
+    The step's inputs are charged as a kind no compressor packs: the caller holds them
+    through the step, so export packs none."""
     hit = _SAVED.get(id(ga))
     if hit is not None and hit[0]() is ga:
         return hit[1]
     saves = np.zeros(ga.n, bool)
     saves[ga.savers_idx] = True
+    kind = np.where(ga.producer < 0, kind_code(min(UNCOMPRESSED)), ga.map_kind)
     by_kind = np.zeros((ga.n, len(MAP_KINDS)))
     owners = np.repeat(np.arange(len(ga.bytes)), np.diff(ga.savers_ptr))
-    np.add.at(by_kind, (ga.savers_idx, ga.map_kind[owners]), ga.bytes[owners])
-    saves.flags.writeable = by_kind.flags.writeable = False
+    np.add.at(by_kind, (ga.savers_idx, kind[owners]), ga.bytes[owners])
+    saves.flags.writeable = by_kind.flags.writeable = kind.flags.writeable = False
     if len(_SAVED) > 16:        # graph arrays long gone
         _SAVED.clear()
-    _SAVED[id(ga)] = (weakref.ref(ga), (saves, by_kind))
-    return saves, by_kind
+    _SAVED[id(ga)] = (weakref.ref(ga), (saves, by_kind, kind))
+    return saves, by_kind, kind
 
 
 _STATES: dict[tuple, tuple] = {}
@@ -191,7 +195,7 @@ class BlockTable:
         self.state_row = self.unit_row + NU * n + len(o_lay)
         k = self.state_row + NM * n
         self.placed, self.n, self.microbatches = P, n, M
-        self.saves, self.saved_by_kind = _saved(ga)
+        self.saves, self.saved_by_kind, kinds = _saved(ga)
         category, per_mb = _unit_columns(n, len(o_lay))
         self.static = {
             "layout": np.concatenate([np.repeat(P.layout, NS), P.grad_layout, np.repeat(layout, NU),
@@ -211,7 +215,7 @@ class BlockTable:
         self.recompute_tmp = ga.fwd_tmp * per
         self.cached = ga.cached * per
         self.expensive = ga.expensive[P.tensor]
-        self.kind = ga.map_kind[P.tensor]       # each record's ratio is its kind's
+        self.kind = kinds[P.tensor]       # each record's ratio is its kind's
         # a tied weight's contributions are in bwd_tmp: the one waiting for the others is a
         # gradient alive between backwards, the sum the reader that adds it in makes its own
         bwd_tmp = self.bwd_tmp = ga.bwd_tmp * per

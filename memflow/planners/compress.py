@@ -126,7 +126,7 @@ def compress(graph, cluster: Any, *, error_bound: float | Iterable[float] = ERRO
     ref = ev(keep)
     act_keep = _activations(graph, c, keep, optimizer)
     on_cpu = cpu_figures(c) is not None         # what the simulator charges: the step's own
-    ratio_of = step_ratio(on_cpu)
+    ratio_of = step_ratio(on_cpu, graph.meta.get("map_bits"))
     source = graph_source(graph)
     batch = int(graph.meta["batch_size"])
     if adapt_batch:

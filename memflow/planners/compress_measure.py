@@ -9,7 +9,11 @@ where the full one is too big for a quick run, or any ``(model, inputs)``):
   at each error bound: the compression ratio over all of them, the compressor's throughput on
   this machine, and the largest error reached;
 * :func:`gradient_error` trains one step with and without
-  :class:`memflow.compress.compressed_saved_tensors` and compares the parameter gradients.
+  :class:`memflow.compress.compressed_saved_tensors` and compares the parameter gradients;
+* :func:`map_bits` measures, per map kind (:mod:`memflow.graph.mapkind`), the bits per
+  element the step's compressor packs the model's own saved maps into: set as the graph's
+  ``meta["map_bits"]``, it is what the memory model charges that model's compressed records
+  instead of the zoo-wide figures of :data:`memflow.compress.model.BY_KIND`.
 
 The weights are random (nothing is downloaded), so feature maps have the statistics of an
 untrained network on random inputs: ratios on trained networks and real data differ.
@@ -37,9 +41,10 @@ import torch
 
 from ..compress import choose, compress, compressed_saved_tensors, decompress
 from ..errors import PlanError
-from ..graph.mapkind import saved_maps
+from ..graph.capture import split_inputs
+from ..graph.mapkind import UNCOMPRESSED, saved_maps
 
-__all__ = ["feature_map_ratios", "gradient_error", "real_model"]
+__all__ = ["feature_map_ratios", "gradient_error", "real_model", "map_bits"]
 
 
 def real_model(source: Any, batch_size: int = 2, **cfg: Any) -> tuple[torch.nn.Module, tuple]:
@@ -121,3 +126,48 @@ def gradient_error(source: Any, error_bounds: Iterable[float], *, batch_size: in
                      "cosine": float(torch.nn.functional.cosine_similarity(g, ref, dim=0)),
                      "ratio": ratio})
     return pd.DataFrame(rows).set_index("error_bound").astype(np.float64)
+
+
+def map_bits(model: torch.nn.Module, inputs: Any, *,
+             error_bounds: Iterable[float] = (1e-4, 1e-3, 1e-2, 1e-1),
+             compressor: str | None = None, sample: int = 1 << 22) -> dict:
+    """Bits per element the compressor packs ``model``'s own saved maps into, per map kind,
+    measured on one real forward at the weights it has now: what a compressed record of that
+    kind costs this model, before any exported run (``graph.meta["map_bits"]``, read by
+    :func:`memflow.estimate`, the simulator and the planners).
+
+    ``inputs`` as for :func:`memflow.from_torch` (a tensor, a tuple or a dict). The forward runs on a
+    copy (batch norm's running statistics stay as they are) with the random state restored
+    after it; each map is compressed whole up to ``sample`` elements, else its first
+    ``sample`` (weighted by its whole size). ``compressor``: the one the step runs
+    (:func:`memflow.compress.choose` for the CPU by default; the memory model uses the figures
+    only for that compressor). Returns ``{"compressor": name, "bits": {kind: [[bound, bits],
+    ...]}}`` (JSON-ready: it is saved with the graph), ``"all"`` pooling every kind.
+
+    >>> net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+    >>> m = map_bits(net, torch.randn(256, 64), error_bounds=[1e-2], compressor="quantizer")
+    >>> sorted(m["bits"]), 4 < m["bits"]["rectified"][0][1] < 16
+    (['all', 'rectified', 'signed'], True)
+    """
+    import copy
+
+    compressor = choose("cpu", compressor)
+    args, kwargs = split_inputs(inputs)
+    with torch.random.fork_rng(devices=[]):
+        maps = [(t, k) for t, k in saved_maps(copy.deepcopy(model), *args, kwargs=kwargs)
+                if k not in UNCOMPRESSED]
+    if not maps:
+        raise PlanError("the model saved no floating activations to compress")
+    bits: dict[str, list[list[float]]] = {}
+    for eb in sorted(float(e) for e in error_bounds):
+        by_kind: dict[str, list[float]] = {}
+        for t, kind in maps:
+            part = t.reshape(-1)[:sample]
+            packed = compress(part, eb, compressor=compressor)
+            for k in (kind, "all"):      # bits of the part, counted for the whole map
+                acc = by_kind.setdefault(k, [0.0, 0.0])
+                acc[0] += 8 * packed.nbytes * t.numel() / part.numel()
+                acc[1] += t.numel()
+        for k, (b, n) in by_kind.items():
+            bits.setdefault(k, []).append([eb, b / n])
+    return {"compressor": compressor, "bits": bits}

@@ -63,15 +63,19 @@ def step_compressor(on_cpu: bool) -> str:
     return choose("cpu" if on_cpu else "cuda")
 
 
-def step_ratio(on_cpu: bool) -> Callable[..., float]:
+def step_ratio(on_cpu: bool, measured: dict | None = None) -> Callable[..., float]:
     """``ratio(eb, dtype="float32", kind=None)``: :func:`memflow.compress.expected_ratio` of
     the compressor a step on a CPU (``on_cpu``) or a GPU runs (:func:`step_compressor`), for
-    maps of ``kind`` (all maps pooled when None). memflow.compress (torch) loads on the
-    first call."""
+    maps of ``kind`` (all maps pooled when None). ``measured``: the graph's
+    ``meta["map_bits"]`` (:func:`memflow.planners.compress_measure.map_bits`), used where it
+    was measured with that compressor. memflow.compress (torch) loads on the first call."""
     def ratio(error_bound: float, dtype: str = "float32", kind: str | None = None) -> float:
         from ..compress.model import expected_ratio
-        return expected_ratio(error_bound, dtype, compressor=step_compressor(on_cpu),
-                              kind=kind)
+        compressor = step_compressor(on_cpu)
+        own = measured and measured["compressor"] == compressor
+        return expected_ratio(error_bound, dtype, compressor=compressor, kind=kind,
+                              measured={k: dict(map(tuple, v)) for k, v in
+                                        measured["bits"].items()} if own else None)
     return ratio
 
 

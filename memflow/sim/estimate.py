@@ -118,7 +118,8 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
                         degrees[layout, 1], M, allocator)
     plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
                        compression_ratios(strategy, ga.half | (precision in ACTIVATION_WIDTH),
-                                          step_ratio(_on_cpu(device, label))),
+                                          step_ratio(_on_cpu(device, label),
+                                                     graph.meta.get("map_bits"))),
                        optimizer=optimizer,
                        foreach=foreach, cache={placement_key(layout, degrees, M): placed},
                        precision=precision, shard=strategy.shard,

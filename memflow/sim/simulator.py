@@ -33,7 +33,7 @@ from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
 from .costs import copy_cost, copy_times, layout_cost
 from .cpu_time import (compress_model, compressed_maps, compression_ratios, cpu_figures,
-                       parameter_tensors, saved_tensors)
+                       parameter_tensors, saved_tensors, step_ratio)
 from .durations import placement_timing, policy_timing
 from .shapes import unit_kernels
 from .expand import expand
@@ -116,8 +116,10 @@ class Simulator:
         return self.ga.half | (self.precision_of(strategy) in ACTIVATION_WIDTH)
 
     def _ratios(self, strategy: Strategy) -> np.ndarray:
-        return compression_ratios(strategy, self._half_maps(strategy),
-                                  lambda eb, dtype, kind: self.compression[0](eb, dtype, kind))
+        measured = self.graph.meta.get("map_bits")      # the model's own maps' ratios
+        ratio_of = (step_ratio(bool(self._cpu), measured) if measured
+                    else lambda eb, dtype, kind: self.compression[0](eb, dtype, kind))
+        return compression_ratios(strategy, self._half_maps(strategy), ratio_of)
 
     def _placed_of(self, strategy: Strategy) -> Placed:
         layout, M = strategy.layout_ids, strategy.microbatches

@@ -53,6 +53,26 @@ def test_compressed_bytes_are_held_at_their_packed_size():
     assert table.loc["saved_bytes", "predicted"] < full
 
 
+def test_the_step_inputs_are_held_whole():
+    # the first Linear saves the model's input, which the caller holds through the step: a
+    # pack of it would only add bytes, so export makes none and the memory model charges none
+    from memflow.export.saved import SavedStore
+    model, x = _model()
+    graph = memflow.from_torch(model, x)
+    keep = Strategy.single_device(graph)
+    first = validate(model, x, keep.with_policy({"0": "compress:1e-2"}), graph)
+    kept = validate(model, x, keep, graph)
+    for table in (first, kept):
+        assert table.loc["saved_bytes", "measured"] == table.loc["saved_bytes", "predicted"]
+    assert first.loc["saved_bytes", "predicted"] == kept.loc["saved_bytes", "predicted"]
+    leaf = torch.randn(64, 64, requires_grad=True)
+    store = SavedStore(state=set())
+    for inputs, records in (([leaf], 0), ([], 1)):      # sin saves its input
+        store.reset(inputs)
+        with store.compress(1e-2):
+            leaf.sin()
+        assert len(store.records) == records
+
 
 def test_a_pack_goes_once_backward_has_used_it():
     # no pack outlives the backward that read it, with no garbage collection (the store's
