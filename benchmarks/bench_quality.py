@@ -221,6 +221,9 @@ def bench(name: str, case: Case, seconds: float, quick: bool) -> tuple[pd.DataFr
              **(MODEL_STATE_WEIGHTS if case.model_states else {})}
     search = MCMCSearch(g, c, init=seed, seed=0, moves=moves, **sim_opts,
                         runnable=not fits or unrunnable(seed, g) is None)
+    # the planners train at the case's precision: held there, the table compares memory and
+    # parallelism, not numerics (amp alone is ~5x on a V100: it would hide everything else)
+    search.pin_precision(case.precision or "fp32")
     start = search.best_score
     tried = search_and_descend(search, seconds, chunks=CHUNKS)
     assert no_worse(start, search.best_score), f"{name}: the search ended worse than its start"
@@ -320,7 +323,9 @@ def main() -> None:
             f"machine (2 cores shared with other jobs: the proposal counts are noisy and low); "
             f"the whole run took {time.perf_counter() - t0:.0f} s. memflow's search never ended "
             "worse than its seed, the best single planner (asserted); each search's seconds "
-            "include its descent. `memflow_gain_%`: 100·(1 − memflow / row) where both fit; "
+            "include its descent. Every search keeps the case's precision (the planners': a "
+            "change of numerics such as amp is another lever, left out of the comparison). "
+            "`memflow_gain_%`: 100·(1 − memflow / row) where both fit; "
             "`plan_s`: the planner's own time.\n\n"
             + table(df.drop(columns="why").set_index("case"), ".4g")
             + "\n\n" + "\n".join(f"- {n}" for n in notes))
