@@ -200,8 +200,11 @@ def _runner(chains: int, client: Any, scheduler: str | None, problem: dict):
         submit, _ = _runner(chains, client, None, problem)
         return submit, client.close
     if client is not None:
-        # sent to every worker once, not with every round (a list: a dict would be split)
-        shared = client.scatter([problem], broadcast=True)[0]
+        # held by the cluster once, not sent with every round (a list: a dict would be split);
+        # each worker fetches it when its first round needs it. Not broadcast: the scheduler's
+        # replication of a large problem lost the key ("Key lost during replication") and
+        # cancelled every round on 2 and on 4 local workers (bench_dask, 2026-11-28)
+        shared = client.scatter([problem])[0]
 
         def submit(payloads):
             return client.gather([client.submit(_round, p, shared, pure=False)
