@@ -36,7 +36,7 @@ from ..errors import MemflowError
 from ..strategy import Strategy
 from ..strategy.runnable import RUNNABLE
 from .microbatch_counts import microbatch_choices, with_microbatches
-from .space import SearchSpace, policy_label, precision_choices, shard_choices
+from .space import SearchSpace, policy_label, shard_choices
 
 if TYPE_CHECKING:
     from .mcmc import MCMCSearch
@@ -73,9 +73,7 @@ def global_changes(s: Strategy, space: SearchSpace, moves: Collection[str]) -> l
     if "microbatches" in moves:
         candidates += [with_microbatches(s, m, space) for m in microbatch_choices(s, space)]
     if "precision" in moves and not space.precision_pinned:
-        candidates += [s.with_model_states(precision=p)
-                       for p in precision_choices(s, space.bf16)
-                       if not space.runnable or p in RUNNABLE.precisions]
+        candidates += [s.with_model_states(precision=p) for p in space.precisions(s)]
     return candidates
 
 

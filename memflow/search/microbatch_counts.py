@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..strategy import Strategy
-from ..strategy.runnable import RUNNABLE
 from .space import SearchSpace
 
 __all__ = ["microbatch_choices", "with_microbatches"]
@@ -52,8 +51,5 @@ def microbatch_choices(s: Strategy, space: SearchSpace) -> list[int]:
 
 def with_microbatches(s: Strategy, m: int, space: SearchSpace) -> Strategy:
     """``s`` with ``m`` micro-batches, on a schedule export runs where the space is export's
-    (a strategy that never had micro-batches may carry any schedule name)."""
-    out = s.with_schedule(microbatches=m)
-    if space.runnable and m > 1 and out.schedule not in RUNNABLE.schedules:
-        out = out.with_schedule(schedule=RUNNABLE.schedules[0])
-    return out
+    (:meth:`~memflow.search.space.SearchSpace.on_exported_schedule`)."""
+    return space.on_exported_schedule(s.with_schedule(microbatches=m))

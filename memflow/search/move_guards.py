@@ -93,9 +93,7 @@ def replicating(move: Move) -> Move:
         prop = move(rng, s, space)
         if prop is None or not space.runnable or amp_problem(prop.strategy) is None:
             return prop
-        whole = space.whole_replicas(prop.strategy)
-        if whole.microbatches > 1 and whole.schedule not in RUNNABLE.schedules:
-            whole = whole.with_schedule(schedule=RUNNABLE.schedules[0])
+        whole = space.on_exported_schedule(space.whole_replicas(prop.strategy))
         return replace(prop, strategy=whole) if space.runs(whole) else None
     return replicated
 

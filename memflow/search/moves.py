@@ -44,7 +44,7 @@ from .microbatch_counts import microbatch_choices, with_microbatches
 from .move_guards import (dropping_sequence, dropping_states, keeping_pipeline, keeping_states,
                           replicating)
 from .per_op import per_op_choices
-from .space import SearchSpace, policy_label, precision_choices, shard_choices
+from .space import SearchSpace, policy_label, shard_choices
 
 __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGHTS",
            "FLEXFLOW_WEIGHTS", "policy", "segment", "per_op", "config", "copy", "swap",
@@ -379,7 +379,7 @@ def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal
 
 def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
     """The whole strategy gets another precision (global: ``unit`` is empty); bf16 ones only
-    where a device has bf16 units (:func:`~memflow.search.space.precision_choices`), ``amp``
+    where a device has bf16 units (:meth:`~memflow.search.space.SearchSpace.precisions`), ``amp``
     in the runnable space only on a graph holding its program (:attr:`SearchSpace.amp`).
 
     >>> import memflow
@@ -392,8 +392,7 @@ def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Prop
     >>> draw("1xA100-80GB"), draw("1xV100-16GB")
     ('pure-bf16', 'amp')
     """
-    choices = [p for p in precision_choices(s, space.bf16) if not space.runnable or (
-        p in RUNNABLE.precisions and (p != "amp" or space.amp))]
+    choices = space.precisions(s)
     if not choices or space.precision_pinned:
         return None
     return Proposal("precision", "", s.with_model_states(precision=_pick(rng, choices)))

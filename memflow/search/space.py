@@ -228,6 +228,22 @@ class SearchSpace:
         return strategy.with_config(self.names, sample=sample, parameter=1, attribute=1,
                                     stage=-1, devices=self.groups(sample)[0])
 
+    def on_exported_schedule(self, strategy):
+        """``strategy`` with its micro-batches on a schedule export runs (the first of
+        :attr:`RUNNABLE.schedules`) where this space is export's and its own is not (a
+        strategy that never had micro-batches may carry any schedule name)."""
+        if self.runnable and strategy.microbatches > 1 and \
+                strategy.schedule not in RUNNABLE.schedules:
+            return strategy.with_schedule(schedule=RUNNABLE.schedules[0])
+        return strategy
+
+    def precisions(self, strategy) -> list[str]:
+        """The precisions a move may give ``strategy`` (:func:`precision_choices`): in the
+        runnable space those export writes, ``amp`` only on a graph holding its program
+        (:attr:`amp`)."""
+        return [p for p in precision_choices(strategy, self.bf16) if not self.runnable or (
+            p in RUNNABLE.precisions and (p != "amp" or self.amp))]
+
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
         root = np.asarray(strategy.shard)[self.root_sharded]
@@ -274,9 +290,9 @@ class SearchSpace:
         sample = max([d for d in valid if d <= int(strategy.sample[0])] or [1])
         out = strategy.with_config({self.names[i]: self.config_for(i, strategy, sample)
                                     for i in range(self.n)})
-        if pipeline_problem(out, self.graph) is not None or (
-                out.microbatches > 1 and out.schedule not in RUNNABLE.schedules):
-            out = out.with_schedule(schedule=RUNNABLE.schedules[0])
+        out = (out.with_schedule(schedule=RUNNABLE.schedules[0])
+               if pipeline_problem(out, self.graph) is not None
+               else self.on_exported_schedule(out))
         # model states export does not write yet go back to how the model holds them; the
         # units sharded in the root fully_shard group take the first one's level
         if set(out.shard_levels) - set(RUNNABLE.shard_levels):
