@@ -39,7 +39,6 @@ BF16_PRECISIONS = tuple(ACTIVATION_WIDTH)
 :func:`memflow.export.model_states.compute_dtype`)."""
 PASS = {"bf16": "bf16", "pure-bf16": "bf16", "amp": "amp"}
 """precision -> the graph's second pass (:data:`memflow.graph.opgraph.PASSES`) that runs it."""
-_HALF_WIDTH = 2         # bytes per element of a half-precision activation (bf16, fp16)
 _FP32 = {"float32", "torch.float32", "float"}
 _BF16 = {"bfloat16", "torch.bfloat16"}
 _CACHE: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
@@ -74,9 +73,10 @@ def activation_arrays(graph, precision: str | None) -> GraphArrays:
         dtype = graph.tensors["dtype"].astype(str) if "dtype" in graph.tensors.columns else None
         fp32 = (np.zeros(len(ga.bytes), bool) if dtype is None
                 else dtype.isin(_FP32).to_numpy())
-        unit = np.where(ga.half, 1.0, _HALF_WIDTH / 4)       # fp32 units' temporaries and traffic
+        width = ACTIVATION_WIDTH[precision]     # a bf16 precision's (WIDTHS), amp returned above
+        unit = np.where(ga.half, 1.0, width / 4)       # fp32 units' temporaries and traffic
         hit = per_graph[precision] = (ga, replace(
-            ga, bytes=np.where(fp32, ga.bytes * _HALF_WIDTH / 4, ga.bytes),
+            ga, bytes=np.where(fp32, ga.bytes * width / 4, ga.bytes),
             fwd_tmp=ga.fwd_tmp * unit, bwd_tmp=ga.bwd_tmp * unit, cached=ga.cached * unit,
             unpack_tmp=np.where(ga.unpack_tmp < 0, -1.0, ga.unpack_tmp * unit),
             unpack_done=ga.unpack_done * unit,
