@@ -40,7 +40,6 @@ from ..graph.autocast import AMP_DTYPE
 __all__ = ["autocast", "grad_scaler", "AmpScaler"]
 
 
-
 def autocast(precision: str | None, device: torch.device) -> ContextManager:
     """The context the forward and loss run in: float16 autocast on ``device``'s type under
     ``amp``, nothing otherwise."""
