@@ -21,14 +21,17 @@ stretches of the forward), :mod:`~.tracker` (following them at run time), :mod:`
 training script's path for both); :mod:`~.fsdp` (shard levels: FSDP2 ``fully_shard`` and
 ZeRO-1, on the replicas of either path), :mod:`~.model_states` (precision and optimizer
 offload on whole-model replicas) and :mod:`~.amp` (the ``amp`` precision: autocast and a loss
-scaler in the replicas' training loop).
+scaler in the replicas' training loop); :mod:`~.losses` (the script's loss, and the same loss
+for capture: :func:`capture_loss`).
 
 >>> import memflow
 >>> sorted(memflow.export.__all__)
-['ExportError', 'Exported', 'apply', 'held_bytes', 'replicas', 'script', 'validate', 'validate_ranks']
+['ExportError', 'Exported', 'apply', 'capture_loss', 'held_bytes', 'replicas', 'script', 'validate',
+ 'validate_ranks']
 """
 from ..errors import ExportError
 from .exported import Exported, apply
+from .losses import capture_loss
 from .measure import held_bytes
 from .placement import replicas
 from .scripts import script
@@ -36,4 +39,4 @@ from .rank_validation import validate_ranks
 from .timing import validate
 
 __all__ = ["apply", "Exported", "script", "validate", "validate_ranks", "held_bytes", "replicas",
-           "ExportError"]
+           "ExportError", "capture_loss"]

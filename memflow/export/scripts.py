@@ -31,6 +31,7 @@ from .._jsonio import write_text
 from ..errors import ExportError, MemflowError
 from ..strategy.runnable import unrunnable
 from .factory import build_model, is_file_model, load_callable, takes_batch_size
+from .losses import LOSSES
 from .multiprocess import across_processes, process_path, processes
 from .placement import replicas
 from .validation import capture_units
@@ -192,8 +193,8 @@ def script(strategy, path: str | Path, *, model: str, model_options: Mapping[str
         raise ExportError(f"the training script must be a .py file; got {path.name!r}")
     if optimizer not in ("sgd", "momentum", "adam"):
         raise ExportError(f"optimizer {optimizer!r} is unknown; valid: sgd, momentum, adam")
-    if loss not in ("auto", "cross_entropy", "mse"):
-        raise ExportError(f"loss {loss!r} is unknown; valid: auto, cross_entropy, mse")
+    if loss not in LOSSES:
+        raise ExportError(f"loss {loss!r} is unknown; valid: {', '.join(LOSSES)}")
     options = dict(model_options or {})
     if is_file_model(model):
         file, _, name = model.rpartition(":")

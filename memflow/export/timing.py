@@ -99,7 +99,9 @@ def measured_step_times(strategy, model: str, *, model_options: Mapping[str, Any
                         steps: int = STEPS, timeout: float = 600.0) -> dict[str, list[float]]:
     """Seconds of each timed step of the exported script of ``strategy`` on ``model`` (a zoo
     name or ``file.py:factory``), after ``warmup`` untimed steps, by two clocks: ``{"wall":
-    [...], "cpu": [...]}`` (the CPU time of rank 0's process)."""
+    [...], "cpu": [...]}`` (the CPU time of rank 0's process); on a GPU also
+    ``peak_allocated`` and ``peak_reserved``, the run's ``torch.cuda.max_memory_allocated``
+    and ``max_memory_reserved`` (bytes, rank 0's device)."""
     with tempfile.TemporaryDirectory(prefix="memflow-time-") as folder:
         path = script(strategy, Path(folder) / "train.py", model=model,
                       model_options=model_options, batch_size=batch_size, optimizer=optimizer,
@@ -120,7 +122,8 @@ def measured_step_times(strategy, model: str, *, model_options: Mapping[str, Any
             tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
             raise ExportError(f"the exported script of strategy {strategy.name!r} on "
                               f"{model!r} failed (exit {run.returncode}): " + " | ".join(tail))
-        return {clock: times[warmup:] for clock, times in json.loads(out.read_text()).items()}
+        return {key: value[warmup:] if isinstance(value, list) else value
+                for key, value in json.loads(out.read_text()).items()}
 
 
 def step_time(strategy, model: str, cluster, *, model_options: Mapping[str, Any] | None = None,
@@ -130,8 +133,9 @@ def step_time(strategy, model: str, cluster, *, model_options: Mapping[str, Any]
     """One row ``step_time``: ``predicted`` (simulated on ``cluster``), ``measured`` (the
     script's timed steps by the cluster's clock, :func:`step_seconds`), ``error`` (measured / predicted - 1). ``attrs`` keeps every
     timed step (``step_times``, by the cluster's clock; ``wall_times`` and ``cpu_times``, the
-    CPU time of rank 0's process), the ``clock`` and the GPU reason when the row could not be
-    measured.
+    CPU time of rank 0's process), the ``clock``, the GPU reason when the row could not be
+    measured, and on a GPU the run's ``peak_allocated`` and ``peak_reserved`` bytes (None
+    elsewhere).
 
     The clock is the cluster's (:func:`memflow.hardware.local.local_cluster`): a one-process
     CPU cluster measured by CPU time is compared with the step's CPU time, which another
@@ -161,7 +165,9 @@ def step_time(strategy, model: str, cluster, *, model_options: Mapping[str, Any]
                        "error": [measured / predicted - 1.0]},
                       index=pd.Index(["step_time"], name="metric"))
     df.attrs.update(step_times=times[clock], wall_times=times["wall"], cpu_times=times["cpu"],
-                    clock=clock, skipped=problem, cluster=cluster.name)
+                    clock=clock, skipped=problem, cluster=cluster.name,
+                    peak_allocated=times.get("peak_allocated"),
+                    peak_reserved=times.get("peak_reserved"))
     return df
 
 

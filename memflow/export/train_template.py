@@ -28,7 +28,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 from tqdm import tqdm
 
@@ -36,6 +35,7 @@ from memflow.export import apply
 from memflow.export.accumulation import accumulate, accumulates, micro_batches
 from memflow.export.amp import autocast, grad_scaler
 from memflow.export.fsdp import shard_model
+from memflow.export.losses import LOSSES, first_float, loss_of
 from memflow.export.multiprocess import train_across_processes
 from memflow.export.rank_measure import measure_rank
 from memflow.export.scripts import launch_problem
@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="global batch size")
     p.add_argument("--lr", type=float, default=LR)
     p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default=OPTIMIZER)
-    p.add_argument("--loss", choices=("auto", "cross_entropy", "mse"), default=LOSS)
+    p.add_argument("--loss", choices=LOSSES, default=LOSS)
     p.add_argument("--strategy", default=str(HERE / STRATEGY), help="strategy JSON")
     p.add_argument("--data", default=None, help="file.py:fn giving (inputs, target) batches")
     p.add_argument("--devices", default=json.dumps(DEVICES), help="JSON: device name -> torch")
@@ -79,28 +79,6 @@ def as_args(inputs) -> tuple[tuple, dict]:
     if isinstance(inputs, dict):
         return (), inputs
     return (tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)), {}
-
-
-def first_float(output) -> torch.Tensor:
-    for t in pytree.tree_leaves(output):
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            return t
-    raise TypeError(f"the model returned no floating tensor to train on: {type(output)}")
-
-
-def loss_of(kind: str, output, target: torch.Tensor | None, seed: int) -> tuple:
-    """The loss, and the target (drawn once from ``seed`` when not given)."""
-    out = first_float(output)
-    if kind == "auto":
-        kind = "cross_entropy" if out.dim() >= 2 else "mse"
-    if target is None:
-        g = torch.Generator().manual_seed(seed)
-        target = (torch.randint(0, out.shape[-1], out.shape[:-1], generator=g)
-                  if kind == "cross_entropy" else torch.randn(out.shape, generator=g))
-        target = target.to(out.device)
-    if kind == "cross_entropy":
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), target.reshape(-1)), target
-    return F.mse_loss(out.float(), target), target
 
 
 def main(argv: list[str] | None = None) -> list[float]:
@@ -203,7 +181,11 @@ def main(argv: list[str] | None = None) -> list[float]:
         if rank == 0:
             tqdm.write(f"step {step + 1}/{args.steps} loss {losses[-1]:.6f}")
     if args.step_times and rank == 0:
-        Path(args.step_times).write_text(json.dumps({"wall": seconds, "cpu": cpu_seconds}))
+        record = {"wall": seconds, "cpu": cpu_seconds}
+        if device.type == "cuda":       # the whole run's peaks, as the caching allocator saw them
+            record.update(peak_allocated=torch.cuda.max_memory_allocated(device),
+                          peak_reserved=torch.cuda.max_memory_reserved(device))
+        Path(args.step_times).write_text(json.dumps(record))
     if distributed:
         # Every rank leaves together, the DDP reducer first: a rank that tears gloo down while
         # another still finishes its last collective aborts ("terminate called without an

@@ -17,13 +17,15 @@ A :class:`Backend` names the device it models and the rules that change what is 
 * BatchNorm keeps float32 mean and inverse std for half inputs with float32 weights (as
   under autocast); LayerNorm and all-half BatchNorm keep the input's dtype.
 
-``cuda`` (Ampere or newer, PyTorch's rules; there is no GPU here to check them against):
+``cuda`` (Ampere or newer, PyTorch's rules; checked on an H200 by ``benchmarks/bench_gpu.py``):
 
 * dropout is ``native_dropout`` and saves a 1-byte bool mask;
 * ``scaled_dot_product_attention`` runs flash attention (fp16/bf16, no mask, head dim <= 256;
   grouped key/value heads read in place) or memory-efficient attention (fp32 too, masks, head
   dim a multiple of 8, as many key/value heads as query heads), which save q, k, v, the output
-  and a float32 log-sum-exp instead of the probabilities; else the math path;
+  and a float32 log-sum-exp instead of the probabilities; else the math path
+  (``_scaled_dot_product_attention_math``: the probabilities saved, grouped key/value heads
+  repeated), not CPU's flash kernel;
 * LayerNorm and BatchNorm keep float32 mean and inverse std for half inputs;
 * recurrent layers run PyTorch's generic cell loop (cuDNN's reserve space is not modelled);
 * ``autocast`` follows CUDA's op lists (:mod:`memflow.graph.autocast`).
@@ -263,7 +265,12 @@ def _cuda_sdpa(func: Callable, args: tuple, kwargs: dict) -> Any:
         lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         return aten._scaled_dot_product_efficient_attention(q, k, v, bias, lse, dropout_p,
                                                             causal, scale=scale)[0]
-    return func(*args, **kwargs)
+    # CUDA's math path, spelled out: the fake tensors are CPU ones, and CPU's dispatcher would
+    # pick its own flash kernel (q, k, v and a log-sum-exp saved) where CUDA materialises the
+    # probabilities (and grouped key/value heads repeated), seen on an H200 (torch 2.11): a
+    # fp32 grouped-query Llama held 13 GB more than the CPU kernel's capture predicted
+    return aten._scaled_dot_product_attention_math(q, k, v, mask, dropout_p, causal, None,
+                                                   scale=scale, enable_gqa=gqa)[0]
 
 
 BACKENDS: dict[str, Backend] = {}

@@ -8,6 +8,7 @@ from memflow.errors import CaptureError
 from memflow.graph.backend import (BACKENDS, Backend, cuda_sdpa_kernel, get_backend,
                                    onednn_lstm_workspace, register_backend)
 from memflow.graph.capture import from_torch
+from memflow.graph.measure import saved_bytes
 
 
 def real_workspace(steps, batch, input_size, hidden, dtype=torch.float32):
@@ -100,6 +101,30 @@ def test_cpu_attention_uses_cpu_flash_unless_dropout():
     g = from_torch(Attend(), (q, k, v))
     assert [2, 4, 128] in g.tensors["shape"].tolist()                 # CPU flash's lse
     assert g.units["saved_bytes"].sum() == 4 * (4 * 2 * 4 * 128 * 64) + 4 * 2 * 4 * 128
+
+
+class MathAttend(nn.Module):
+    """What CUDA runs for grouped float32 heads, called by name on real CPU tensors."""
+
+    def forward(self, q, k, v):
+        return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, None, 0.0, True,
+                                                                  enable_gqa=True)[0]
+
+
+class GroupedAttend(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def test_cuda_math_attention_saves_probabilities_and_repeated_heads_not_cpu_flash():
+    # on an H200 a float32 grouped-query Llama held 13 GB more than a capture that let CPU's
+    # dispatcher pick its flash kernel: CUDA's math path keeps the s x s probabilities
+    q = torch.randn(2, 4, 64, 32, requires_grad=True)
+    k, v = (torch.randn(2, 2, 64, 32, requires_grad=True) for _ in range(2))
+    assert cuda_sdpa_kernel(q, k, None, enable_gqa=True) == "math"
+    g = from_torch(GroupedAttend(), (q, k, v), backend="cuda")
+    assert g.units["saved_bytes"].sum() == saved_bytes(MathAttend(), (q, k, v))
+    assert g.units["saved_bytes"].sum() > 4 * 2 * 4 * 64 * 64      # the probabilities
 
 
 def test_cuda_sdpa_kernel_choice():

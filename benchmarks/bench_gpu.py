@@ -1,0 +1,269 @@
+"""Predicted against measured on a CUDA GPU: a training step's time and peak memory (issue 18,
+item 4).
+
+Each case is a zoo model at a batch that keeps the GPU busy, captured with CUDA's saved-tensor
+rules (``backend="cuda"``), one unit per block, with the loss the exported script computes
+(``memflow.export.capture_loss``: cross entropy over the logits). Each strategy is exported as a training
+script and run for real on the GPU (``memflow.export.timing.step_time``: 3 warm-up steps, then
+5 timed ones, each ending in a CUDA synchronisation, by the wall clock), which also records
+``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over the whole run. Against
+them:
+
+* ``time predicted``: ``memflow.simulate`` on the GPU's catalogue entry (``1xH100-80GB`` or
+  the H200's) — datasheet peaks and the time model's efficiency constants, nothing measured
+  on this machine;
+* ``peak predicted``: ``memflow.estimate(graph, "cuda", ...)``, every tensor at its bytes, and
+  ``peak (blocks)`` with ``allocator="cuda"`` (each tensor charged the caching allocator's
+  512-byte block);
+* ``reserved predicted``: the same estimate's replay of the step's allocations through the
+  caching allocator's segments (``memflow.memory.allocator``), against ``memory_reserved``.
+
+Each model's units are also timed alone (forwards under ``no_grad``, CUDA events at module
+hooks, median of 5) and ``memflow.hardware.calibrate`` fits the GPU's efficiencies and launch
+overhead to *the other models'* unit times: ``time calibrated`` is the step predicted on that
+calibrated cluster (leave one model out, so no row is predicted from its own measurements).
+
+Where no GPU is here the script says why and writes nothing. ``--dry`` runs the same code on
+the CPU at toy sizes (no CUDA figures), to check the script before a GPU is lent.
+
+Run: ``python benchmarks/bench_gpu.py`` (``--quick``: one model; ``--rows FILE``: each row is
+also appended to FILE as a JSON line as soon as it is measured).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks")]
+
+from _results import table, write_section  # noqa: E402
+
+import memflow  # noqa: E402
+from memflow.export import capture_loss  # noqa: E402
+from memflow.export.timing import gpu_problem, step_time  # noqa: E402
+from memflow.hardware import calibrate  # noqa: E402
+from memflow.strategy import Strategy  # noqa: E402
+
+# (zoo model, batch, model options, block kind, dry batch and options)
+MODELS = {
+    "resnet50": (64, {}, "Bottleneck", (2, {"image_size": 64})),
+    "gpt2": (8, {"seq_len": 1024}, "Block", (2, {"seq_len": 32})),
+    "tinyllama-1.1b": (4, {"seq_len": 1024}, "DecoderLayer", (1, {"seq_len": 32})),
+}
+
+
+def strategies(graph, kind: str) -> dict[str, tuple[Strategy, str]]:
+    """Label -> (strategy, optimizer): keep, recompute every block (one segment), offload the first half of
+    the blocks and recompute the second, selective recomputation of every block, amp, and
+    keep under Adam."""
+    blocks = [u for u in graph.names if graph.units.at[u, "role"] == "module"
+              and graph.units.at[u, "kind"] == kind]
+    half = len(blocks) // 2
+    base = Strategy.single_device(graph)
+    return {"keep": (base, "sgd"),
+            "keep, adam": (base, "adam"),
+            # consecutive recomputed units are one segment, replayed whole in backward
+            "recompute blocks (one segment)": (base.with_policy(recompute=blocks), "sgd"),
+            "offload ½, recompute ½": (base.with_policy(offload=blocks[:half],
+                                                        recompute=blocks[half:]), "sgd"),
+            "selective blocks": (base.with_policy(selective=blocks), "sgd"),
+            "amp": (base.with_model_states(precision="amp"), "sgd")}
+
+
+def gpu_cluster() -> memflow.Cluster:
+    """The catalogue cluster of the GPU here (its first device is ``gpu0``)."""
+    name = torch.cuda.get_device_name()
+    for key, preset in (("H100", "1xH100-80GB"), ("H200", "8xH200-141GB"),
+                        ("A100", "1xA100-80GB"), ("V100", "1xV100-16GB")):
+        if key in name:
+            return memflow.Cluster.preset(preset)
+    raise SystemExit(f"bench_gpu: no catalogue entry for {name!r}; add one to "
+                     "memflow.hardware.catalogue")
+
+
+def row(name: str, label: str, strategy: Strategy, optimizer: str, graph, batch: int,
+        cfg: dict, cluster, dry: bool) -> dict:
+    est = memflow.estimate(graph, "cuda", optimizer=optimizer, strategy=strategy)
+    blocks = memflow.estimate(graph, "cuda", optimizer=optimizer, strategy=strategy,
+                              allocator="cuda")
+    start = time.perf_counter()
+    t = step_time(strategy, name, cluster, model_options=cfg, batch_size=batch, graph=graph,
+                  optimizer=optimizer, devices={"gpu0": "cpu"} if dry else None)
+    allocated, reserved = t.attrs["peak_allocated"], t.attrs["peak_reserved"]
+    gib = 2 ** 30
+    return {"model": name, "batch": batch, "strategy": label, "optimizer": optimizer,
+            "time predicted ms": 1e3 * float(t["predicted"].iloc[0]),
+            "time measured ms": 1e3 * float(t["measured"].iloc[0]),
+            "time ratio": float(t["measured"].iloc[0] / t["predicted"].iloc[0]),
+            "peak predicted GiB": est.attrs["peak"] / gib,
+            "peak (blocks) GiB": blocks.attrs["peak"] / gib,
+            "peak measured GiB": allocated / gib if allocated is not None else float("nan"),
+            "peak error %": (100 * (blocks.attrs["peak"] / allocated - 1)
+                             if allocated else float("nan")),
+            "reserved predicted GiB": blocks.attrs["reserved"] / gib,
+            "reserved measured GiB": reserved / gib if reserved is not None else float("nan"),
+            "reserved error %": (100 * (blocks.attrs["reserved"] / reserved - 1)
+                                 if reserved else float("nan")),
+            "seconds": time.perf_counter() - start}
+
+
+def workspaces() -> dict[str, int]:
+    """Bytes the CUDA libraries take from the caching allocator beside the tensors, in a fresh
+    process: cuBLAS's workspace kept after a first matrix product on this thread and after
+    one in autograd's backward thread, and the peak above the tensors during a 3×3
+    convolution's forward and backward (cuDNN's transient workspace)."""
+    def held() -> int:
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated()
+
+    a = torch.randn(512, 512, device="cuda", requires_grad=True)
+    base = held()
+    with torch.no_grad():
+        del_me = a @ a
+    del del_me
+    forward = held() - base
+    (a @ a).sum().backward()
+    backward = held() - base - forward - a.grad.nbytes
+    conv = torch.nn.Conv2d(256, 256, 3, padding=1).cuda()
+    x = torch.randn(32, 256, 56, 56, device="cuda", requires_grad=True)
+    before = held()
+    torch.cuda.reset_peak_memory_stats()
+    y = conv(x)
+    conv_fwd = torch.cuda.max_memory_allocated() - held()
+    torch.cuda.reset_peak_memory_stats()
+    y.sum().backward()
+    conv_bwd = torch.cuda.max_memory_allocated() - held()
+    del a, x, y, conv
+    torch.cuda.empty_cache()
+    return {"cublas forward thread": forward, "cublas autograd thread": backward,
+            "conv forward transient": conv_fwd, "conv backward transient": conv_bwd,
+            "before conv": before}
+
+
+def unit_times(name: str, batch: int, cfg: dict, graph, device: str,
+               reps: int = 5) -> pd.DataFrame:
+    """Measured forward times of ``graph``'s module units on the real model (for
+    ``memflow.hardware.calibrate``): CUDA events recorded at module hooks, median of ``reps``
+    forwards after one warm-up, beside the units' FLOPs, bytes moved and kernels."""
+    net, inputs = memflow.zoo.get(name, batch, device=device, **cfg)
+    modules = dict(net.named_modules())
+    names = [u for u in graph.names if u in modules]
+    cuda = device == "cuda"
+    marks: dict[str, list] = {u: [] for u in names}
+
+    def mark():
+        if cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    hooks = [h for u in names for h in (
+        modules[u].register_forward_pre_hook(lambda m, a, u=u: marks[u].append([mark()])),
+        modules[u].register_forward_hook(lambda m, a, o, u=u: marks[u][-1].append(mark())))]
+    with torch.no_grad():
+        for _ in range(reps + 1):
+            net(*inputs)
+    if cuda:
+        torch.cuda.synchronize()
+    for h in hooks:
+        h.remove()
+    def span(a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if cuda else b - a
+
+    seconds = {u: statistics.median(span(a, b) for a, b in pairs[1:]) for u, pairs in marks.items()}
+    units = graph.units.loc[names, ["fwd_flops", "fwd_bytes_moved", "fwd_ops"]]
+    units.columns = ["flops", "bytes_moved", "ops"]
+    return units.assign(seconds=[seconds[u] for u in names], model=name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="resnet50 only")
+    parser.add_argument("--dry", action="store_true", help="on the CPU, toy sizes, no CUDA")
+    parser.add_argument("--rows", default=None, help="append each row to this JSON-lines file")
+    parser.add_argument("--models", nargs="*", default=None, help="a subset of the models")
+    parser.add_argument("--strategies", nargs="*", default=None, help="a subset of the labels")
+    parser.add_argument("--section", default="gpu", help="RESULTS.md section to write")
+    args = parser.parse_args(argv)
+    probe = Strategy(["x"], devices=[("gpu0",)])
+    problem = None if args.dry else gpu_problem(probe)
+    if problem:
+        print(f"bench_gpu: nothing measured: {problem}")
+        return
+    cluster = memflow.Cluster.preset("1xH100-80GB") if args.dry else gpu_cluster()
+    names = args.models or (["resnet50"] if args.quick else list(MODELS))
+    probe = {} if args.dry else workspaces()
+    print("workspaces:", json.dumps(probe), flush=True)
+    if args.rows and probe:
+        with open(args.rows, "a") as fh:
+            fh.write(json.dumps({"workspaces": probe}) + "\n")
+    rows, runs, measured = [], [], []
+    for name in names:
+        batch, cfg, kind, (dry_batch, dry_cfg) = MODELS[name]
+        batch, cfg = (dry_batch, dry_cfg) if args.dry else (batch, cfg)
+        start = time.perf_counter()
+        graph = memflow.zoo.graph(name, batch, units="blocks", backend="cuda",
+                                  loss_fn=capture_loss(), **cfg)
+        print(f"{name}: captured {len(graph)} units in {time.perf_counter() - start:.1f} s",
+              flush=True)
+        measured.append(unit_times(name, batch, cfg, graph, "cpu" if args.dry else "cuda"))
+        torch.cuda.empty_cache() if not args.dry else None
+        for label, (strategy, optimizer) in strategies(graph, kind).items():
+            if args.strategies and label not in args.strategies:
+                continue
+            try:
+                r = row(name, label, strategy, optimizer, graph, batch, cfg, cluster, args.dry)
+                runs.append((len(rows), name, graph, strategy, optimizer))
+            except Exception as exc:        # a failed row is reported, the others still run
+                r = {"model": name, "batch": batch, "strategy": label, "optimizer": optimizer,
+                     "failed": f"{type(exc).__name__}: {exc}"[:300]}
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+            if args.rows:
+                with open(args.rows, "a") as fh:
+                    fh.write(json.dumps(r) + "\n")
+    units = pd.concat(measured)
+    if args.rows:
+        units.to_csv(Path(args.rows).with_suffix(".units.csv"))
+    for i, name, graph, strategy, optimizer in runs:   # leave this model's own times out
+        others = units[units["model"] != name]
+        if len(others):
+            fitted = calibrate(others, cluster, devices=["gpu0"])
+            t = memflow.simulate(graph, strategy, fitted, optimizer=optimizer).iteration_time
+            rows[i]["time calibrated ms"] = 1e3 * float(t)
+            rows[i]["calibrated ratio"] = rows[i]["time measured ms"] / rows[i]["time calibrated ms"]
+    df = pd.DataFrame(rows).set_index("model")
+    print(df.to_string())
+    if args.dry:
+        return
+    ok = df[df.get("failed").isna()] if "failed" in df else df
+    device = torch.cuda.get_device_name()
+    body = (f"GPU: {device} (torch {torch.__version__}, CUDA {torch.version.cuda}); "
+            f"predictions on the catalogue's `{cluster.name}`.\n\n"
+            + table(df.drop(columns=["seconds"], errors="ignore"), floatfmt=".4g")
+            + f"\n\nWorst |peak error|: {ok['peak error %'].abs().max():.3g} %; worst "
+            f"|reserved error|: {ok['reserved error %'].abs().max():.3g} %; measured/predicted "
+            f"step time: median {ok['time ratio'].median():.3g}, range "
+            f"{ok['time ratio'].min():.3g}–{ok['time ratio'].max():.3g}"
+            + (f"; calibrated on the other models' unit times: median "
+               f"{ok['calibrated ratio'].median():.3g}, range {ok['calibrated ratio'].min():.3g}"
+               f"–{ok['calibrated ratio'].max():.3g}." if "calibrated ratio" in ok else ".")
+            + "\n\nUnit forward times measured here (the calibration's data), per model: "
+            + ", ".join(f"{m} {len(u)} units, {1e3 * u['seconds'].sum():.3g} ms"
+                        for m, u in units.groupby("model")) + ".")
+    body += ("\n\nThe CUDA libraries' own allocations (a fresh process, bytes): "
+             + ", ".join(f"{k} {v:,}" for k, v in probe.items() if k != "before conv") + ".")
+    write_section(args.section, body, title="A training step on a CUDA GPU: predicted against measured")
+
+
+if __name__ == "__main__":
+    main()
