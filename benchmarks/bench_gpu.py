@@ -3,8 +3,8 @@ item 4).
 
 Each case is a zoo model at a batch that keeps the GPU busy, captured with CUDA's saved-tensor
 rules (``backend="cuda"``), one unit per block, with the loss the exported script computes
-(``memflow.export.capture_loss``: cross entropy over the logits). Each strategy is exported as a training
-script and run for real on the GPU (``memflow.export.timing.step_time``: 3 warm-up steps, then
+(``memflow.export.capture_loss``: cross entropy over the logits). Each strategy is exported as
+a training script and run for real on the GPU (``memflow.export.timing.step_time``: 3 warm-up steps, then
 5 timed ones, each ending in a CUDA synchronisation, by the wall clock), which also records
 ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over the whole run. Against
 them:
@@ -14,7 +14,7 @@ them:
   on this machine;
 * ``peak predicted``: ``memflow.estimate(graph, "cuda", ...)``, every tensor at its bytes, and
   ``peak (blocks)`` with ``allocator="cuda"`` (each tensor charged the caching allocator's
-  512-byte block);
+  512-byte block, and cuBLAS's workspaces);
 * ``reserved predicted``: the same estimate's replay of the step's allocations through the
   caching allocator's segments (``memflow.memory.allocator``), against ``memory_reserved``.
 
@@ -27,7 +27,9 @@ Where no GPU is here the script says why and writes nothing. ``--dry`` runs the 
 the CPU at toy sizes (no CUDA figures), to check the script before a GPU is lent.
 
 Run: ``python benchmarks/bench_gpu.py`` (``--quick``: one model; ``--rows FILE``: each row is
-also appended to FILE as a JSON line as soon as it is measured).
+also appended to FILE as a JSON line as soon as it is measured, the units' times beside it).
+``--repredict FILE`` needs no GPU: it predicts a GPU run's measured rows again with this
+memflow and writes the section (the H200 runs are kept in ``benchmarks/gpu/``).
 """
 from __future__ import annotations
 
@@ -61,8 +63,8 @@ MODELS = {
 
 
 def strategies(graph, kind: str) -> dict[str, tuple[Strategy, str]]:
-    """Label -> (strategy, optimizer): keep, recompute every block (one segment), offload the first half of
-    the blocks and recompute the second, selective recomputation of every block, amp, and
+    """Label -> (strategy, optimizer): keep, recompute every block (one segment), offload the
+    first half of the blocks and recompute the second, selective recomputation of every block, amp, and
     keep under Adam."""
     blocks = [u for u in graph.names if graph.units.at[u, "role"] == "module"
               and graph.units.at[u, "kind"] == kind]
@@ -89,30 +91,40 @@ def gpu_cluster() -> memflow.Cluster:
                      "memflow.hardware.catalogue")
 
 
-def row(name: str, label: str, strategy: Strategy, optimizer: str, graph, batch: int,
-        cfg: dict, cluster, dry: bool) -> dict:
+GIB = 2 ** 30
+MEASURED = ("time measured ms", "peak measured GiB", "reserved measured GiB")
+
+
+def predict(strategy: Strategy, optimizer: str, graph, cluster) -> dict:
+    """The predicted columns: step time on ``cluster``, the peak at tensor bytes, and the peak
+    and reserved bytes with the caching allocator modelled (``allocator="cuda"``)."""
     est = memflow.estimate(graph, "cuda", optimizer=optimizer, strategy=strategy)
     blocks = memflow.estimate(graph, "cuda", optimizer=optimizer, strategy=strategy,
                               allocator="cuda")
-    start = time.perf_counter()
+    step = memflow.simulate(graph, strategy, cluster, optimizer=optimizer).iteration_time
+    return {"time predicted ms": 1e3 * float(step),
+            "peak predicted GiB": est.attrs["peak"] / GIB,
+            "peak (blocks) GiB": blocks.attrs["peak"] / GIB,
+            "reserved predicted GiB": blocks.attrs["reserved"] / GIB}
+
+
+def measure(name: str, strategy: Strategy, optimizer: str, graph, batch: int, cfg: dict,
+            cluster, dry: bool) -> dict:
+    """The measured columns: the exported script run on the GPU (the CPU with ``dry``)."""
     t = step_time(strategy, name, cluster, model_options=cfg, batch_size=batch, graph=graph,
                   optimizer=optimizer, devices={"gpu0": "cpu"} if dry else None)
     allocated, reserved = t.attrs["peak_allocated"], t.attrs["peak_reserved"]
-    gib = 2 ** 30
-    return {"model": name, "batch": batch, "strategy": label, "optimizer": optimizer,
-            "time predicted ms": 1e3 * float(t["predicted"].iloc[0]),
-            "time measured ms": 1e3 * float(t["measured"].iloc[0]),
-            "time ratio": float(t["measured"].iloc[0] / t["predicted"].iloc[0]),
-            "peak predicted GiB": est.attrs["peak"] / gib,
-            "peak (blocks) GiB": blocks.attrs["peak"] / gib,
-            "peak measured GiB": allocated / gib if allocated is not None else float("nan"),
-            "peak error %": (100 * (blocks.attrs["peak"] / allocated - 1)
-                             if allocated else float("nan")),
-            "reserved predicted GiB": blocks.attrs["reserved"] / gib,
-            "reserved measured GiB": reserved / gib if reserved is not None else float("nan"),
-            "reserved error %": (100 * (blocks.attrs["reserved"] / reserved - 1)
-                                 if reserved else float("nan")),
-            "seconds": time.perf_counter() - start}
+    return {"time measured ms": 1e3 * float(t["measured"].iloc[0]),
+            "peak measured GiB": allocated / GIB if allocated is not None else float("nan"),
+            "reserved measured GiB": reserved / GIB if reserved is not None else float("nan")}
+
+
+def compared(r: dict) -> dict:
+    """``r`` with its ratio and error columns."""
+    return {**r, "time ratio": r["time measured ms"] / r["time predicted ms"],
+            "peak error %": 100 * (r["peak (blocks) GiB"] / r["peak measured GiB"] - 1),
+            "reserved error %": 100 * (r["reserved predicted GiB"] / r["reserved measured GiB"]
+                                       - 1)}
 
 
 def workspaces() -> dict[str, int]:
@@ -185,6 +197,103 @@ def unit_times(name: str, batch: int, cfg: dict, graph, device: str,
     return units.assign(seconds=[seconds[u] for u in names], model=name)
 
 
+def capture(name: str, dry: bool):
+    """(graph, batch, model options, block kind) of a case."""
+    batch, cfg, kind, (dry_batch, dry_cfg) = MODELS[name]
+    batch, cfg = (dry_batch, dry_cfg) if dry else (batch, cfg)
+    start = time.perf_counter()
+    graph = memflow.zoo.graph(name, batch, units="blocks", backend="cuda",
+                              loss_fn=capture_loss(), **cfg)
+    print(f"{name}: captured {len(graph)} units in {time.perf_counter() - start:.1f} s",
+          flush=True)
+    return graph, batch, cfg, kind
+
+
+def run(args, cluster) -> tuple[list[dict], pd.DataFrame, dict]:
+    """Measure every case on the GPU: the rows, the units' forward times and the probe."""
+    probe = {} if args.dry else workspaces()
+
+    def log(record: dict) -> None:
+        if args.rows:
+            with open(args.rows, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+    log({"device": "cpu" if args.dry else torch.cuda.get_device_name(),
+         "cluster": cluster.name, "torch": torch.__version__, "cuda": torch.version.cuda,
+         "date": time.strftime("%Y-%m-%d %H:%M"), "workspaces": probe})
+    rows, measured = [], []
+    for name in args.models or (["resnet50"] if args.quick else list(MODELS)):
+        graph, batch, cfg, kind = capture(name, args.dry)
+        measured.append(unit_times(name, batch, cfg, graph, "cpu" if args.dry else "cuda"))
+        for label, (strategy, optimizer) in strategies(graph, kind).items():
+            if args.strategies and label not in args.strategies:
+                continue
+            r = {"model": name, "batch": batch, "strategy": label, "optimizer": optimizer}
+            try:
+                r.update(measure(name, strategy, optimizer, graph, batch, cfg, cluster,
+                                 args.dry))
+            except Exception as exc:        # a failed row is reported, the others still run
+                r["failed"] = f"{type(exc).__name__}: {exc}"[:300]
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+            log(r)
+    units = pd.concat(measured)
+    if args.rows:
+        units.to_csv(Path(args.rows).with_suffix(".units.csv"))
+    return rows, units, probe
+
+
+def predicted(rows: list[dict], units: pd.DataFrame, cluster, dry: bool = False) -> pd.DataFrame:
+    """The measured ``rows`` beside this memflow's predictions: on the catalogue's
+    ``cluster``, and calibrated on the other models' unit times (leave one model out)."""
+    out, graphs = [], {}
+    for r in rows:
+        if "failed" in r:
+            out.append(r)
+            continue
+        name = r["model"]
+        if name not in graphs:
+            graphs[name] = capture(name, dry)
+        graph, _, _, kind = graphs[name]
+        strategy, optimizer = strategies(graph, kind)[r["strategy"]]
+        row = compared({**r, **predict(strategy, optimizer, graph, cluster)})
+        others = units[units["model"] != name]
+        if len(others):
+            fitted = calibrate(others, cluster, devices=["gpu0"])
+            t = memflow.simulate(graph, strategy, fitted, optimizer=optimizer).iteration_time
+            row["time calibrated ms"] = 1e3 * float(t)
+            row["calibrated ratio"] = row["time measured ms"] / row["time calibrated ms"]
+        out.append(row)
+    return pd.DataFrame(out).set_index("model")
+
+
+def report(df: pd.DataFrame, units: pd.DataFrame, header: dict, section: str,
+           repredicted: bool) -> None:
+    ok = df[df["failed"].isna()] if "failed" in df else df
+    when = (f"measured {header['date']}; predicted by this memflow "
+            f"{time.strftime('%Y-%m-%d %H:%M')} on the CPU from the measured rows"
+            if repredicted else f"measured and predicted {header['date']}")
+    body = (f"GPU: {header['device']} (torch {header['torch']}, CUDA {header['cuda']}); "
+            f"predictions on the catalogue's `{header['cluster']}`; {when}.\n\n"
+            + table(df, floatfmt=".4g")
+            + f"\n\nWorst |peak error|: {ok['peak error %'].abs().max():.3g} %; worst "
+            f"|reserved error|: {ok['reserved error %'].abs().max():.3g} %; measured/predicted "
+            f"step time: median {ok['time ratio'].median():.3g}, range "
+            f"{ok['time ratio'].min():.3g}–{ok['time ratio'].max():.3g}"
+            + (f"; calibrated on the other models' unit times: median "
+               f"{ok['calibrated ratio'].median():.3g}, range {ok['calibrated ratio'].min():.3g}"
+               f"–{ok['calibrated ratio'].max():.3g}." if "calibrated ratio" in ok else ".")
+            + "\n\nUnit forward times measured (the calibration's data), per model: "
+            + ", ".join(f"{m} {len(u)} units, {1e3 * u['seconds'].sum():.3g} ms"
+                        for m, u in units.groupby("model")) + ".")
+    if header.get("workspaces"):
+        body += ("\n\nThe CUDA libraries' own allocations (a fresh process, bytes): "
+                 + ", ".join(f"{k} {v:,}" for k, v in header["workspaces"].items()
+                             if k != "before conv") + ".")
+    write_section(section, body, title="A training step on a CUDA GPU: predicted against "
+                  "measured")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="resnet50 only")
@@ -193,76 +302,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="*", default=None, help="a subset of the models")
     parser.add_argument("--strategies", nargs="*", default=None, help="a subset of the labels")
     parser.add_argument("--section", default="gpu", help="RESULTS.md section to write")
+    parser.add_argument("--repredict", default=None, metavar="ROWS",
+                        help="no GPU needed: predict the rows a GPU run wrote (--rows) again "
+                        "with this memflow, and write the section")
     args = parser.parse_args(argv)
-    probe = Strategy(["x"], devices=[("gpu0",)])
-    problem = None if args.dry else gpu_problem(probe)
+    if args.repredict:
+        lines = [json.loads(line) for line in Path(args.repredict).read_text().splitlines()]
+        header = next(r for r in lines if "device" in r)
+        rows = [r for r in lines if "model" in r]
+        units = pd.read_csv(Path(args.repredict).with_suffix(".units.csv"), index_col=0)
+        df = predicted(rows, units, memflow.Cluster.preset(header["cluster"]))
+        print(df.to_string())
+        report(df, units, header, args.section, repredicted=True)
+        return
+    problem = None if args.dry else gpu_problem(Strategy(["x"], devices=[("gpu0",)]))
     if problem:
         print(f"bench_gpu: nothing measured: {problem}")
         return
     cluster = memflow.Cluster.preset("1xH100-80GB") if args.dry else gpu_cluster()
-    names = args.models or (["resnet50"] if args.quick else list(MODELS))
-    probe = {} if args.dry else workspaces()
-    print("workspaces:", json.dumps(probe), flush=True)
-    if args.rows and probe:
-        with open(args.rows, "a") as fh:
-            fh.write(json.dumps({"workspaces": probe}) + "\n")
-    rows, runs, measured = [], [], []
-    for name in names:
-        batch, cfg, kind, (dry_batch, dry_cfg) = MODELS[name]
-        batch, cfg = (dry_batch, dry_cfg) if args.dry else (batch, cfg)
-        start = time.perf_counter()
-        graph = memflow.zoo.graph(name, batch, units="blocks", backend="cuda",
-                                  loss_fn=capture_loss(), **cfg)
-        print(f"{name}: captured {len(graph)} units in {time.perf_counter() - start:.1f} s",
-              flush=True)
-        measured.append(unit_times(name, batch, cfg, graph, "cpu" if args.dry else "cuda"))
-        torch.cuda.empty_cache() if not args.dry else None
-        for label, (strategy, optimizer) in strategies(graph, kind).items():
-            if args.strategies and label not in args.strategies:
-                continue
-            try:
-                r = row(name, label, strategy, optimizer, graph, batch, cfg, cluster, args.dry)
-                runs.append((len(rows), name, graph, strategy, optimizer))
-            except Exception as exc:        # a failed row is reported, the others still run
-                r = {"model": name, "batch": batch, "strategy": label, "optimizer": optimizer,
-                     "failed": f"{type(exc).__name__}: {exc}"[:300]}
-            rows.append(r)
-            print(json.dumps(r), flush=True)
-            if args.rows:
-                with open(args.rows, "a") as fh:
-                    fh.write(json.dumps(r) + "\n")
-    units = pd.concat(measured)
-    if args.rows:
-        units.to_csv(Path(args.rows).with_suffix(".units.csv"))
-    for i, name, graph, strategy, optimizer in runs:   # leave this model's own times out
-        others = units[units["model"] != name]
-        if len(others):
-            fitted = calibrate(others, cluster, devices=["gpu0"])
-            t = memflow.simulate(graph, strategy, fitted, optimizer=optimizer).iteration_time
-            rows[i]["time calibrated ms"] = 1e3 * float(t)
-            rows[i]["calibrated ratio"] = rows[i]["time measured ms"] / rows[i]["time calibrated ms"]
-    df = pd.DataFrame(rows).set_index("model")
+    rows, units, probe = run(args, cluster)
+    df = predicted(rows, units, cluster, args.dry)
     print(df.to_string())
-    if args.dry:
-        return
-    ok = df[df.get("failed").isna()] if "failed" in df else df
-    device = torch.cuda.get_device_name()
-    body = (f"GPU: {device} (torch {torch.__version__}, CUDA {torch.version.cuda}); "
-            f"predictions on the catalogue's `{cluster.name}`.\n\n"
-            + table(df.drop(columns=["seconds"], errors="ignore"), floatfmt=".4g")
-            + f"\n\nWorst |peak error|: {ok['peak error %'].abs().max():.3g} %; worst "
-            f"|reserved error|: {ok['reserved error %'].abs().max():.3g} %; measured/predicted "
-            f"step time: median {ok['time ratio'].median():.3g}, range "
-            f"{ok['time ratio'].min():.3g}–{ok['time ratio'].max():.3g}"
-            + (f"; calibrated on the other models' unit times: median "
-               f"{ok['calibrated ratio'].median():.3g}, range {ok['calibrated ratio'].min():.3g}"
-               f"–{ok['calibrated ratio'].max():.3g}." if "calibrated ratio" in ok else ".")
-            + "\n\nUnit forward times measured here (the calibration's data), per model: "
-            + ", ".join(f"{m} {len(u)} units, {1e3 * u['seconds'].sum():.3g} ms"
-                        for m, u in units.groupby("model")) + ".")
-    body += ("\n\nThe CUDA libraries' own allocations (a fresh process, bytes): "
-             + ", ".join(f"{k} {v:,}" for k, v in probe.items() if k != "before conv") + ".")
-    write_section(args.section, body, title="A training step on a CUDA GPU: predicted against measured")
+    if not args.dry:
+        report(df, units, {"device": torch.cuda.get_device_name(), "cluster": cluster.name,
+                           "torch": torch.__version__, "cuda": torch.version.cuda,
+                           "date": time.strftime("%Y-%m-%d %H:%M"), "workspaces": probe},
+               args.section, repredicted=False)
 
 
 if __name__ == "__main__":

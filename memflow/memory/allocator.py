@@ -38,7 +38,7 @@ import numpy as np
 
 __all__ = ["round_size", "segment_size", "allocated_bytes", "CachingAllocator", "replay",
            "ALLOCATORS", "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER",
-           "MIN_LARGE_ALLOC", "ROUND_LARGE", "MIB"]
+           "MIN_LARGE_ALLOC", "ROUND_LARGE", "MIB", "CUBLAS_WORKSPACE", "STEP_WORKSPACES"]
 
 MIB = 1 << 20
 # The constants of CUDACachingAllocator.cpp (kMinBlockSize, kSmallSize, kSmallBuffer,
@@ -49,6 +49,15 @@ SMALL_BUFFER = 2 * MIB
 LARGE_BUFFER = 20 * MIB
 MIN_LARGE_ALLOC = 10 * MIB
 ROUND_LARGE = 2 * MIB
+
+CUBLAS_WORKSPACE = 32 * MIB
+"""The workspace cuBLAS keeps, through the caching allocator, for each thread that runs a
+matrix product: the training loop's and autograd's backward thread, two in a step. Measured on
+an H200 (torch 2.11: 33,554,432 bytes each, ``benchmarks/bench_gpu.py``), PyTorch's default on
+Hopper (``CUBLAS_WORKSPACE_CONFIG`` changes it). cuDNN's convolution workspaces are transient
+and chosen per algorithm: not modelled (hundreds of MB for a large 3×3 convolution)."""
+STEP_WORKSPACES = 2
+"""Threads of a training step that run matrix products (the loop's, autograd's)."""
 
 ALLOCATORS = (None, "cuda")
 """What the memory model may charge a tensor: its bytes (None) or the CUDA block (``"cuda"``)."""

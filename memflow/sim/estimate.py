@@ -15,7 +15,7 @@ from .._tables import ReadableFrame
 from .._units import format_bytes
 from ..errors import MemflowError
 from ..hardware import Cluster
-from ..memory.allocator import ALLOCATORS, replay
+from ..memory.allocator import ALLOCATORS, CUBLAS_WORKSPACE, STEP_WORKSPACES, replay
 from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, placement_key, step_blocks
 from ..strategy.shard_levels import PRECISIONS
 from ..memory.records import placements
@@ -62,7 +62,9 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     ``allocator="cuda"``: each tensor is charged the CUDA caching allocator's block (512-B
     rounding, :mod:`memflow.memory.allocator`) and ``df.attrs["reserved"]`` estimates the peak
     of ``torch.cuda.memory_reserved`` by replaying the step's allocations and frees through
-    the allocator's segments (model states as one allocation per category, first).
+    the allocator's segments (model states as one allocation per category, first), and
+    ``transient`` and the peak include cuBLAS's workspaces (two threads of the step:
+    :data:`~memflow.memory.allocator.CUBLAS_WORKSPACE` each).
 
     Rows: the categories (``weights``, ``gradients``, ``optimizer``, ``activations``,
     ``transient``, ``communication``) and ``total``; columns ``at_peak`` (bytes when the
@@ -140,6 +142,12 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
         if ev >= 0:
             at_peak = running[ev]
     peak = float(L.peak[0])
+    workspace = float(STEP_WORKSPACES * CUBLAS_WORKSPACE) if allocator == "cuda" else 0.0
+    if workspace:         # cuBLAS's, held from the first matrix product of each thread on
+        transient = CATEGORIES.index("transient")
+        at_peak[transient] += workspace
+        cat_max[transient] += workspace
+        peak += workspace
     if ev >= 0:
         task = int(L.task[ev])
         unit = T.unit[task]
@@ -157,8 +165,9 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     df.index.name = "category"
     if allocator is not None:
         states = [(("state", c), b) for c, b in enumerate(L.persistent[0]) if b > 0]
+        libraries = [(("workspace", k), CUBLAS_WORKSPACE) for k in range(STEP_WORKSPACES)]
         df.attrs["reserved"] = float(replay(
-            states + list(zip(L.instance.tolist(), L.delta.tolist()))).peak_reserved)
+            states + libraries + list(zip(L.instance.tolist(), L.delta.tolist()))).peak_reserved)
     df.attrs.update(peak=peak, peak_task=peak_task, phase=phase, capacity=capacity,
                     fits=fits,
                     device=label, optimizer=optimizer)
