@@ -64,8 +64,8 @@ MODELS = {
 
 def strategies(graph, kind: str) -> dict[str, tuple[Strategy, str]]:
     """Label -> (strategy, optimizer): keep, recompute every block (one segment), offload the
-    first half of the blocks and recompute the second, selective recomputation of every block, amp, and
-    keep under Adam."""
+    first half of the blocks and recompute the second, selective recomputation of every block,
+    amp, and keep under Adam."""
     blocks = [u for u in graph.names if graph.units.at[u, "role"] == "module"
               and graph.units.at[u, "kind"] == kind]
     half = len(blocks) // 2
