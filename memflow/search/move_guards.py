@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..strategy.runnable import (RUNNABLE, amp_problem, pipeline_problem, sample_problem,
                                  sequence_problem)
+from .proposal import Move
 from .space import SearchSpace, without_sequence
 
 if TYPE_CHECKING:
@@ -21,9 +22,6 @@ if TYPE_CHECKING:
 __all__ = ["keeping_pipeline", "keeping_states", "dropping_states", "dropping_sequence",
            "replicating"]
 
-Move = Callable
-"""A move: ``(rng, strategy, space) -> Proposal | None`` (a ``memflow.search.moves.Proposal``,
-not imported: moves imports this module)."""
 
 
 def keeping_pipeline(move: Move) -> Move:

@@ -18,8 +18,9 @@
   accumulation with one stage, the pipeline's count with several:
   :mod:`memflow.search.microbatch_counts`); opt-in (:data:`MICROBATCH_WEIGHTS`);
 * ``shard``, ``precision``, ``optimizer_place`` — a unit's shard level, the global precision,
-  a unit's optimizer on the device or the host (:data:`MODEL_STATE_MOVES`, on by default where
-  export writes their choices: FSDP2 / ZeRO-1, bf16 and pure-bf16, optimizer offload).
+  a unit's optimizer on the device or the host (:mod:`memflow.search.state_moves`, on by
+  default where export writes their choices: FSDP2 / ZeRO-1, bf16 and pure-bf16, amp,
+  optimizer offload).
 
 In the runnable space (the default, :mod:`memflow.strategy.runnable`) ``config`` and ``copy``
 keep the strategy's one sample degree and split parameters only of units export can slice,
@@ -33,9 +34,6 @@ and are valid by construction, so the inner loop never validates.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 
 from ..strategy import POLICIES, Strategy
@@ -44,7 +42,10 @@ from .microbatch_counts import microbatch_choices, with_microbatches
 from .move_guards import (dropping_sequence, dropping_states, keeping_pipeline, keeping_states,
                           replicating)
 from .per_op import per_op_choices
-from .space import SearchSpace, policy_label, shard_choices
+from .proposal import Move, Proposal, pick
+from .space import SearchSpace, policy_label
+from .state_moves import (EXPORTED_MODEL_STATE_MOVES, MODEL_STATE_MOVES, MODEL_STATE_WEIGHTS,
+                          optimizer_place, precision, shard)
 
 __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGHTS",
            "FLEXFLOW_WEIGHTS", "policy", "segment", "per_op", "config", "copy", "swap",
@@ -52,19 +53,6 @@ __all__ = ["Proposal", "MOVES", "MEMORY_MOVES", "PARALLEL_MOVES", "DEFAULT_WEIGH
            "MODEL_STATE_MOVES", "MODEL_STATE_WEIGHTS", "EXPORTED_MODEL_STATE_MOVES",
            "MICROBATCH_WEIGHTS",
            "GLOBAL_MOVES", "shard", "precision", "optimizer_place", "sequence", "microbatches"]
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """A candidate strategy, the move that made it and the unit it changed."""
-
-    move: str
-    unit: str
-    strategy: Strategy
-
-
-def _pick(rng: np.random.Generator, seq):
-    return seq[int(rng.integers(len(seq)))]
 
 
 def policy(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
@@ -81,14 +69,14 @@ def policy(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposa
     free = space.free()
     if not len(free):
         return None
-    i = int(_pick(rng, free))
+    i = int(pick(rng, free))
     now = policy_label(int(s.policy[i]), float(s.error_bound[i]))
     choices = [lab for lab in (policy_label(c, e) for c, e in space.policy_choices(i))
                if lab != now]
     if not choices:
         return None
     name = space.names[i]
-    return Proposal("policy", name, s.with_policy({name: _pick(rng, choices)}))
+    return Proposal("policy", name, s.with_policy({name: pick(rng, choices)}))
 
 
 NEW_SEGMENT_MAX = 4     # units in a segment made in one move
@@ -129,7 +117,7 @@ def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propos
     seg = s.segment
     ids = np.unique(seg[seg >= 0])
     if len(ids):
-        members = np.flatnonzero(seg == int(_pick(rng, ids)))
+        members = np.flatnonzero(seg == int(pick(rng, ids)))
         lo, hi = int(members[0]), int(members[-1])
         if can_join(lo - 1, lo):
             ops.append({lo - 1: rec})                             # grow left
@@ -155,7 +143,7 @@ def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propos
         ops.append({j: rec for j in run})
     if not ops:
         return None
-    op = _pick(rng, ops)
+    op = pick(rng, ops)
     changed = {space.names[j]: POLICIES[c] for j, c in op.items()}
     return Proposal("segment", next(iter(changed)), s.with_policy(changed))
 
@@ -197,12 +185,12 @@ def config(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposa
     free = space.free()
     if not len(free) or len(space.devices) < 2:
         return None
-    i = int(_pick(rng, free))
+    i = int(pick(rng, free))
     options = space.degrees(i, s.microbatches,
                             sample=int(s.sample[i]) if space.runnable else None)
     for _ in range(4):      # a few draws; the space is rarely so small that all repeat
-        sp, pp, ap = _pick(rng, options)
-        devs = _pick(rng, space.groups(sp * pp * ap))
+        sp, pp, ap = pick(rng, options)
+        devs = pick(rng, space.groups(sp * pp * ap))
         if (sp, pp, ap, devs) != _config_of(s, i):
             name = space.names[i]
             return Proposal("config", name, s.with_config(name, sample=sp, parameter=pp,
@@ -225,8 +213,8 @@ def copy(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal 
     free = space.free()
     if not len(free) or space.n < 2:
         return None
-    i = int(_pick(rng, free))
-    j = _pick(rng, [k for k in (i - 1, i + 1) if 0 <= k < space.n])
+    i = int(pick(rng, free))
+    j = pick(rng, [k for k in (i - 1, i + 1) if 0 <= k < space.n])
     sp, pp, ap, devs = _config_of(s, j)
     if (sp, pp, ap, devs) == _config_of(s, i) and s.stage[i] == s.stage[j]:
         return None
@@ -252,10 +240,10 @@ def swap(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal 
     free = space.free()
     if not len(free) or len(space.devices) < 2:
         return None
-    i = int(_pick(rng, free))
+    i = int(pick(rng, free))
     devs = list(s.devices[i])
     k = int(rng.integers(len(devs)))
-    new = _pick(rng, [d for d in space.devices if d != devs[k]])
+    new = pick(rng, [d for d in space.devices if d != devs[k]])
     if new in devs:
         other = devs.index(new)
         devs[k], devs[other] = devs[other], devs[k]
@@ -283,7 +271,7 @@ def replicas(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propo
     choices = [d for d in space.sample_degrees(s.microbatches) if d != int(s.sample[0])]
     if not choices:
         return None
-    d = int(_pick(rng, choices))
+    d = int(pick(rng, choices))
     return Proposal("replicas", space.names[0], s.with_config(
         {name: space.config_for(i, s, d) for i, name in enumerate(space.names)}))
 
@@ -307,7 +295,7 @@ def sequence(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propo
     units = [int(i) for i in space.free() if s.parameter[i] > 1 and space.sequence[i]]
     if not units:
         return None
-    i = int(_pick(rng, units))
+    i = int(pick(rng, units))
     name = space.names[i]
     option = s.with_config(name, sequence_parallel=not bool(s.sequence_parallel[i]))
     if space.runnable and not space.runs(option):
@@ -331,101 +319,8 @@ def microbatches(rng: np.random.Generator, s: Strategy,
     choices = microbatch_choices(s, space)
     if not choices:
         return None
-    return Proposal("microbatches", "", with_microbatches(s, _pick(rng, choices), space))
+    return Proposal("microbatches", "", with_microbatches(s, pick(rng, choices), space))
 
-
-SHARD_CHECKS = 4
-"""Options the shard move checks against export's rules before it proposes nothing."""
-
-
-def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
-    """One free unit with data-parallel replicas gets another shard level (ZeRO-1/2/3). In
-    the runnable space, the units export shards in the model's root group
-    (:func:`~memflow.strategy.runnable.root_sharded`) move together, and only to levels
-    export runs; nothing when the first :data:`SHARD_CHECKS` options drawn do not run.
-
-    >>> import memflow
-    >>> from memflow.search.synthetic import chain_graph
-    >>> g = chain_graph(2, batch=8)
-    >>> sp = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"), runnable=False)
-    >>> shard(np.random.default_rng(0), memflow.Strategy.data_parallel(g, 4), sp).strategy.shard_levels
-    ['none', 'gradients']
-    """
-    root = np.flatnonzero(space.root_sharded).tolist()
-    free = set(space.free().tolist())
-    root_free = free.issuperset(root)      # a pinned unit of the group never changes
-    units = sorted(i for i in free if root_free or not space.root_sharded[i])
-    # levels export never writes are left out before the full check (it is no cheaper for
-    # being doomed)
-    runs = RUNNABLE.shard_levels if space.runnable else None
-    # a unit, then a level of it, drawn and checked one at a time (a uniform pick among the
-    # options that run, as drawing without replacement gives), at most SHARD_CHECKS full
-    # checks: checking every option was most of a step where none runs (tensor splits inside
-    # pipeline stages: 78 options on a 26-unit Llama, 48 ms per move)
-    checks = 0
-    while units and checks < SHARD_CHECKS:
-        i = units.pop(int(rng.integers(len(units))))
-        together, levels = (root if space.root_sharded[i] else [i]), shard_choices(s, i)
-        if runs is not None:
-            levels = [lv for lv in levels if lv in runs]
-        names = [space.names[j] for j in together]
-        while levels and checks < SHARD_CHECKS:
-            option = s.with_shard(dict.fromkeys(names, levels.pop(int(rng.integers(len(levels))))))
-            checks += 1
-            if not space.runnable or space.runs(option):
-                return Proposal("shard", space.names[i], option)
-    return None
-
-
-def precision(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
-    """The whole strategy gets another precision (global: ``unit`` is empty); bf16 ones only
-    where a device has bf16 units (:meth:`~memflow.search.space.SearchSpace.precisions`), ``amp``
-    in the runnable space only on a graph holding its program (:attr:`SearchSpace.amp`).
-
-    >>> import memflow
-    >>> from memflow.search.synthetic import chain_graph
-    >>> g = chain_graph(2)
-    >>> def draw(gpu):
-    ...     sp = SearchSpace(g, memflow.Cluster.preset(gpu), runnable=False)
-    ...     s = precision(np.random.default_rng(0), memflow.Strategy.single_device(g), sp)
-    ...     return s.strategy.precision
-    >>> draw("1xA100-80GB"), draw("1xV100-16GB")
-    ('pure-bf16', 'amp')
-    """
-    choices = space.precisions(s)
-    if not choices or space.precision_pinned:
-        return None
-    return Proposal("precision", "", s.with_model_states(precision=_pick(rng, choices)))
-
-
-def optimizer_place(rng: np.random.Generator, s: Strategy,
-                    space: SearchSpace) -> Proposal | None:
-    """One free unit's optimizer states and step move to the host (ZeRO-Offload) or back.
-
-    >>> import memflow
-    >>> from memflow.search.synthetic import chain_graph
-    >>> g = chain_graph(2)
-    >>> sp = SearchSpace(g, memflow.Cluster.preset("1xV100-16GB"), runnable=False)
-    >>> p = optimizer_place(np.random.default_rng(0), memflow.Strategy.single_device(g), sp)
-    >>> p.unit, p.strategy.offload_optimizer.tolist()
-    ('l1', [False, True])
-    """
-    free = space.free()
-    if not len(free) or (space.runnable and not RUNNABLE.offload_optimizer):
-        return None
-    i = int(_pick(rng, free))
-    off = s.offload_optimizer.copy()
-    root = np.flatnonzero(space.root_sharded)
-    # in the runnable space the root fully_shard group's units move together (one policy)
-    together = root if space.runnable and space.root_sharded[i] and \
-        not space.pinned[root].any() else [i]
-    off[together] = not off[i]
-    units = [space.names[k] for k in np.flatnonzero(off)]
-    return Proposal("optimizer_place", space.names[i], s.with_model_states(
-        offload_optimizer=units if units else False))
-
-
-Move = Callable[[np.random.Generator, Strategy, SearchSpace], "Proposal | None"]
 
 MOVES: dict[str, Move] = {**{m.__name__: dropping_sequence(m)
                              for m in (policy, segment, per_op)},
@@ -436,15 +331,6 @@ MOVES: dict[str, Move] = {**{m.__name__: dropping_sequence(m)
                           "shard": keeping_pipeline(keeping_states(shard)),
                           "precision": keeping_states(replicating(precision)),
                           "optimizer_place": keeping_states(optimizer_place)}
-MODEL_STATE_MOVES = ("shard", "precision", "optimizer_place")
-"""Moves over model states. Search space = export space: the default weights hold those whose
-choices export runs (:data:`EXPORTED_MODEL_STATE_MOVES`: all three, as FSDP2 / ZeRO-1,
-bf16 / pure-bf16 / amp (on whole-model replicas) and optimizer offload)."""
-MODEL_STATE_WEIGHTS = {"shard": 0.1, "precision": 0.05, "optimizer_place": 0.05}
-EXPORTED_MODEL_STATE_MOVES = tuple(m for m, exported in (
-    ("shard", len(RUNNABLE.shard_levels) > 1), ("precision", len(RUNNABLE.precisions) > 1),
-    ("optimizer_place", RUNNABLE.offload_optimizer)) if exported)
-"""The model-state moves whose choices :data:`~memflow.strategy.runnable.RUNNABLE` accepts."""
 GLOBAL_MOVES = ("precision", "microbatches")
 """Moves that change the whole strategy: their proposals name no unit (``unit`` is "")."""
 MEMORY_MOVES = ("policy", "segment", "per_op")
