@@ -116,7 +116,8 @@ def main() -> None:
     else:
         body += ("\n\nNo CUDA GPU here: the peak-memory table (resnet50 and gpt2 under three "
                  "strategies, `torch.cuda.max_memory_allocated` against `memflow.estimate`) "
-                 "runs when `torch.cuda.is_available()`.")
+                 "runs when `torch.cuda.is_available()`; `bench_gpu.py` measured a GPU "
+                 "(section 'gpu').")
     write_section("export", body, title="Export: predicted against measured memory")
 
 
