@@ -106,7 +106,8 @@ def test_searched_strategies_give_the_frozen_figures_kept_and_fresh(name):
     assert len(strategies) == len(want) > PROPOSALS // 2
     g, cluster, settings = _case(name)
     for i, (s, k, w) in enumerate(zip(strategies, kept, want)):
-        fresh = figures(Simulator(g, cluster, optimizer=settings.get("optimizer", "sgd")).run(s))
+        fresh = Simulator(g, cluster, optimizer=settings.get("optimizer", "sgd"))
+        fresh = figures(fresh.run(s))
         assert k == w, (i, [f for f in w if k[f] != w[f]])
         assert fresh == w, (i, [f for f in w if fresh[f] != w[f]])
 
