@@ -19,7 +19,7 @@ memflow's memory model counts a tensor at its bytes. On a GPU, PyTorch's caching
 
 It models the default configuration (no ``max_split_size_mb``, ``roundup_power2_divisions``
 or expandable segments) on one stream. The memory model uses :func:`round_size` per tensor
-when asked (``allocator="cuda"``, :func:`allocated_bytes`); the replay estimates reserved
+when asked (``allocator="cuda"``, :func:`charged`); the replay estimates reserved
 bytes from the same events.
 
 >>> round_size(1), round_size(513), segment_size(1000) == SMALL_BUFFER
@@ -36,7 +36,9 @@ from typing import Hashable, Iterable
 
 import numpy as np
 
-__all__ = ["round_size", "segment_size", "allocated_bytes", "CachingAllocator", "replay",
+from .jit import njit
+
+__all__ = ["round_size", "segment_size", "block_of", "charged", "CachingAllocator", "replay",
            "ALLOCATORS", "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER",
            "MIN_LARGE_ALLOC", "ROUND_LARGE", "MIB", "CUBLAS_WORKSPACE", "STEP_WORKSPACES"]
 
@@ -85,21 +87,30 @@ def segment_size(nbytes: int) -> int:
     return ROUND_LARGE * -(-int(nbytes) // ROUND_LARGE)
 
 
-def allocated_bytes(nbytes: np.ndarray, allocator: str | None) -> np.ndarray:
-    """Bytes charged per tensor: ``nbytes`` as they are (None) or rounded to CUDA blocks.
+def block_of(allocator: str | None) -> float:
+    """The block ``allocator`` rounds a tensor's bytes up to, 0.0 for none (None).
 
-    Fractions (a tensor's share of a split unit) are charged per part, rounded up as the part
-    would be. Empty tensors take no block.
-
-    >>> allocated_bytes(np.array([0.0, 100.0, 1024.5]), "cuda").tolist()
-    [0.0, 512.0, 1536.0]
+    >>> block_of(None), block_of("cuda")
+    (0.0, 512.0)
     """
-    if allocator is None:
-        return nbytes
-    if allocator != "cuda":
+    if allocator not in ALLOCATORS:
         raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
-    nbytes = np.asarray(nbytes, np.float64)
-    return np.where(nbytes > 0, MIN_BLOCK * np.maximum(1.0, np.ceil(nbytes / MIN_BLOCK)), 0.0)
+    return 0.0 if allocator is None else float(MIN_BLOCK)
+
+
+@njit
+def charged(nbytes: float, block: float) -> float:
+    """Bytes charged for a tensor of ``nbytes``: as they are (``block`` 0.0) or rounded up to
+    a multiple of ``block`` (:func:`block_of`), at least one block; an empty tensor takes none.
+    Fractions (a tensor's share of a split unit) are charged per part, rounded up as the part
+    would be. Scalar, for the compiled passes of :mod:`memflow.memory.records`.
+
+    >>> [charged(x, block_of("cuda")) for x in (0.0, 100.0, 1024.5)], charged(7.5, 0.0)
+    ([0.0, 512.0, 1536.0], 7.5)
+    """
+    if block == 0.0:
+        return nbytes
+    return block * max(1.0, np.ceil(nbytes / block)) if nbytes > 0 else 0.0
 
 
 @dataclass(eq=False)

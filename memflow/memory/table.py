@@ -11,6 +11,7 @@ import numpy as np
 from ..graph.mapkind import MAP_KINDS, UNCOMPRESSED, kind_code
 from ..strategy.policies import POLICIES
 from .arrays import GraphArrays
+from .jit import njit
 from .plan import StepBlocks
 from .records import A_BWD, A_FWD, A_OPT, A_RECOMP, END, START, Placed
 from .replan import replan
@@ -18,7 +19,7 @@ from .segments import holding_segments, segment_starts
 from .slots import (ACTIVATIONS, BWD_TMP, CACHED, CATEGORIES, COMMUNICATION, EVERY_MB,
                     FIRST_MB, FWD_TMP, GATHER_BWD, GATHER_FWD, GATHER_REC, GRADIENTS,
                     HOST_STATE, NM, NS, NU, OPTIMIZER, PARAM_GRAD, PRODUCED, REC_TMP,
-                    STATE_SLOTS, TRANSIENT, UNSHARDED, WEIGHTS, _anchor)
+                    STATE_SLOTS, TRANSIENT, UNSHARDED, WEIGHTS, _anchor, _set)
 from .states import unit_states
 
 __all__ = ["BlockTable"]
@@ -169,6 +170,93 @@ def _unit_states(ga: GraphArrays, s: np.ndarray, p: np.ndarray, a: np.ndarray, s
     return st
 
 
+@njit
+def _fixed_rows(rec_layout, rec_alloc, grad_layout, grad_bytes, grad_alloc, grad_free, layout,
+                n_opt, fwd_tmp, bwd_tmp, unit_alloc, unit_free, unit_category, unit_per_mb):
+    """The rows no policy and no model state decides (:class:`BlockTable`), as one compiled
+    pass: as numpy expressions these were ~40 calls per new placement of a search. Returns
+    the static ``layout``, ``category`` and ``per_mb`` columns, and ``bytes``, ``host``,
+    ``alloc``, ``free`` with the records', gradients' and units' fixed rows written."""
+    R, G, n = len(rec_layout), len(grad_layout), len(layout)
+    u = NS * R + G
+    state_row = u + NU * n + n_opt
+    k = state_row + NM * n
+    lay = np.empty(k, np.int64)
+    category = np.empty(k, np.int64)
+    per_mb = np.empty(k, np.int64)
+    nbytes = np.zeros(k)
+    host = np.zeros(k, np.bool_)
+    alloc = np.zeros((k, 3), np.int64)
+    free = np.zeros((k, 3, 3), np.int64)
+    for r in range(R):
+        lay[NS * r:NS * r + NS] = rec_layout[r]
+        alloc[NS * r + PRODUCED] = rec_alloc[r]
+    category[:NS * R] = ACTIVATIONS
+    for g in range(G):
+        lay[NS * R + g] = grad_layout[g]
+        nbytes[NS * R + g] = grad_bytes[g]
+        alloc[NS * R + g] = grad_alloc[g]
+        for e in range(3):
+            free[NS * R + g, e] = grad_free[g]
+    category[NS * R:u] = TRANSIENT
+    per_mb[:u] = EVERY_MB
+    category[u:] = unit_category
+    per_mb[u:] = unit_per_mb
+    for i in range(n):
+        lay[u + NU * i:u + NU * i + NU] = layout[i]
+        nbytes[u + NU * i + FWD_TMP] = fwd_tmp[i]
+        nbytes[u + NU * i + BWD_TMP] = bwd_tmp[i]
+        lay[state_row + NM * i:state_row + NM * i + NM] = layout[i]
+        _set(free, u + NU * i + PARAM_GRAD, 0, A_OPT, layout[i], END)
+        for e in range(1, 3):
+            free[u + NU * i + PARAM_GRAD, e] = free[u + NU * i + PARAM_GRAD, 0]
+    alloc[u:u + NU * n] = unit_alloc
+    for j in range(NU * n):
+        if j % NU != PARAM_GRAD:
+            free[u + j] = unit_free[j]
+    for o in range(n_opt):
+        lay[u + NU * n + o] = o
+        _set(free, u + NU * n + o, 0, A_OPT, o, END)
+        for e in range(1, 3):
+            free[u + NU * n + o, e] = free[u + NU * n + o, 0]
+        alloc[u + NU * n + o, 0], alloc[u + NU * n + o, 1] = A_OPT, o
+        alloc[u + NU * n + o, 2] = START
+    return lay, category, per_mb, nbytes, host, alloc, free
+
+
+@njit
+def _state_rows(nbytes, host, alloc, free, u, r, layout, L, grad_at, gathered, unsharded,
+                host_bytes, weights, optimizer, bucket, state_alloc, state_free):
+    """The rows the units' model states decide, written into ``nbytes``, ``host``, ``alloc``
+    and ``free`` as one compiled pass (~25 numpy calls per new placement or shard move of a
+    search): each parameter-gradient row's allocation at the backward ``grad_at``; the
+    model-state rows: gathered parameters around each forward, backward and recomputation of
+    the unit (:meth:`BlockTable.derive` keeps the last where it recomputes), its full
+    gradient during its backward (until the reduce-scatter that ends it), its optimizer state
+    on the host over the step (from the unit's first forward to the end of the optimizer
+    step). Returns the persistent bytes per layout and category, summed in unit order from 0
+    (as ``np.bincount`` sums: the same bits)."""
+    n = len(layout)
+    alloc[r:r + NM * n] = state_alloc
+    free[r:r + NM * n] = state_free
+    persistent = np.zeros((L, len(CATEGORIES)))
+    for i in range(n):
+        g = u + NU * i + PARAM_GRAD
+        alloc[g, 0], alloc[g, 1], alloc[g, 2] = A_BWD, grad_at[i], END
+        row = r + NM * i
+        nbytes[row + GATHER_FWD] = gathered[i]
+        nbytes[row + GATHER_BWD] = gathered[i]
+        nbytes[row + GATHER_REC] = gathered[i]
+        nbytes[row + UNSHARDED] = unsharded[i]
+        nbytes[row + HOST_STATE], host[row + HOST_STATE] = host_bytes[i], True
+        for e in range(3):
+            _set(free, row + HOST_STATE, e, A_OPT, layout[i], END)
+        persistent[layout[i], WEIGHTS] += weights[i]
+        persistent[layout[i], OPTIMIZER] += optimizer[i]
+        persistent[layout[i], COMMUNICATION] += bucket[i]
+    return persistent
+
+
 class BlockTable:
     """Every block of one placement's plan, in fixed rows, re-derived by delta.
 
@@ -193,43 +281,22 @@ class BlockTable:
         o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
         self.unit_row = NS * R + G
         self.state_row = self.unit_row + NU * n + len(o_lay)
-        k = self.state_row + NM * n
         self.placed, self.n, self.microbatches = P, n, M
         self.saves, self.saved_by_kind, kinds = _saved(ga)
-        category, per_mb = _unit_columns(n, len(o_lay))
-        self.static = {
-            "layout": np.concatenate([np.repeat(P.layout, NS), P.grad_layout, np.repeat(layout, NU),
-                                      o_lay, np.repeat(layout, NM)]).astype(np.int64),
-            "category": np.concatenate([np.full(NS * R, ACTIVATIONS, np.int64),
-                                        np.full(G, TRANSIENT, np.int64), category]),
-            "per_mb": np.concatenate([np.full(NS * R + G, EVERY_MB, np.int64), per_mb])}
-        self.bytes = np.zeros(k)
-        self.host = np.zeros(k, bool)
-        self.alloc = np.zeros((k, 3), np.int64)
-        self.free = np.zeros((k, 3, 3), np.int64)
-        self.alloc[PRODUCED:NS * R:NS] = P.alloc
-        g = slice(NS * R, NS * R + G)
-        self.bytes[g], self.alloc[g] = P.grad_bytes, P.grad_alloc
-        self.free[g] = P.grad_free[:, None, :]
-        u = self.unit_row
         self.recompute_tmp = ga.fwd_tmp * per
         self.cached = ga.cached * per
         self.expensive = ga.expensive[P.tensor]
         self.kind = kinds[P.tensor]       # each record's ratio is its kind's
         # a tied weight's contributions are in bwd_tmp: the one waiting for the others is a
         # gradient alive between backwards, the sum the reader that adds it in makes its own
-        bwd_tmp = self.bwd_tmp = ga.bwd_tmp * per
+        self.bwd_tmp = ga.bwd_tmp * per
         self.unpack_tmp = np.where(ga.unpack_tmp < 0, -1.0, ga.unpack_tmp * per)  # (replan)
         self.unpack_done = ga.unpack_done * per
-        by_slot = {FWD_TMP: ga.fwd_tmp * per, BWD_TMP: bwd_tmp, REC_TMP: np.zeros(n),
-                   PARAM_GRAD: np.zeros(n), CACHED: np.zeros(n)}    # _set_states: gradients
-        self.bytes[u:u + NU * n] = np.stack([by_slot[j] for j in range(NU)], 1).ravel()
-        self.alloc[u:u + NU * n], self.free[u:u + NU * n] = _unit_anchors(ga)[:2]
-        grads = slice(u + PARAM_GRAD, u + NU * n, NU)
-        self.free[grads] = _anchor(A_OPT, layout, END, n)[:, None, :]
-        o = slice(u + NU * n, self.state_row)
-        self.alloc[o] = _anchor(A_OPT, o_lay, START, len(o_lay))
-        self.free[o] = _anchor(A_OPT, o_lay, END, len(o_lay))[:, None, :]
+        lay, category, per_mb, self.bytes, self.host, self.alloc, self.free = _fixed_rows(
+            P.layout, P.alloc, P.grad_layout, P.grad_bytes, P.grad_alloc, P.grad_free,
+            np.asarray(layout, np.int64), len(o_lay), self.recompute_tmp, self.bwd_tmp,
+            *_unit_anchors(ga)[:2], *_unit_columns(n, len(o_lay)))
+        self.static = {"layout": lay, "category": category, "per_mb": per_mb}
         self.carrier = np.full(R, -1)      # per record: the unit whose task offloads/compresses it
         self.compress = np.zeros(R, bool)
         self._mark = np.zeros(R, bool)
@@ -247,20 +314,17 @@ class BlockTable:
         # parameter gradients: their bytes follow the states, the backward they appear at the layout
         grads = slice(u + PARAM_GRAD, u + NU * n, NU)
         self.bytes[grads], grad_at = _parameter_gradients(ga, layout, st.gradients)
-        self.alloc[grads] = _anchor(A_BWD, grad_at, END, n)
         # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
-        o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
-        p_train = ga.param_grad_bytes / p[ga.param_owner] * st.state_factor[ga.param_owner]
-        p_lay = layout[ga.param_owner]
-        o_b = np.array([p_train[p_lay == lay].sum() if foreach
-                        else _per_tensor_adam(p_train[p_lay == lay]) for lay in o_lay])
-        self.bytes[u + NU * n:self.state_row] = o_b.reshape(-1)
-        self._state_blocks(layout, st, _unit_anchors(ga))
-        self.persistent = np.zeros((L, len(CATEGORIES)))
-        # summed in unit order from 0, as np.add.at adds (the same bits)
-        for col, b in ((WEIGHTS, st.weights), (OPTIMIZER, st.optimizer),
-                       (COMMUNICATION, st.bucket)):
-            self.persistent[:, col] = np.bincount(layout, weights=b, minlength=L)
+        if optimizer == "adam":
+            p_train = ga.param_grad_bytes / p[ga.param_owner] * st.state_factor[ga.param_owner]
+            p_lay = layout[ga.param_owner]
+            self.bytes[u + NU * n:self.state_row] = [
+                p_train[p_lay == lay].sum() if foreach else _per_tensor_adam(p_train[p_lay == lay])
+                for lay in range(L)]
+        self.persistent = _state_rows(self.bytes, self.host, self.alloc, self.free, u,
+                                      self.state_row, np.asarray(layout, np.int64), L, grad_at,
+                                      st.gathered, st.unsharded, st.host, st.weights,
+                                      st.optimizer, st.bucket, *_unit_anchors(ga)[2:])
 
     def with_states(self, ga: GraphArrays, layout: np.ndarray, degrees: np.ndarray, *,
                     optimizer: str = "sgd", foreach: bool = True, precision: str | None = None,
@@ -275,20 +339,6 @@ class BlockTable:
             setattr(new, name, getattr(self, name).copy())
         new._set_states(ga, layout, degrees, optimizer, foreach, precision, shard, offload)
         return new
-
-    def _state_blocks(self, layout: np.ndarray, st, anchors: tuple[np.ndarray, ...]) -> None:
-        """The model-state rows: gathered parameters around each forward, backward and
-        recomputation of the unit (:meth:`derive` keeps the last where it recomputes); its full gradient during its backward (until the
-        reduce-scatter that ends it); its optimizer state on the host over the step (from the
-        unit's first forward to the end of the optimizer step)."""
-        n, r = self.n, self.state_row
-        for j, b in ((GATHER_FWD, st.gathered), (GATHER_BWD, st.gathered),
-                     (GATHER_REC, st.gathered), (UNSHARDED, st.unsharded)):
-            self.bytes[r + j:r + NM * n:NM] = b
-        self.alloc[r:r + NM * n], self.free[r:r + NM * n] = anchors[2], anchors[3]
-        h = slice(r + HOST_STATE, r + NM * n, NM)
-        self.bytes[h], self.host[h] = st.host, True
-        self.free[h] = _anchor(A_OPT, layout, END, n)[:, None, :]
 
     def derive(self, policy: np.ndarray, segment: np.ndarray, ratio: np.ndarray) -> StepBlocks:
         """The blocks of ``policy`` (per unit), ``segment`` (recompute segment per unit) and

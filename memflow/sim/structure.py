@@ -54,18 +54,13 @@ class Structure:
     scatter: np.ndarray        # per unit: full gradient bytes reduce-scattered after its backward
 
 
-def _ptr(rows: np.ndarray, n_rows: int) -> np.ndarray:
-    ptr = np.zeros(n_rows + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=n_rows), out=ptr[1:])
-    return ptr
-
-
 @njit
 def _bucketize(stage_ptr, stage_units, layout, replicated, part_bytes, first_cap, cap):
     """DDP buckets per stage: per layout (ascending) its units in backward order, ~1 MiB
-    first, then ~25 MiB each. Returns (stage of bucket, layout, bytes, unit ptr, units)."""
+    first, then ~25 MiB each. Returns (bucket ptr per stage, layout, bytes, unit ptr,
+    units)."""
     n_st = len(stage_ptr) - 1
-    b_stage = np.empty(len(stage_units), np.int64)
+    s_ptr = np.zeros(n_st + 1, np.int64)
     b_lay = np.empty(len(stage_units), np.int64)
     b_bytes = np.empty(len(stage_units))
     b_ptr = np.zeros(len(stage_units) + 1, np.int64)
@@ -90,22 +85,23 @@ def _bucketize(stage_ptr, stage_units, layout, replicated, part_bytes, first_cap
                 count += 1
                 size += part_bytes[u]
                 if size >= (first_cap if first else cap):
-                    b_stage[nb], b_lay[nb], b_bytes[nb] = s, lay, 0.0
+                    b_lay[nb], b_bytes[nb] = lay, 0.0
                     nb += 1
                     b_ptr[nb] = nu
                     first = False
                     size = 0.0
                     count = 0
             if count:
-                b_stage[nb], b_lay[nb] = s, lay
+                b_lay[nb] = lay
                 nb += 1
                 b_ptr[nb] = nu
+        s_ptr[s + 1] = nb
     for b in range(nb):   # summed again in bucket order, as DDP's flat buffer is
         total = 0.0
         for k in range(b_ptr[b], b_ptr[b + 1]):
             total += part_bytes[units[k]]
         b_bytes[b] = total
-    return b_stage[:nb], b_lay[:nb], b_bytes[:nb], b_ptr[:nb + 1], units[:nu]
+    return s_ptr, b_lay[:nb], b_bytes[:nb], b_ptr[:nb + 1], units[:nu]
 
 
 @functools.lru_cache(maxsize=64)
@@ -159,30 +155,73 @@ def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage
     ``parameter`` (per unit, default its placement's) the units whose parameter split
     all-reduces (a unit replicated on its group's placement exchanges nothing:
     :mod:`memflow.sim.replication`)."""
-    n, M = ga.n, int(microbatches)
+    M = int(microbatches)
     stage = np.maximum(stage, 0)
     stages = int(stage.max()) + 1
     op_stage, op_back, op_mb, final_mb = _program(stages, M, schedule)
-    st_ptr = _ptr(stage, stages)
-    st_units = np.argsort(stage, kind="stable")
     # bytes of each unit's outputs and of the gradients of its inputs (tensor parallelism)
     p = degrees[layout, 1] if parameter is None else parameter
-    sa = degrees[layout, 0] * degrees[layout, 2]
     out_bytes, in_grad = block_edge_bytes(ga, layout, p > 1, *_unit_bytes(ga, M), M)
     cp = placed.copies
-    src_unit = np.where(ga.producer[cp.tensor] >= 0, ga.producer[cp.tensor], cp.first_reader)
-    c_ids = np.arange(len(cp))
-    back = np.flatnonzero(cp.grad)
+    st_ptr, st_units, copies_from, copies_back, copy_src, tp_out, tp_in = _placed_fields(
+        stage, stages, ga.producer, cp.tensor, cp.first_reader, cp.grad, p,
+        degrees[layout, 0] * degrees[layout, 2], out_bytes, in_grad)
     return Structure(
         n_layouts=len(degrees), op_stage=op_stage, op_back=op_back, op_mb=op_mb,
         stage_units=(st_ptr, st_units), final_mb=final_mb, reads=placed.reads,
-        grads_in=placed.grads_in,
-        copies_from=(_ptr(src_unit, n), c_ids[np.argsort(src_unit, kind="stable")]),
-        copies_back=(_ptr(cp.first_reader[back], n),
-                     back[np.argsort(cp.first_reader[back], kind="stable")]),
-        copy_src=ga.producer[cp.tensor] >= 0, copy_bytes=cp.bytes, layout=layout,
-        tp_out=np.where(p > 1, out_bytes / sa, 0.0), tp_in=np.where(p > 1, in_grad / sa, 0.0),
+        grads_in=placed.grads_in, copies_from=copies_from, copies_back=copies_back,
+        copy_src=copy_src, copy_bytes=cp.bytes, layout=layout, tp_out=tp_out, tp_in=tp_in,
         **_state_fields(ga, layout, degrees, st_ptr, st_units, states))
+
+
+@njit
+def _by_key(key, n_keys, items):
+    """``items`` grouped by ``key`` (CSR over ``n_keys`` rows, each row in the items' order:
+    a stable argsort)."""
+    ptr = np.zeros(n_keys + 1, np.int64)
+    for j in range(len(key)):
+        ptr[key[j] + 1] += 1
+    for k in range(n_keys):
+        ptr[k + 1] += ptr[k]
+    idx = np.empty(len(key), np.int64)
+    fill = ptr[:-1].copy()
+    for j in range(len(key)):
+        idx[fill[key[j]]] = items[j]
+        fill[key[j]] += 1
+    return ptr, idx
+
+
+@njit
+def _placed_fields(stage, stages, producer, c_tensor, c_first, c_grad, p, sa, out_bytes,
+                   in_grad):
+    """The fields of a :class:`Structure` its records decide, as one compiled pass (~20
+    numpy calls per new placement of a search): the units per stage, the copies after each
+    unit's forward (from its producer, else its first reader) and the gradient copies after
+    each unit's backward (CSR), whether each copy waits for its producer, and the bytes of
+    each split unit's tensor-parallel all-reduces in forward and backward."""
+    n, C = len(stage), len(c_tensor)
+    src = np.empty(C, np.int64)
+    copy_src = np.empty(C, np.bool_)
+    n_back = 0
+    for c in range(C):
+        copy_src[c] = producer[c_tensor[c]] >= 0
+        src[c] = producer[c_tensor[c]] if copy_src[c] else c_first[c]
+        n_back += c_grad[c]
+    back = np.empty(n_back, np.int64)
+    back_first = np.empty(n_back, np.int64)
+    j = 0
+    for c in range(C):
+        if c_grad[c]:
+            back[j], back_first[j] = c, c_first[c]
+            j += 1
+    tp_out = np.zeros(n)
+    tp_in = np.zeros(n)
+    for u in range(n):
+        if p[u] > 1:
+            tp_out[u], tp_in[u] = out_bytes[u] / sa[u], in_grad[u] / sa[u]
+    st_ptr, st_units = _by_key(stage, stages, np.arange(n))
+    return (st_ptr, st_units, _by_key(src, n, np.arange(C)), _by_key(back_first, n, back),
+            copy_src, tp_out, tp_in)
 
 
 def _state_fields(ga, layout: np.ndarray, degrees: np.ndarray, st_ptr: np.ndarray,
@@ -191,10 +230,10 @@ def _state_fields(ga, layout: np.ndarray, degrees: np.ndarray, st_ptr: np.ndarra
     and the bytes sharded units gather and scatter."""
     replicated = (degrees[:, 0] * degrees[:, 2]) > 1
     bucketed = ga.trainable_bytes / degrees[layout, 1] if states is None else states.bucket
-    b_stage, b_lay, b_bytes, b_ptr, b_units = _bucketize(
+    s_ptr, b_lay, b_bytes, b_ptr, b_units = _bucketize(
         st_ptr, st_units, layout, replicated, bucketed, float(FIRST_BUCKET), float(BUCKET_CAP))
     none = np.zeros(ga.n)
-    return dict(buckets=(_ptr(b_stage, len(st_ptr) - 1), np.arange(len(b_stage))),
+    return dict(buckets=(s_ptr, np.arange(len(b_lay))),
                 bucket_layout=b_lay, bucket_bytes=b_bytes, bucket_units=(b_ptr, b_units),
                 gather=none if states is None else states.gather,
                 scatter=none if states is None else states.scatter)

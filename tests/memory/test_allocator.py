@@ -8,7 +8,7 @@ import pytest
 from memflow.errors import MemflowError
 from memflow.graph import OpGraph
 from memflow.memory.allocator import (CUBLAS_WORKSPACE, MIB, STEP_WORKSPACES, CachingAllocator,
-                                      allocated_bytes, replay, round_size, segment_size)
+                                      block_of, charged, replay, round_size, segment_size)
 from memflow.sim.estimate import estimate
 
 
@@ -60,13 +60,12 @@ def test_best_fit_reuses_the_smallest_free_block():
     assert a.reserved == 22 * MIB
 
 
-def test_allocated_bytes_per_tensor_and_its_option():
-    assert allocated_bytes(np.array([0.0, 10.0, 512.0, 600.0]), "cuda").tolist() == \
-        [0.0, 512.0, 512.0, 1024.0]
-    raw = np.array([10.0])
-    assert allocated_bytes(raw, None) is raw
+def test_charged_bytes_per_tensor_and_its_option():
+    cuda = block_of("cuda")
+    assert [charged(x, cuda) for x in (0.0, 10.0, 512.0, 600.0)] == [0.0, 512.0, 512.0, 1024.0]
+    assert charged(10.5, block_of(None)) == 10.5
     with pytest.raises(ValueError, match="allocator must be one of"):
-        allocated_bytes(raw, "hip")
+        block_of("hip")
 
 
 def test_estimate_charges_blocks_and_estimates_reserved():
