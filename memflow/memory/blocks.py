@@ -67,7 +67,8 @@ def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
                 optimizer: str = "sgd", foreach: bool = True, cache: dict | None = None,
                 precision: str | None = None, shard: np.ndarray | None = None,
                 offload: np.ndarray | None = None,
-                sequence: np.ndarray | None = None, stage: np.ndarray | None = None) -> StepBlocks:
+                sequence: np.ndarray | None = None, stage: np.ndarray | None = None,
+                host_is_device: bool = False) -> StepBlocks:
     """The blocks of one training step.
 
     ``degrees`` is ``(layouts, 3)``: sample, parameter, attribute of each layout; ``layout``,
@@ -79,7 +80,8 @@ def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
     (per unit: shard level code, optimizer on the host) decide the model states
     (:func:`memflow.memory.states.unit_states`). ``sequence`` (per unit) is the strategy's
     sequence parallelism and ``stage`` its pipeline stages
-    (:func:`memflow.memory.records.placements`).
+    (:func:`memflow.memory.records.placements`). ``host_is_device``: the step runs on a CPU,
+    whose host memory is its own (:func:`memflow.memory.table.host_on_device`).
     """
     key = placement_key(layout, degrees, microbatches, sequence, stage)
     placed = cache.get(key) if cache is not None else None
@@ -89,5 +91,6 @@ def step_blocks(ga: GraphArrays, policy: np.ndarray, segment: np.ndarray, layout
         if cache is not None:
             cache[key] = placed
     table = BlockTable(ga, placed, layout, degrees, microbatches, optimizer=optimizer,
-                       foreach=foreach, precision=precision, shard=shard, offload=offload)
+                       foreach=foreach, precision=precision, shard=shard, offload=offload,
+                       host_is_device=host_is_device)
     return table.derive(policy, segment, ratio)

@@ -19,7 +19,7 @@ from .segments import holding_segments, segment_starts
 from .slots import (ACTIVATIONS, BWD_TMP, CACHED, CATEGORIES, COMMUNICATION, EVERY_MB,
                     FIRST_MB, FWD_TMP, GATHER_BWD, GATHER_FWD, GATHER_REC, GRADIENTS,
                     HOST_STATE, NM, NS, NU, OPTIMIZER, PARAM_GRAD, PRODUCED, REC_TMP,
-                    STATE_SLOTS, TRANSIENT, UNSHARDED, WEIGHTS, _anchor, _set)
+                    RESTORED, STATE_SLOTS, STORED, TRANSIENT, UNSHARDED, WEIGHTS, _anchor, _set)
 from .states import unit_states
 
 __all__ = ["BlockTable"]
@@ -257,6 +257,25 @@ def _state_rows(nbytes, host, alloc, free, u, r, layout, L, grad_at, gathered, u
     return persistent
 
 
+def host_on_device(rows: dict[str, np.ndarray], records: int) -> None:
+    """``rows`` (a :meth:`BlockTable.derive` copy) for a step whose host memory is its
+    device's own (a CPU), in place: host blocks are device blocks, and an offloaded storage's
+    host image is what its backward reads. Export's offload hook copies a saved storage into
+    a new image as its unit saves it, synchronously: the storage goes when its forward
+    readers are done, not at the end of an offload task, and its image is there from the
+    offload task's start (right after the unit's forward: a storage the unit made and read
+    alone is handed over, one read on by later units is there twice until they are done).
+    Backward restores it with ``Tensor.to`` on the device the image is already on, which
+    returns the image itself: no restored copy is made, and the image goes when the
+    restored copy would have (the start of its first saver's backward, as a kept storage
+    goes)."""
+    stored = np.flatnonzero(rows["host"][STORED:NS * records:NS]) * NS
+    rows["free"][stored + PRODUCED, 1] = rows["free"][stored + PRODUCED, 0]
+    rows["free"][stored + STORED] = rows["free"][stored + RESTORED]
+    rows["bytes"][stored + RESTORED] = 0.0
+    rows["host"][:] = False
+
+
 class BlockTable:
     """Every block of one placement's plan, in fixed rows, re-derived by delta.
 
@@ -267,13 +286,14 @@ class BlockTable:
     model-state blocks of the units, five per unit (:data:`STATE_SLOTS`). Rows
     that do not apply hold 0 bytes and are left out of the :class:`StepBlocks`.
     :meth:`derive` re-derives only the records whose rules read a unit whose policy, segment or
-    compression ratio changed since the previous call.
+    compression ratio changed since the previous call. ``host_is_device``: the host's memory
+    is the device's own (a CPU: :func:`host_on_device`).
     """
 
     def __init__(self, ga: GraphArrays, placed: Placed, layout: np.ndarray, degrees: np.ndarray,
                  microbatches: int, *, optimizer: str = "sgd", foreach: bool = True,
                  precision: str | None = None, shard: np.ndarray | None = None,
-                 offload: np.ndarray | None = None):
+                 offload: np.ndarray | None = None, host_is_device: bool = False):
         n, M, P = ga.n, int(microbatches), placed
         R, G, L = len(P.tensor), len(P.grad_bytes), len(degrees)
         s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
@@ -282,6 +302,7 @@ class BlockTable:
         self.unit_row = NS * R + G
         self.state_row = self.unit_row + NU * n + len(o_lay)
         self.placed, self.n, self.microbatches = P, n, M
+        self.host_is_device = host_is_device
         self.saves, self.saved_by_kind, kinds = _saved(ga)
         self.recompute_tmp = ga.fwd_tmp * per
         self.cached = ga.cached * per
@@ -371,6 +392,8 @@ class BlockTable:
             start >= 0, self.states.gathered, 0.0)
         rows = {**self.static, "bytes": self.bytes.copy(), "host": self.host.copy(),
                 "alloc": self.alloc.copy(), "free": self.free.copy()}
+        if self.host_is_device:
+            host_on_device(rows, len(P.tensor))
         return StepBlocks(rows, P.copies, offloaded, compressed, self.persistent, segment,
                           start, self.microbatches)
 

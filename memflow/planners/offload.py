@@ -55,6 +55,7 @@ import pandas as pd
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from ..errors import PlanError
+from ..graph.units import LOSS
 from ..strategy import Strategy
 from ..sim import Evaluator, Outcome
 from ..sim.kinds import K_BWD, K_FWD, K_OFFLOAD, K_PREFETCH
@@ -168,7 +169,8 @@ class _Planner:
         self.limit = as_limit(memory_limit, self.cluster, self.base.device_names)
         self.ev = Evaluator(graph, self.cluster, self.limit, optimizer=optimizer)
         u = graph.units
-        self.eligible = u["saved_bytes"].to_numpy() > 0
+        # the loss runs in the user's training loop, not in the model: export keeps it
+        self.eligible = (u["saved_bytes"].to_numpy() > 0) & (u.index != LOSS)
         self.conv = self.eligible & u["kind"].astype(str).str.contains(_CONV).to_numpy()
 
     def with_mask(self, mask: np.ndarray, name: str) -> Strategy:

@@ -58,7 +58,10 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     the capacity is reported too); default: the graph's capture backend. ``strategy``: memory
     policies to apply (a single-device strategy of this graph); default keep everything.
     ``optimizer`` and ``precision`` (the strategy's own precision first) decide the model
-    states (``docs/data-model.md``, "Model states"); an offloaded optimizer is not counted.
+    states (``docs/data-model.md``, "Model states"); an offloaded optimizer is not counted,
+    except on a CPU, whose host memory is the device's own: there offloaded storages and
+    optimizer states are counted where they live, the CPU's memory, and backward reads an
+    offloaded storage's host image in place (:func:`memflow.memory.table.host_on_device`).
     ``allocator="cuda"``: each tensor is charged the CUDA caching allocator's block (512-B
     rounding, :mod:`memflow.memory.allocator`) and ``df.attrs["reserved"]`` estimates the peak
     of ``torch.cuda.memory_reserved`` by replaying the step's allocations and frees through
@@ -106,6 +109,7 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
         raise MemflowError(f"unknown allocator {allocator!r}; valid: None (tensor bytes) or "
                            "'cuda' (the CUDA caching allocator's blocks)")
     capacity, foreach, label = _capacity_and_foreach(graph, device)
+    on_cpu = _on_cpu(device, label)
     if strategy is None:
         strategy = Strategy.single_device(graph)
     strategy.validate(graph)
@@ -120,12 +124,11 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
                         degrees[layout, 1], M, allocator)
     plan = step_blocks(ga, strategy.policy, strategy.segment, layout, degrees, M,
                        compression_ratios(strategy, ga.half | (precision in ACTIVATION_WIDTH),
-                                          step_ratio(_on_cpu(device, label),
-                                                     graph.meta.get("map_bits"))),
+                                          step_ratio(on_cpu, graph.meta.get("map_bits"))),
                        optimizer=optimizer,
                        foreach=foreach, cache={placement_key(layout, degrees, M): placed},
                        precision=precision, shard=strategy.shard,
-                       offload=strategy.offload_optimizer)
+                       offload=strategy.offload_optimizer, host_is_device=on_cpu)
     S = structure(ga, placed, layout, degrees, strategy.stage, M, strategy.schedule)
     T = expand(S, Timing.untimed(S, ga.n), plan)
     step = np.arange(len(T.kind), dtype=np.float64)      # program order, one task at a time

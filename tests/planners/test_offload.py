@@ -114,3 +114,15 @@ def test_knapsack_covers_a_backward_peak_with_the_units_on_the_host_then():
     r = memflow.simulate(g, s, c)
     assert r.peak_memory.max() <= 4.5 * GIB
     assert r.iteration_time < memflow.simulate(g, offload(g, c, "all"), c).iteration_time
+
+
+def test_the_loss_unit_is_never_offloaded():
+    # the loss runs in the user's training loop: export keeps it, so no plan may offload it
+    import torch
+    from torch import nn
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
+    g = memflow.from_torch(model, torch.randn(2, 8), loss_fn=lambda out: out.pow(2).mean())
+    assert g.units.loc["<loss>", "saved_bytes"] > 0
+    s = offload(g, V100, "all")
+    assert dict(zip(s.units, s.policies))["<loss>"] == "keep"
+    assert s.policies.count("offload") == int((g.units["saved_bytes"] > 0).sum()) - 1

@@ -80,3 +80,21 @@ def test_printed_in_units_with_plain_numbers_kept():
     assert "2.34 KiB" in df._repr_html_() and "fits" in df._repr_html_()
     assert df.loc["total", "at_peak"] == 2400 and df["max"].dtype.kind == "f"
     assert df.to_csv().splitlines()[-1] == "total,2400.0,2400.0"   # files keep the numbers
+
+
+def test_on_a_cpu_offloaded_storages_stay_in_its_memory():
+    # u1's backward needs 2000 B: the peak is there, with u0's input and internal tensor (110)
+    # saved for u0's backward. A GPU has them on the host then (vDNN prefetches u0's after
+    # u1's backward); a CPU's host is its own memory, so they count there, as images
+    # standing in for the storages, and backward reads them in place (no restored copy)
+    g = chain(tmp=(0, 2000, 0))
+    every = Strategy.single_device(g).with_policy(offload=["u0", "u1", "u2"])
+    keep = estimate(g, "cpu")
+    cpu, cuda = estimate(g, "cpu", strategy=every), estimate(g, "cuda", strategy=every)
+    assert keep.attrs["peak_task"] == cpu.attrs["peak_task"] == "backward u1"
+    assert cpu.loc["total", "at_peak"] == keep.loc["total", "at_peak"] == 4310
+    assert cpu.loc["activations", "at_peak"] == 110
+    assert cuda.loc["total", "at_peak"] == 4310 - 110
+    # forward: a storage goes when its readers are done and its image comes after its
+    # saver's forward, so they are never there twice in a chain: at most what keep holds
+    assert cpu.loc["activations", "max"] == keep.loc["activations", "max"] == 710
