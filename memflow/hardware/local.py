@@ -56,7 +56,8 @@ from .cluster import Cluster
 from .microbench import FORMAT, SIZES, SIZES_SMALL, STEP_FIGURES, measure
 
 __all__ = ["local", "local_cluster", "measure", "threads_per_process", "thread_cores",
-           "collective_overlap", "cache_dir", "cache_file", "FORMAT", "EXAMPLE_FIGURES", "SIZES", "STEP_FIGURES"]
+           "collective_overlap", "cache_dir", "cache_file", "FORMAT", "EXAMPLE_FIGURES", "SIZES",
+           "STEP_FIGURES"]
 
 CACHE_ENV = "MEMFLOW_CACHE_DIR"
 
@@ -120,7 +121,7 @@ def threads_per_process(processes: int) -> int | None:
     return 1 if processes > 1 else None
 
 
-def _session_cores(figures: dict[str, Any]) -> float:
+def _session(figures: dict[str, Any]) -> float:
     # figures measured without it (memflow.local/5 and the examples): every core
     return float(figures.get("session_cores", figures["cores"]))
 
@@ -134,7 +135,7 @@ def thread_cores(figures: dict[str, Any], processes: int = 1, threads: int = 1) 
     >>> thread_cores(f), thread_cores(f, 2), thread_cores({"cores": 2}, 2), thread_cores({"cores": 2}, 4)
     (0.5, 0.25, 1.0, 0.5)
     """
-    return min(1.0, _session_cores(figures) / (processes * threads))
+    return min(1.0, _session(figures) / (processes * threads))
 
 
 def collective_overlap(figures: dict[str, Any], processes: int, threads: int = 1) -> float:
@@ -142,7 +143,7 @@ def collective_overlap(figures: dict[str, Any], processes: int, threads: int = 1
     gloo thread needs a core that the compute threads leave free in this session's cores
     (0 where they fill them: the all-reduce's copies and sums then take the compute's
     turn on the cores)."""
-    return float(np.clip((_session_cores(figures) - processes * threads) / processes, 0.0, 1.0))
+    return float(np.clip((_session(figures) - processes * threads) / processes, 0.0, 1.0))
 
 
 def _rates_of(figures: dict[str, Any], processes: int, threads: int | None,
@@ -246,8 +247,8 @@ def local_cluster(figures: dict[str, Any], processes: int = 1,
         # gloo copies and sums on the processes' CPU: its bandwidth at the cores each of
         # them gets now over what each of the two measuring processes got (4 processes on
         # the 2-core development machine took 2.6 times 2's seconds per ring byte)
-        then = {"cores": figures["cores"], "session_cores": ar.get("session_cores",
-                                                                   _session_cores(figures))}
+        then = {"cores": figures["cores"],
+                "session_cores": ar.get("session_cores", _session(figures))}
         wire = float(ar["bandwidth"]) * thread_cores(figures, n, threads or 1) / thread_cores(
             then, 2)
         links += [(h, "loopback", "loopback", wire, hop) for h in hosts]
