@@ -59,7 +59,7 @@ from memflow.export.timing import step_seconds, step_time  # noqa: E402
 from memflow.hardware import calibrate  # noqa: E402
 from memflow._jsonio import write_json  # noqa: E402
 from memflow.hardware.kernels import OPERAND_SETS, class_rates  # noqa: E402
-from memflow.hardware.local import cache_file, local_cluster, measure  # noqa: E402
+from memflow.hardware.local import cache_file, local_cluster, measure, thread_cores  # noqa: E402
 from memflow.hardware.microbench import _seconds_per_call  # noqa: E402
 from memflow.graph.opcost import kernel_shape  # noqa: E402
 from memflow.graph.mapkind import MAP_KINDS, UNCOMPRESSED  # noqa: E402
@@ -123,6 +123,8 @@ def by_flops(cluster):
 
 
 WALL = "wall: measured / predicted"
+GIVEN = "cores per process (figures)"
+GOT = "rank 0's CPU time / wall time in the run"
 UNSHARED = "wall: each process a core, all-reduce beside backward, measured / predicted"
 
 
@@ -152,7 +154,7 @@ def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
     clusters = walls | ({"cpu": local_cluster(figures, 1, threads=1, clock="cpu")}
                         if processes == 1 else {})
     runs: dict[str, list[tuple[float, float]]] = {c: [] for c in clusters}
-    loads, again, old = [], [], []
+    loads, again, old, got = [], [], [], []
     for _ in range(repeat):
         s = strategy(graph, kind, processes, clusters["wall"])
         r = step_time(s, model, clusters["wall"], model_options=options, batch_size=batch,
@@ -166,6 +168,10 @@ def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
         if processes > 1:
             old.append(runs["wall"][-1][1] / memflow.simulate(
                 graph, s, unshared(figures, processes)).iteration_time)
+            # the cores rank 0 got while it stepped (its gloo threads' CPU included, its
+            # waits for the other ranks too): beside what the figures give each process
+            cpu, wall = r.attrs["cpu_times"], r.attrs["wall_times"]
+            got.append(sum(cpu) / sum(wall))
         if calibrated:
             fitted = calibrate(unit_times(model, graph), clusters["wall"])
             again.append(runs["wall"][-1][1] / memflow.simulate(graph, s, fitted).iteration_time)
@@ -181,6 +187,8 @@ def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
                     m / b for _, m, b in triples)}
     if old:
         out[UNSHARED] = statistics.median(old)
+        out[GIVEN] = thread_cores(figures, processes)
+        out[GOT] = statistics.median(got)
     out["load"] = statistics.median(loads)
     out["load (figures)"] = figures["load"]
     out["session cores (figures)"] = figures["session_cores"]
@@ -341,7 +349,12 @@ def _off(df: pd.DataFrame) -> str:
         return ", ".join(f"{r.model} x{r.processes} {r[WALL]:.2f}"
                          for _, r in df[mask].iterrows()) or "none"
     return (f"Over-predicted (measured below 0.85 of predicted): {rows(df[WALL] < 0.85)}; "
-            f"under-predicted (above 1.15): {rows(df[WALL] > 1.15)}.")
+            f"under-predicted (above 1.15): {rows(df[WALL] > 1.15)}. The cores each process "
+            f"was given by the figures against rank 0's CPU time over its wall time in the run "
+            f"(its CPU time counts gloo's threads, its wall time its waits for the other "
+            f"ranks): "
+            + ", ".join(f"{r.model} x{r.processes} {r[GIVEN]:.2f} / {r[GOT]:.2f}"
+                        for _, r in df.iterrows()) + ".")
 
 
 def _log_error(ratio: pd.Series) -> float:

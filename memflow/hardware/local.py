@@ -131,8 +131,8 @@ def thread_cores(figures: dict[str, Any], processes: int = 1, threads: int = 1) 
     session's measured cores (``session_cores``; the machine's ``cores`` in figures without
     it) split between all of them, at most one (module doc).
 
-    >>> f = {"cores": 2, "session_cores": 0.5}
-    >>> thread_cores(f), thread_cores(f, 2), thread_cores({"cores": 2}, 2), thread_cores({"cores": 2}, 4)
+    >>> loaded, idle = {"cores": 2, "session_cores": 0.5}, {"cores": 2}
+    >>> thread_cores(loaded), thread_cores(loaded, 2), thread_cores(idle, 2), thread_cores(idle, 4)
     (0.5, 0.25, 1.0, 0.5)
     """
     return min(1.0, _session(figures) / (processes * threads))
