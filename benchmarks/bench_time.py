@@ -336,8 +336,11 @@ SHARING = (
     "on the compute where no core is left for gloo's thread (`collective_overlap`), and "
     "charges the loss all-reduce. A row is one run, minutes after the one-process rows and "
     "seconds after its own figures, on a machine whose load moves within seconds: the "
-    "session's cores sampled before a row need not be what the row's processes got. Still "
-    "not modelled: gloo's threads' CPU beyond the "
+    "session's cores sampled before a row need not be what the row's processes got. Two "
+    "runs with the new model on 2026-11-28: at 05:07 (load 3.8-8.9) 1 of 6 rows within 15%, "
+    "median 0.74, worst mlp x2 1.76, mean |ln(measured / predicted)| 0.46 against the "
+    "previous sharing's 0.39 on the same runs (resnet50 x4 and gpt2 x2, x4 over-predicted); "
+    "at 05:26 (load 2.0-5.7, the table below) 0.24 against 0.42. Still not modelled: gloo's threads' CPU beyond the "
     "all-reduce's ring time, and the training thread's CPU time growing 1.5-1.9x when "
     "another process of the step runs on the other core (caches, context switches).")
 """The dated finding behind the several-process model (static: measured once, see the text)."""
