@@ -23,6 +23,16 @@ bandwidth (:func:`threads_per_process`). On a loaded machine one thread can beat
 threads of an OpenMP kernel wait for each other, and a busy core makes them all wait, which
 is why both figures are measured. The devices' ``figures`` column says ``measured``.
 
+The share of the cores is this session's (:func:`thread_cores`): Linux shares a busy
+machine between sessions before it shares a session's part between its threads, so the
+measured ``session_cores`` (the cores one busy thread per core got together) is split
+between every thread of the processes, and the one-thread figures, timed at
+``min(1, session_cores)`` of a core, are scaled to what each thread gets. gloo's all-reduce
+is CPU work too: its loopback bandwidth follows the same share (measured at two processes,
+at its own ``session_cores``), and where no core is left over for gloo's thread (the device
+column ``collective_overlap`` below 1) a DDP all-reduce cannot run beside the backward:
+:mod:`memflow.sim.durations` charges that part of it on the processes' compute.
+
 >>> c = local_cluster(EXAMPLE_FIGURES, processes=2)
 >>> c.devices[["model", "figures"]].values.tolist()
 [['local-cpu', 'measured'], ['local-cpu', 'measured']]
@@ -45,8 +55,9 @@ from ..errors import ClusterError
 from .cluster import Cluster
 from .microbench import FORMAT, SIZES, SIZES_SMALL, STEP_FIGURES, measure
 
-__all__ = ["local", "local_cluster", "measure", "threads_per_process", "cache_dir", "cache_file",
-           "FORMAT", "EXAMPLE_FIGURES", "SIZES", "STEP_FIGURES"]
+__all__ = ["local", "local_cluster", "measure", "threads_per_process", "thread_cores",
+           "collective_overlap", "cache_dir", "cache_file", "FORMAT", "EXAMPLE_FIGURES", "SIZES",
+           "STEP_FIGURES"]
 
 CACHE_ENV = "MEMFLOW_CACHE_DIR"
 
@@ -110,15 +121,41 @@ def threads_per_process(processes: int) -> int | None:
     return 1 if processes > 1 else None
 
 
+def _session(figures: dict[str, Any]) -> float:
+    # figures measured without it (memflow.local/5 and the examples): every core
+    return float(figures.get("session_cores", figures["cores"]))
+
+
+def thread_cores(figures: dict[str, Any], processes: int = 1, threads: int = 1) -> float:
+    """The cores each thread of ``processes`` processes of ``threads`` threads gets: this
+    session's measured cores (``session_cores``; the machine's ``cores`` in figures without
+    it) split between all of them, at most one (module doc).
+
+    >>> loaded, idle = {"cores": 2, "session_cores": 0.5}, {"cores": 2}
+    >>> thread_cores(loaded), thread_cores(loaded, 2), thread_cores(idle, 2), thread_cores(idle, 4)
+    (0.5, 0.25, 1.0, 0.5)
+    """
+    return min(1.0, _session(figures) / (processes * threads))
+
+
+def collective_overlap(figures: dict[str, Any], processes: int, threads: int = 1) -> float:
+    """The part of a gloo all-reduce that runs beside the processes' compute: each process's
+    gloo thread needs a core that the compute threads leave free in this session's cores
+    (0 where they fill them: the all-reduce's copies and sums then take the compute's
+    turn on the cores)."""
+    return float(np.clip((_session(figures) - processes * threads) / processes, 0.0, 1.0))
+
+
 def _rates_of(figures: dict[str, Any], processes: int, threads: int | None,
               clock: str = "wall") -> dict[str, float]:
     """The rates of one of ``processes`` concurrent processes: matmul, conv, copy and the
     :data:`STEP_FIGURES`. Every thread of one process: the all-thread figures (the step
-    figures are one thread's). One thread each: the one-thread figures, compute shared when
-    there are more processes than cores, memory bandwidth shared over all of them (the
-    machine's total is the all-thread copy rate). ``clock="cpu"``: one process's one-thread
-    figures timed by CPU time. ``kernel_rates``: the shape-class rate table (one thread's,
-    shared as the step figures are)."""
+    figures are one thread's). One thread each: the one-thread figures scaled from the
+    cores one thread got when they were timed to what each thread gets now
+    (:func:`thread_cores`), memory bandwidth shared over all of them (the machine's total is
+    the all-thread copy rate). ``clock="cpu"``: one process's one-thread figures timed by
+    CPU time. ``kernel_rates``: the shape-class rate table (one thread's, shared as the step
+    figures are)."""
     main = ("matmul_flops", "conv_flops", "copy_bandwidth")
     table = figures["kernel_rates"]["cpu" if clock == "cpu" else "one"]
     if clock == "cpu":
@@ -126,7 +163,7 @@ def _rates_of(figures: dict[str, Any], processes: int, threads: int | None,
     step = {k: figures[k]["one"] for k in STEP_FIGURES}
     if threads is None or (threads > 1 and processes == 1):
         return {**{k: figures[k]["all"] for k in main}, **step, "kernel_rates": table}
-    share = min(1.0, int(figures["cores"]) / (processes * threads))
+    share = thread_cores(figures, processes, threads) / thread_cores(figures)
     copy = figures["copy_bandwidth"]
     # sharing a core: rates shrink, seconds per op grow, by the share
     return {"matmul_flops": figures["matmul_flops"]["one"] * share,
@@ -197,6 +234,7 @@ def local_cluster(figures: dict[str, Any], processes: int = 1,
                                  + r["small_conv_backward_flops"]) / 2,
         **_op_flops(figures.get("size", "default")),
         **{k: r[k] for k in STEP_FIGURES[6:]},
+        "collective_overlap": collective_overlap(figures, n, threads or 1) if n > 1 else 1.0,
         # the shape-class rate table (memflow.hardware.kernels) as JSON text: one cell
         "kernel_rates": json.dumps(r["kernel_rates"])})
     links = [(d, h, "memcpy", copy / 2, np.nan) for d, h in zip(names, hosts)]
@@ -206,8 +244,15 @@ def local_cluster(figures: dict[str, Any], processes: int = 1,
         ar = figures["allreduce"]
         # a ring hop crosses two loopback links (host -> switch -> host) and two memcpy ones
         hop = max(float(ar["latency"]) - 2e-6, 0.0) / 2
-        links += [(h, "loopback", "loopback", float(ar["bandwidth"]), hop) for h in hosts]
-        links += [("loopback", h, "loopback", float(ar["bandwidth"]), hop) for h in hosts]
+        # gloo copies and sums on the processes' CPU: its bandwidth at the cores each of
+        # them gets now over what each of the two measuring processes got (4 processes on
+        # the 2-core development machine took 2.6 times 2's seconds per ring byte)
+        then = {"cores": figures["cores"],
+                "session_cores": ar.get("session_cores", _session(figures))}
+        wire = float(ar["bandwidth"]) * thread_cores(figures, n, threads or 1) / thread_cores(
+            then, 2)
+        links += [(h, "loopback", "loopback", wire, hop) for h in hosts]
+        links += [("loopback", h, "loopback", wire, hop) for h in hosts]
         switches = pd.DataFrame({"switch": ["loopback"], "node": [-1], "kind": ["network"]})
     return Cluster(devices, pd.DataFrame({"host": hosts, "node": range(n), "memory_bytes": share}),
                    pd.DataFrame(links, columns=["src", "dst", "kind", "bandwidth", "latency"]),

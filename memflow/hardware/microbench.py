@@ -22,8 +22,17 @@ processes with ``OMP_NUM_THREADS=1``):
 * ``kernel_rates`` — the shape-class rate table (:mod:`memflow.hardware.kernels`): forward and
   backward FLOP/s of a small grid of matrix-product (as ``nn.Linear`` runs them) and
   convolution shapes, one thread, each kernel after an L2 cache's worth of other traffic;
+* ``session_cores`` — the cores this session's processes get together when it runs one busy
+  thread per core (CPU time over wall time): Linux shares a busy machine between sessions
+  (``sched_autogroup``) before it shares a session's share between its threads, so on a
+  machine loaded by other sessions' jobs, several processes of one session split what one
+  of them gets alone (measured on the 2-core development machine: 0.49 cores with one busy
+  thread, 0.46 with two; two one-process training steps at once each took twice one's wall
+  time);
 * ``allreduce`` — gloo all-reduce between 2 processes of this machine: ``bandwidth`` and
-  ``latency`` fitted to the ring formula ``2(n-1)/n · S/B + 2(n-1) · latency``.
+  ``latency`` fitted to the ring formula ``2(n-1)/n · S/B + 2(n-1) · latency``, and the
+  ``session_cores`` it was measured at (gloo's loopback all-reduce is CPU work: its
+  bandwidth follows the processes' share of the cores).
 
 Each one-thread figure is timed by two clocks: the wall clock (``one``) and the process's CPU
 time (``cpu``): see :mod:`memflow.hardware.local`.
@@ -45,7 +54,7 @@ from .kernels import Kernel, conv_kernel, evictor, matmul_kernel, measure_grid
 
 __all__ = ["measure", "FORMAT", "SIZES", "SIZES_SMALL", "STEP_FIGURES"]
 
-FORMAT = "memflow.local/5"
+FORMAT = "memflow.local/6"
 
 # problem sizes: "default" takes a few seconds, "tiny" (tests) well under one; each size is
 # (matmul n, conv (batch, channels, side), copy bytes, all-reduce bytes, repetitions,
@@ -282,6 +291,42 @@ def _launch_overhead(reps: int, window: float) -> float:
     return _seconds_per_call(many, 3, window)[0] / reps
 
 
+def _session_cores(cores: int, window: float) -> float:
+    """Cores this session's threads get together while it runs ``cores`` busy one-thread
+    matrix products at once (threads of this process: torch releases the GIL in a kernel):
+    its CPU time over the wall time of ``window / 2`` seconds (at least 0.05; module doc)."""
+    import threading
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    stop = threading.Event()
+    a = torch.randn(128, 128)
+
+    def busy() -> None:
+        out = torch.empty(128, 128)
+        while not stop.is_set():
+            torch.mm(a, a, out=out)
+    threads = [threading.Thread(target=busy, daemon=True) for _ in range(cores)]
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for t in threads:
+            t.start()
+        time.sleep(max(window / 2, 0.05))
+        stop.set()
+        for t in threads:
+            t.join()
+        return (time.process_time() - c0) / max(time.perf_counter() - t0, 1e-9)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _cores() -> int:
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1)
+
+
 def _allreduce_rank(rank: int, port: int, nbytes: int, reps: int, folder: str) -> None:
     # one rank of the all-reduce benchmark (spawned: module level so it pickles by name)
     import torch
@@ -304,7 +349,8 @@ def _allreduce_rank(rank: int, port: int, nbytes: int, reps: int, folder: str) -
 def _allreduce(size: str) -> dict[str, float]:
     import torch.multiprocessing as mp
 
-    _, _, _, nbytes, reps, _ = SIZES[size]
+    _, _, _, nbytes, reps, window = SIZES[size]
+    before = _session_cores(_cores(), window)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -314,7 +360,8 @@ def _allreduce(size: str) -> dict[str, float]:
     # two processes: the ring moves S once (2(n-1)/n = 1) in 2(n-1) = 2 latency-bound steps
     latency = t["small"] / 2
     return {"processes": 2, "latency": latency,
-            "bandwidth": nbytes / max(t["large"] - t["small"], 1e-9)}
+            "bandwidth": nbytes / max(t["large"] - t["small"], 1e-9),
+            "session_cores": (before + _session_cores(_cores(), window)) / 2}
 
 
 def _cpu_name() -> str:
@@ -335,20 +382,25 @@ def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any
 
     >>> f = measure("tiny", collectives=False)
     >>> f["format"], f["matmul_flops"]["all"] > 0, "allreduce" in f
-    ('memflow.local/5', True, False)
+    ('memflow.local/6', True, False)
     """
     import torch
 
     if size not in SIZES:
         raise ClusterError(f"micro-benchmark size {size!r} is unknown; valid: {list(SIZES)}")
     threads = torch.get_num_threads()
+    window = SIZES[size][-1]
+    # the session's cores sampled between the parts (the other sessions' load moves within
+    # seconds): their mean is the load the one-thread figures were timed under
+    session = [_session_cores(_cores(), window)]
     one = _rates(size, 1)
     every = one if threads == 1 else _rates(size, threads)
+    session.append(_session_cores(_cores(), window))
     step = _step_figures(size)
+    session.append(_session_cores(_cores(), window))
     figures: dict[str, Any] = {
         "format": FORMAT, "host": socket.gethostname(), "cpu": _cpu_name(),
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else os.cpu_count() or 1,
+        "cores": _cores(),
         "threads": threads,
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "torch": torch.__version__, "size": size,
@@ -358,6 +410,8 @@ def measure(size: str = "default", *, collectives: bool = True) -> dict[str, Any
         "launch_overhead": _launch_overhead(200 if size == "tiny" else 2000, SIZES[size][-1]),
         "kernel_rates": _kernel_rates(size),
     }
+    session.append(_session_cores(_cores(), window))
+    figures["session_cores"] = sum(session) / len(session)
     if collectives:
         figures["allreduce"] = _allreduce(size)
     return figures

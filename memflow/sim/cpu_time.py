@@ -207,7 +207,12 @@ def cpu_figures(cluster) -> dict[str, float] | None:
     for k in CPU_FIGURES[:3] + CPU_FIGURES[5:]:
         eff = efficiency("cpu", k)
         out[k] = out[k] / eff if k.endswith("overhead") else out[k] * eff
-    return out | {"clock": clock, "kernel_rates": _kernel_rates(devices)}
+    # the part of a gloo all-reduce that runs beside the compute (local_cluster: 1 where a
+    # core is left for gloo's thread, 0 where the processes fill this session's cores)
+    overlap = (float(devices["collective_overlap"].astype(float).min())
+               if "collective_overlap" in devices.columns else 1.0)
+    return out | {"clock": clock, "kernel_rates": _kernel_rates(devices),
+                  "collective_overlap": overlap}
 
 
 def _kernel_rates(devices) -> list[list] | None:

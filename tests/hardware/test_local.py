@@ -36,7 +36,7 @@ def test_measured_once_then_cached_and_remeasured_on_request(cache, monkeypatch)
     a = memflow.Cluster.local()
     b = memflow.Cluster.local()
     assert calls == ["default"] and a == b
-    assert read_json(cache_file())["format"] == "memflow.local/5"
+    assert read_json(cache_file())["format"] == "memflow.local/6"
     memflow.Cluster.local(remeasure=True)
     assert len(calls) == 2
 
@@ -45,7 +45,7 @@ def test_cache_of_another_format_is_measured_again(cache, monkeypatch):
     write_json(cache_file(), {**EXAMPLE_FIGURES, "format": "memflow.local/0"})
     monkeypatch.setattr(local_mod, "measure", lambda *a, **k: dict(EXAMPLE_FIGURES))
     memflow.Cluster.local()
-    assert read_json(cache_file())["format"] == "memflow.local/5"
+    assert read_json(cache_file())["format"] == "memflow.local/6"
 
 
 def test_tiny_micro_benchmark_gives_positive_rates():
@@ -54,11 +54,13 @@ def test_tiny_micro_benchmark_gives_positive_rates():
         assert f[key]["all"] > 0 and f[key]["one"] > 0
     assert 0 < f["launch_overhead"] < 1e-2
     assert f["cores"] >= 1 and f["memory_bytes"] > 0
+    assert 0 < f["session_cores"] <= f["cores"] + 0.2      # CPU time over wall time
 
 
 def test_gloo_allreduce_between_two_processes():
     ar = microbench._allreduce("tiny")
     assert ar["processes"] == 2 and ar["bandwidth"] > 0 and ar["latency"] > 0
+    assert ar["session_cores"] > 0
 
 
 def test_unknown_size_names_the_valid_ones():
@@ -85,7 +87,8 @@ def test_processes_meet_over_the_measured_loopback(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     c = local_cluster(EXAMPLE_FIGURES, 4)
     ar = EXAMPLE_FIGURES["allreduce"]
-    assert c.ring_bandwidth(list(c.devices.index)) == pytest.approx(ar["bandwidth"])
+    # measured at 2 processes, a core each; 4 on 2 cores copy and sum at half a core each
+    assert c.ring_bandwidth(list(c.devices.index)) == pytest.approx(ar["bandwidth"] / 2)
     assert c.ring_latency(list(c.devices.index)) == pytest.approx(ar["latency"])
     # an offload is a copy in DRAM: half the copy bandwidth (read + write), not the loopback
     assert c.bandwidth("cpu0", "host0") == pytest.approx(12e9 / 4 / 2)
@@ -144,3 +147,37 @@ def test_cpu_time_model_adds_up_on_local_cpus_only():
     assert r.iteration_time > ops
     catalogue = memflow.Cluster.preset("1xV100-16GB")
     assert cpu_figures(catalogue) is None
+
+
+def test_processes_of_one_session_split_its_measured_cores(monkeypatch):
+    # Linux shares a busy machine between sessions: the one-thread figures were timed at
+    # half a core, and two processes of this session get a quarter each, not half
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    loaded = {**EXAMPLE_FIGURES, "session_cores": 0.5,
+              "allreduce": {**EXAMPLE_FIGURES["allreduce"], "session_cores": 1.0}}
+    one = local_cluster(loaded, 1, threads=1).devices.loc["cpu0"]
+    two = local_cluster(loaded, 2).devices.loc["cpu0"]
+    assert one["peak_flops_fp32"] == 32e9 and two["peak_flops_fp32"] == 16e9
+    assert two["op_overhead"] == 2 * 4e-6 and two["collective_overlap"] == 0.0
+    # the all-reduce was measured with half a core per process, now a quarter
+    c = local_cluster(loaded, 2)
+    assert c.ring_bandwidth(["cpu0", "cpu1"]) == pytest.approx(1.5e9 / 2)
+    # an idle 8-core machine: two processes leave cores for gloo's threads
+    idle = {**EXAMPLE_FIGURES, "cores": 8, "session_cores": 8.0}
+    assert local_cluster(idle, 2).devices["collective_overlap"].tolist() == [1.0, 1.0]
+    assert local_cluster(idle, 2).devices.loc["cpu0", "peak_flops_fp32"] == 32e9
+
+
+def test_an_allreduce_without_a_free_core_is_charged_on_the_compute():
+    g = memflow.zoo.graph("mlp", batch_size=8, width=512, units="blocks")   # two buckets
+    busy = local_cluster(EXAMPLE_FIGURES, 2, threads=1)          # 2 processes, 2 cores
+    free = memflow.Cluster.from_dict({**busy.to_dict(), "devices": [
+        {**d, "collective_overlap": 1.0} for d in busy.to_dict()["devices"]]})
+    s = memflow.Strategy.data_parallel(g, ["cpu0", "cpu1"])
+    serial, beside = memflow.simulate(g, s, busy), memflow.simulate(g, s, free)
+    t = serial.timeline
+    compute = (t["end"] - t["start"])[t["kind"] != "allreduce"].sum()
+    assert serial.iteration_time == pytest.approx(compute)     # one stream: nothing beside
+    assert (t.loc[t["kind"] == "allreduce", "end"] == t.loc[t["kind"] == "allreduce",
+                                                            "start"]).all()
+    assert serial.iteration_time > beside.iteration_time
