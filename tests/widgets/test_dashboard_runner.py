@@ -181,6 +181,27 @@ def test_slow_listeners_are_told_less_often():
     assert len(told) <= 8                  # not the ~100 that flush_seconds alone would give
 
 
+def test_a_paced_listener_does_not_space_out_the_flushes():
+    """The dashboard's memory chart keeps its own budget: its slow redraws must not make the
+    progress points rarer, as an unpaced listener as slow does (the test above)."""
+    search = CallLog(seconds_per_step=0.001)
+    runner = SearchRunner(search, flush_seconds=0.01, max_overhead=0.1)
+    told: list[int] = []
+    runner.add_listener(lambda r: told.append(r.steps) if r.state == "running" else None)
+    runner.add_listener(lambda r: time.sleep(0.02) if r.state == "running" else None,
+                        paced=True)
+
+    async def scenario():
+        runner.start()
+        await asyncio.sleep(1.0)
+        runner.pause()
+        await runner.wait()
+
+    run(scenario())
+    assert runner.flush_interval < 0.19    # what the unpaced listener above gets
+    assert len(told) > 8
+
+
 def test_a_slow_pause_does_not_slow_the_charts_after_resume():
     runner = SearchRunner(CallLog(seconds_per_step=0.001), flush_seconds=0.01)
     runner.add_listener(lambda r: time.sleep(0.3) if r.state == "paused" else None)
