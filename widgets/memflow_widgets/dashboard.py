@@ -4,12 +4,12 @@ The search runs through a :class:`~memflow_widgets.runner.SearchRunner` on the k
 loop, in chunks short enough that every click is handled within a fraction of a second. Every
 flush (~0.2 s) the dashboard streams one point of progress (a
 :class:`~memflow_widgets.feed.ProgressFeed` row) into the acceptance and cost charts, updates
-the counters, and — when the best strategy improved, at most every ``best_seconds`` and within
-2% of the time — redraws the best strategy's memory over time on every GPU and its model states
-(weights, gradients, optimizer per GPU, with its precision and shard levels). That redraw keeps
-its own budget: a slow one (hundreds of units on 8 GPUs) does not space out the progress
-points. While paused, the unit table pins units in the search. The dashboard holds the search,
-the runner and widgets; the search holds all state.
+the counters, and — when the best strategy improved, at most every ``best_seconds`` and,
+after the first, within 2% of the time — redraws the best strategy's memory over time on every
+GPU and its model states (weights, gradients, optimizer per GPU, with its precision and shard
+levels). That redraw keeps its own budget: a slow one (hundreds of units on 8 GPUs) does not
+space out the progress points. While paused, the unit table pins units in the search. The
+dashboard holds the search, the runner and widgets; the search holds all state.
 """
 from __future__ import annotations
 
@@ -97,6 +97,8 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         self.window = window
         self.rollover = rollover
         self.best_seconds = best_seconds
+        # (the best strategy drawn in the memory chart, when, seconds until the next redraw)
+        self._drawn = (search.best, time.perf_counter(), best_seconds)
 
         self.start_button = ipywidgets.Button(description="Start", icon="play",
                                               button_style="success")
@@ -119,13 +121,8 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         if search.iteration:     # it ran before this view: draw what it did, thinned
             self.progress_source.data = replay(search.history, window=window)
         self.progress = Chart(self.progress_root)
-        drawing = time.perf_counter()
         self.memory = MemoryTimeline(search.best_result)
         self.states = ModelStates(search.best_result)
-        # (the best strategy drawn in the memory chart, when, seconds until the next redraw):
-        # the first redraw waits as a redraw after this drawing would, so that the 2% holds
-        # from the start of a run too
-        self._drawn = (search.best, time.perf_counter(), self._redraw_gap(drawing))
         self.pins = PinTable(search, call=self.runner.call)
         self.export = ExportPanel(search, path=export_path, call=self.runner.call)
         buttons = ipywidgets.HBox([self.start_button, self.pause_button, self.resume_button,
@@ -172,10 +169,6 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
                                 f"{self.search.iteration:,}</b>")
         self.counters.value = self._counters_html()
 
-    def _redraw_gap(self, since: float) -> float:
-        """Seconds until the next redraw of the best strategy, after one begun at ``since``."""
-        return max(self.best_seconds, (time.perf_counter() - since) / _REDRAW_SHARE)
-
     def _draw_best(self, runner: SearchRunner) -> None:
         """Redraw the best strategy's charts when it changed: at once when the search stops
         (paused, done, failed), else when the last redraw's budget allows."""
@@ -191,7 +184,8 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
                 old, self.memory = self.memory, MemoryTimeline(result)
                 self.children = tuple(self.memory if c is old else c for c in self.children)
                 old.close()
-            self._drawn = (best, now, self._redraw_gap(now))
+            spent = time.perf_counter() - now
+            self._drawn = (best, now, max(self.best_seconds, spent / _REDRAW_SHARE))
 
     def _counters_html(self) -> str:
         r = self.runner
