@@ -158,17 +158,17 @@ def test_the_real_search_pauses_between_proposals(search):
     assert search.iteration == runner.steps == len(search.history)
 
 
-def test_slow_listeners_are_told_less_often():
+@pytest.mark.parametrize("paced", [False, True])
+def test_slow_listeners_are_told_less_often_unless_they_pace_themselves(paced):
+    """A slow listener spaces the flushes out; a paced one (the dashboard's memory chart, which
+    keeps its own budget) must not make the other listeners' points rarer."""
     search = CallLog(seconds_per_step=0.001)
     runner = SearchRunner(search, flush_seconds=0.01, max_overhead=0.1)
     told: list[int] = []
-
-    def slow(r):
-        if r.state == "running":
-            told.append(r.steps)
-            time.sleep(0.02)               # 20 ms a flush: at most 10% → every 0.2 s
-
-    runner.add_listener(slow)
+    runner.add_listener(lambda r: told.append(r.steps) if r.state == "running" else None)
+    # 20 ms a flush: at most 10% → every 0.2 s, unless paced
+    runner.add_listener(lambda r: time.sleep(0.02) if r.state == "running" else None,
+                        paced=paced)
 
     async def scenario():
         runner.start()
@@ -177,8 +177,11 @@ def test_slow_listeners_are_told_less_often():
         await runner.wait()
 
     run(scenario())
-    assert runner.flush_interval >= 0.19
-    assert len(told) <= 8                  # not the ~100 that flush_seconds alone would give
+    if paced:
+        assert runner.flush_interval < 0.19 and len(told) > 8
+    else:
+        assert runner.flush_interval >= 0.19
+        assert len(told) <= 8              # not the ~100 that flush_seconds alone would give
 
 
 def test_a_slow_pause_does_not_slow_the_charts_after_resume():

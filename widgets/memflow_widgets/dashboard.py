@@ -4,10 +4,12 @@ The search runs through a :class:`~memflow_widgets.runner.SearchRunner` on the k
 loop, in chunks short enough that every click is handled within a fraction of a second. Every
 flush (~0.2 s) the dashboard streams one point of progress (a
 :class:`~memflow_widgets.feed.ProgressFeed` row) into the acceptance and cost charts, updates
-the counters, and — when the best strategy improved, at most every ``best_seconds`` — redraws
-the best strategy's memory over time on every GPU and its model states (weights, gradients,
-optimizer per GPU, with its precision and shard levels). While paused, the unit table pins units in the
-search. The dashboard holds the search, the runner and widgets; the search holds all state.
+the counters, and — when the best strategy improved, at most every ``best_seconds`` and,
+after the first, within 2% of the time — redraws the best strategy's memory over time on every
+GPU and its model states (weights, gradients, optimizer per GPU, with its precision and shard
+levels). That redraw keeps its own budget: a slow one (hundreds of units on 8 GPUs) does not
+space out the progress points. While paused, the unit table pins units in the search. The
+dashboard holds the search, the runner and widgets; the search holds all state.
 """
 from __future__ import annotations
 
@@ -131,6 +133,8 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
             self.memory, self.states, self.pins, self.export])
         self.add_class("memflow-searchdashboard")
         self.runner.add_listener(self._on_flush)
+        # the memory chart keeps its own budget: its redraw must not space out the progress
+        self.runner.add_listener(self._draw_best, paced=True)
         self._on_flush(self.runner)
 
     # ------------------------------------------------------------------ actions
@@ -151,7 +155,6 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
         point = self.feed.take(self.search)
         if point is not None:
             self.progress_source.stream(point, rollover=self.rollover)
-        self._draw_best(force=not runner.running)
         state = runner.state
         self.start_button.disabled = state != "idle"
         self.pause_button.disabled = state != "running"
@@ -166,11 +169,13 @@ class SearchDashboard(StaticFallback, ipywidgets.VBox):
                                 f"{self.search.iteration:,}</b>")
         self.counters.value = self._counters_html()
 
-    def _draw_best(self, *, force: bool) -> None:
+    def _draw_best(self, runner: SearchRunner) -> None:
+        """Redraw the best strategy's charts when it changed: at once when the search stops
+        (paused, done, failed), else when the last redraw's budget allows."""
         drawn, when, gap = self._drawn
         now = time.perf_counter()
         best = self.search.best
-        if best is not drawn and (force or now - when >= gap):
+        if best is not drawn and (not runner.running or now - when >= gap):
             result = self.search.best_result
             self.states.update(result)
             if list(result.capacity.index) == list(self.memory.sources):

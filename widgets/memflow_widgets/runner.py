@@ -5,7 +5,10 @@ it ends. The runner instead runs the search as an asyncio task on the kernel's o
 steps at a time (sized so a chunk lasts about ``chunk_seconds``), yielding to the loop between
 chunks, so a click on Pause is handled within a fraction of a second and the search stops at the
 next step boundary. Listeners are told every ``flush_seconds`` (to batch chart updates) and on
-every change of state. This module knows nothing of widgets, so it is tested without a browser.
+every change of state; when they are slow they are told less often (``max_overhead``), except
+that a *paced* listener — one that keeps its own budget, such as a chart redrawn only when it is
+due — does not count, so that its rare redraw does not stall the cheap ones. This module knows
+nothing of widgets, so it is tested without a browser.
 
 One thread does everything: the search's steps, the changes of state and the listeners all run
 on the thread of the runner's loop (the kernel's main loop when the runner is made in a cell).
@@ -89,6 +92,7 @@ class SearchRunner:
         self.steps = 0            # steps this runner has run
         self.rate = 0.0           # proposals per second over the last flush period
         self.listeners: list[Listener] = []
+        self._paced: set[int] = set()           # ids of the listeners that pace themselves
         self._chunk = 1
         self._flush_gap = flush_seconds         # seconds between flushes, see max_overhead
         self._pause_requested = False
@@ -231,24 +235,33 @@ class SearchRunner:
         return self._loop_is_running() and threading.get_ident() != self._thread
 
     # ------------------------------------------------------------------ listeners
-    def add_listener(self, listener: Listener) -> None:
+    def add_listener(self, listener: Listener, *, paced: bool = False) -> None:
         """Call ``listener(runner)`` every ``flush_seconds`` while running and on each change of
-        state. A listener that raises does not stop the search (the error goes to ``error``)."""
+        state. A listener that raises does not stop the search (the error goes to ``error``).
+
+        ``paced``: the listener keeps its own time budget (it does its costly work only when it
+        is due), so its time is left out of the cost that spaces the flushes out."""
         self.listeners.append(listener)
+        if paced:
+            self._paced.add(id(listener))
 
     def _notify(self) -> float:
-        """Tell every listener; return the seconds they took."""
+        """Tell every listener; return the seconds the unpaced ones took."""
         now = time.perf_counter()
         t, s = self._mark
         if now - t > 1e-3 and self.steps > s:
             self.rate = (self.steps - s) / (now - t)
         self._mark = (now, self.steps)
+        cost = 0.0
         for listener in list(self.listeners):
+            t0 = time.perf_counter()
             try:
                 listener(self)
             except Exception as exc:  # a broken chart must not kill the search
                 self.error = exc
-        return time.perf_counter() - now
+            if id(listener) not in self._paced:
+                cost += time.perf_counter() - t0
+        return cost
 
     def _set_state(self, state: State) -> None:
         self.state = state
