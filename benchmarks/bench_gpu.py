@@ -4,7 +4,7 @@ item 4).
 Each case is a zoo model at a batch that keeps the GPU busy, captured with CUDA's saved-tensor
 rules (``backend="cuda"``), one unit per block, with the loss the exported script computes
 (``memflow.export.capture_loss``: cross entropy over the logits). Each strategy is exported as
-a training script and run for real on the GPU (``memflow.export.timing.step_time``: 3 warm-up steps, then
+a training script and run for real on the GPU (``memflow.export.timing.measured_step_times``: 3 warm-up steps, then
 5 timed ones, each ending in a CUDA synchronisation, by the wall clock), which also records
 ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over the whole run. Against
 them:
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,10 +46,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 
 from _results import table, write_section  # noqa: E402
+from _unit_times import unit_times  # noqa: E402
 
 import memflow  # noqa: E402
 from memflow.export import capture_loss  # noqa: E402
-from memflow.export.timing import gpu_problem, step_time  # noqa: E402
+from memflow.export.timing import gpu_problem, measured_step_times, step_seconds  # noqa: E402
 from memflow.hardware import calibrate  # noqa: E402
 from memflow.strategy import Strategy  # noqa: E402
 
@@ -109,12 +109,13 @@ def predict(strategy: Strategy, optimizer: str, graph, cluster) -> dict:
 
 
 def measure(name: str, strategy: Strategy, optimizer: str, graph, batch: int, cfg: dict,
-            cluster, dry: bool) -> dict:
-    """The measured columns: the exported script run on the GPU (the CPU with ``dry``)."""
-    t = step_time(strategy, name, cluster, model_options=cfg, batch_size=batch, graph=graph,
-                  optimizer=optimizer, devices={"gpu0": "cpu"} if dry else None)
-    allocated, reserved = t.attrs["peak_allocated"], t.attrs["peak_reserved"]
-    return {"time measured ms": 1e3 * float(t["measured"].iloc[0]),
+            dry: bool) -> dict:
+    """The measured columns: the exported script run on the GPU (the CPU with ``dry``), by
+    the wall clock (:func:`predict` simulates the step)."""
+    t = measured_step_times(strategy, name, model_options=cfg, batch_size=batch, graph=graph,
+                            optimizer=optimizer, devices={"gpu0": "cpu"} if dry else None)
+    allocated, reserved = t.get("peak_allocated"), t.get("peak_reserved")
+    return {"time measured ms": 1e3 * step_seconds(t["wall"], "wall"),
             "peak measured GiB": allocated / GIB if allocated is not None else float("nan"),
             "reserved measured GiB": reserved / GIB if reserved is not None else float("nan")}
 
@@ -160,43 +161,6 @@ def workspaces() -> dict[str, int]:
             "before conv": before}
 
 
-def unit_times(name: str, batch: int, cfg: dict, graph, device: str,
-               reps: int = 5) -> pd.DataFrame:
-    """Measured forward times of ``graph``'s module units on the real model (for
-    ``memflow.hardware.calibrate``): CUDA events recorded at module hooks, median of ``reps``
-    forwards after one warm-up, beside the units' FLOPs, bytes moved and kernels."""
-    net, inputs = memflow.zoo.get(name, batch, device=device, **cfg)
-    modules = dict(net.named_modules())
-    names = [u for u in graph.names if u in modules]
-    cuda = device == "cuda"
-    marks: dict[str, list] = {u: [] for u in names}
-
-    def mark():
-        if cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    hooks = [h for u in names for h in (
-        modules[u].register_forward_pre_hook(lambda m, a, u=u: marks[u].append([mark()])),
-        modules[u].register_forward_hook(lambda m, a, o, u=u: marks[u][-1].append(mark())))]
-    with torch.no_grad():
-        for _ in range(reps + 1):
-            net(*inputs)
-    if cuda:
-        torch.cuda.synchronize()
-    for h in hooks:
-        h.remove()
-    def span(a, b) -> float:
-        return a.elapsed_time(b) / 1e3 if cuda else b - a
-
-    seconds = {u: statistics.median(span(a, b) for a, b in pairs[1:]) for u, pairs in marks.items()}
-    units = graph.units.loc[names, ["fwd_flops", "fwd_bytes_moved", "fwd_ops"]]
-    units.columns = ["flops", "bytes_moved", "ops"]
-    return units.assign(seconds=[seconds[u] for u in names], model=name)
-
-
 def capture(name: str, dry: bool):
     """(graph, batch, model options, block kind) of a case."""
     batch, cfg, kind, (dry_batch, dry_cfg) = MODELS[name]
@@ -209,8 +173,9 @@ def capture(name: str, dry: bool):
     return graph, batch, cfg, kind
 
 
-def run(args, cluster) -> tuple[list[dict], pd.DataFrame, dict]:
-    """Measure every case on the GPU: the rows, the units' forward times and the probe."""
+def run(args, cluster) -> tuple[list[dict], pd.DataFrame, dict, dict]:
+    """Measure every case on the GPU: the rows, the units' forward times, the probe and the
+    cases' graphs (:func:`capture`'s, by model)."""
     probe = {} if args.dry else workspaces()
 
     def log(record: dict) -> None:
@@ -221,17 +186,18 @@ def run(args, cluster) -> tuple[list[dict], pd.DataFrame, dict]:
     log({"device": "cpu" if args.dry else torch.cuda.get_device_name(),
          "cluster": cluster.name, "torch": torch.__version__, "cuda": torch.version.cuda,
          "date": time.strftime("%Y-%m-%d %H:%M"), "workspaces": probe})
-    rows, measured = [], []
+    rows, measured, graphs = [], [], {}
     for name in args.models or (["resnet50"] if args.quick else list(MODELS)):
         graph, batch, cfg, kind = capture(name, args.dry)
-        measured.append(unit_times(name, batch, cfg, graph, "cpu" if args.dry else "cuda"))
+        graphs[name] = graph, batch, cfg, kind
+        measured.append(unit_times(name, batch, cfg, graph, "cpu" if args.dry else "cuda")
+                        .assign(model=name))
         for label, (strategy, optimizer) in strategies(graph, kind).items():
             if args.strategies and label not in args.strategies:
                 continue
             r = {"model": name, "batch": batch, "strategy": label, "optimizer": optimizer}
             try:
-                r.update(measure(name, strategy, optimizer, graph, batch, cfg, cluster,
-                                 args.dry))
+                r.update(measure(name, strategy, optimizer, graph, batch, cfg, args.dry))
             except Exception as exc:        # a failed row is reported, the others still run
                 r["failed"] = f"{type(exc).__name__}: {exc}"[:300]
             rows.append(r)
@@ -240,13 +206,15 @@ def run(args, cluster) -> tuple[list[dict], pd.DataFrame, dict]:
     units = pd.concat(measured)
     if args.rows:
         units.to_csv(Path(args.rows).with_suffix(".units.csv"))
-    return rows, units, probe
+    return rows, units, probe, graphs
 
 
-def predicted(rows: list[dict], units: pd.DataFrame, cluster, dry: bool = False) -> pd.DataFrame:
+def predicted(rows: list[dict], units: pd.DataFrame, cluster, dry: bool = False,
+              graphs: dict | None = None) -> pd.DataFrame:
     """The measured ``rows`` beside this memflow's predictions: on the catalogue's
-    ``cluster``, and calibrated on the other models' unit times (leave one model out)."""
-    out, graphs = [], {}
+    ``cluster``, and calibrated on the other models' unit times (leave one model out).
+    ``graphs``: the cases already captured (:func:`run`'s), by model; the others are."""
+    out, graphs = [], dict(graphs or {})
     for r in rows:
         if "failed" in r:
             out.append(r)
@@ -320,8 +288,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bench_gpu: nothing measured: {problem}")
         return
     cluster = memflow.Cluster.preset("1xH100-80GB") if args.dry else gpu_cluster()
-    rows, units, probe = run(args, cluster)
-    df = predicted(rows, units, cluster, args.dry)
+    rows, units, probe, graphs = run(args, cluster)
+    df = predicted(rows, units, cluster, args.dry, graphs)
     print(df.to_string())
     if not args.dry:
         report(df, units, {"device": torch.cuda.get_device_name(), "cluster": cluster.name,

@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 
 from _results import table, write_section  # noqa: E402
+from _unit_times import unit_times  # noqa: E402
 
 import memflow  # noqa: E402
 from memflow.export.timing import step_seconds, step_time  # noqa: E402
@@ -84,33 +85,6 @@ def strategy(graph, kind: str, processes: int, cluster):
     elif kind == "compress":
         s = s.with_policy({u: "compress:0.01" for u in blocks})
     return s
-
-
-def unit_times(model: str, graph, reps: int = 5) -> pd.DataFrame:
-    """Measured op times for ``memflow.hardware.calibrate``: each module unit's forward, timed
-    with module hooks on the real model (median of ``reps`` forwards), beside its FLOPs,
-    bytes and kernels from the graph."""
-    options, batch = MODELS[model]
-    net, inputs = memflow.zoo.get(model, batch, device="cpu", **options)
-    modules = dict(net.named_modules())
-    seconds: dict[str, list[float]] = {u: [] for u in graph.names if u in modules}
-    start: dict[str, float] = {}
-    hooks = []
-    for u in seconds:
-        hooks.append(modules[u].register_forward_pre_hook(
-            lambda m, a, u=u: start.__setitem__(u, time.perf_counter())))
-        hooks.append(modules[u].register_forward_hook(
-            lambda m, a, o, u=u: seconds[u].append(time.perf_counter() - start[u])))
-    with torch.no_grad():
-        for _ in range(reps + 1):
-            net(*inputs)
-    for h in hooks:
-        h.remove()
-    units = graph.units.set_index("unit") if "unit" in graph.units.columns else graph.units
-    rows = units.loc[list(seconds), ["fwd_flops", "fwd_bytes_moved", "fwd_ops"]]
-    rows.columns = ["flops", "bytes_moved", "ops"]
-    rows["seconds"] = [statistics.median(v[1:]) for v in seconds.values()]
-    return rows
 
 
 def by_flops(cluster):
@@ -173,7 +147,7 @@ def row(model: str, kind: str, processes: int, repeat: int, figures: dict,
             cpu, wall = r.attrs["cpu_times"], r.attrs["wall_times"]
             got.append(sum(cpu) / sum(wall))
         if calibrated:
-            fitted = calibrate(unit_times(model, graph), clusters["wall"])
+            fitted = calibrate(unit_times(model, batch, options, graph, "cpu"), clusters["wall"])
             again.append(runs["wall"][-1][1] / memflow.simulate(graph, s, fitted).iteration_time)
     out: dict = {"model": model, "strategy": kind, "processes": processes}
     for clock, triples in runs.items():
