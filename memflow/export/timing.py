@@ -96,7 +96,7 @@ def step_seconds(times: list[float], clock: str) -> float:
 def measured_step_times(strategy, model: str, *, model_options: Mapping[str, Any] | None = None,
                         batch_size: int | None = None, graph=None, optimizer: str = "sgd",
                         devices: Mapping[str, str] | None = None, warmup: int = WARMUP,
-                        steps: int = STEPS, timeout: float = 600.0) -> dict[str, list[float]]:
+                        steps: int = STEPS, timeout: float = 600.0) -> dict[str, Any]:
     """Seconds of each timed step of the exported script of ``strategy`` on ``model`` (a zoo
     name or ``file.py:factory``), after ``warmup`` untimed steps, by two clocks: ``{"wall":
     [...], "cpu": [...]}`` (the CPU time of rank 0's process); on a GPU also
@@ -131,7 +131,8 @@ def step_time(strategy, model: str, cluster, *, model_options: Mapping[str, Any]
               devices: Mapping[str, str] | None = None, warmup: int = WARMUP,
               steps: int = STEPS) -> pd.DataFrame:
     """One row ``step_time``: ``predicted`` (simulated on ``cluster``), ``measured`` (the
-    script's timed steps by the cluster's clock, :func:`step_seconds`), ``error`` (measured / predicted - 1). ``attrs`` keeps every
+    script's timed steps by the cluster's clock, :func:`step_seconds`), ``error`` (measured /
+    predicted - 1). ``attrs`` keeps every
     timed step (``step_times``, by the cluster's clock; ``wall_times`` and ``cpu_times``, the
     CPU time of rank 0's process), the ``clock``, the GPU reason when the row could not be
     measured, and on a GPU the run's ``peak_allocated`` and ``peak_reserved`` bytes (None
