@@ -91,8 +91,7 @@ class SearchRunner:
         self.error: BaseException | None = None
         self.steps = 0            # steps this runner has run
         self.rate = 0.0           # proposals per second over the last flush period
-        self.listeners: list[Listener] = []
-        self._paced: set[int] = set()           # ids of the listeners that pace themselves
+        self.listeners: list[tuple[Listener, bool]] = []     # (listener, paces itself)
         self._chunk = 1
         self._flush_gap = flush_seconds         # seconds between flushes, see max_overhead
         self._pause_requested = False
@@ -241,9 +240,7 @@ class SearchRunner:
 
         ``paced``: the listener keeps its own time budget (it does its costly work only when it
         is due), so its time is left out of the cost that spaces the flushes out."""
-        self.listeners.append(listener)
-        if paced:
-            self._paced.add(id(listener))
+        self.listeners.append((listener, paced))
 
     def _notify(self) -> float:
         """Tell every listener; return the seconds the unpaced ones took."""
@@ -253,13 +250,13 @@ class SearchRunner:
             self.rate = (self.steps - s) / (now - t)
         self._mark = (now, self.steps)
         cost = 0.0
-        for listener in list(self.listeners):
+        for listener, paced in list(self.listeners):
             t0 = time.perf_counter()
             try:
                 listener(self)
             except Exception as exc:  # a broken chart must not kill the search
                 self.error = exc
-            if id(listener) not in self._paced:
+            if not paced:
                 cost += time.perf_counter() - t0
         return cost
 
