@@ -16,7 +16,7 @@ from .._units import format_bytes
 from ..errors import MemflowError
 from ..hardware import Cluster
 from ..memory.allocator import ALLOCATORS, CUBLAS_WORKSPACE, STEP_WORKSPACES, replay
-from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, placement_key, step_blocks
+from ..memory.blocks import CATEGORIES, OPTIMIZER_STATES, TRANSIENT, placement_key, step_blocks
 from ..strategy.shard_levels import PRECISIONS
 from ..memory.records import placements
 from ..strategy import Strategy
@@ -145,12 +145,13 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
         if ev >= 0:
             at_peak = running[ev]
     peak = float(L.peak[0])
-    workspace = float(STEP_WORKSPACES * CUBLAS_WORKSPACE) if allocator == "cuda" else 0.0
-    if workspace:         # cuBLAS's, held from the first matrix product of each thread on
-        transient = CATEGORIES.index("transient")
-        at_peak[transient] += workspace
-        cat_max[transient] += workspace
-        peak += workspace
+    # cuBLAS's workspaces, held from the first matrix product of each thread on
+    libraries = ([(("workspace", k), CUBLAS_WORKSPACE) for k in range(STEP_WORKSPACES)]
+                 if allocator == "cuda" else [])
+    workspace = float(sum(nbytes for _, nbytes in libraries))
+    at_peak[TRANSIENT] += workspace
+    cat_max[TRANSIENT] += workspace
+    peak += workspace
     if ev >= 0:
         task = int(L.task[ev])
         unit = T.unit[task]
@@ -168,7 +169,6 @@ def estimate(graph, device: Any = None, *, optimizer: str = "sgd", precision: st
     df.index.name = "category"
     if allocator is not None:
         states = [(("state", c), b) for c, b in enumerate(L.persistent[0]) if b > 0]
-        libraries = [(("workspace", k), CUBLAS_WORKSPACE) for k in range(STEP_WORKSPACES)]
         df.attrs["reserved"] = float(replay(
             states + libraries + list(zip(L.instance.tolist(), L.delta.tolist()))).peak_reserved)
     df.attrs.update(peak=peak, peak_task=peak_task, phase=phase, capacity=capacity,
