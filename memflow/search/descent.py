@@ -62,9 +62,13 @@ def neighbours(s: Strategy, space: SearchSpace, moves: Collection[str]) -> Itera
     """Every strategy one change of ``moves`` (move names) from ``s`` that descent tries (free
     units only; in the runnable space only those export runs), global changes first: they are
     few and move the most."""
-    for c in global_changes(s, space, moves) + _unit_changes(s, space, moves):
-        if c != s and (not space.runnable or space.runs(c)):
-            yield c
+    return _runnable(global_changes(s, space, moves) + _unit_changes(s, space, moves), s, space)
+
+
+def _runnable(candidates: list[Strategy], s: Strategy, space: SearchSpace) -> Iterator[Strategy]:
+    """The ``candidates`` that change ``s`` and, in the runnable space, that export runs (each
+    checked when it is reached: the check is a step's cost)."""
+    return (c for c in candidates if c != s and (not space.runnable or space.runs(c)))
 
 
 def global_changes(s: Strategy, space: SearchSpace, moves: Collection[str]) -> list[Strategy]:
@@ -104,11 +108,9 @@ def _settle(search: "MCMCSearch", s: Strategy, moves: Collection[str],
     space, score, tried, improved = search.space, search.score(s), 0, True
     while improved:
         improved = False
-        for option in _unit_changes(s, space, moves):
+        for option in _runnable(_unit_changes(s, space, moves), s, space):
             if end is not None and time.perf_counter() >= end:
                 return s, tried
-            if option == s or (space.runnable and not space.runs(option)):
-                continue
             tried += 1
             new = search.score(option)
             if new.cost < score.cost:
@@ -130,9 +132,9 @@ def descend(search: "MCMCSearch", seconds: float | None = None) -> int:
     tried, improved = 0, True
     while improved:
         improved = False
-        best = search.best
-        globals_ = global_changes(best, search.space, moves)
-        for option in neighbours(best, search.space, moves):
+        best, space = search.best, search.space
+        globals_ = global_changes(best, space, moves)
+        for option in _runnable(globals_ + _unit_changes(best, space, moves), best, space):
             if end is not None and time.perf_counter() >= end:
                 return tried
             tried += 1
