@@ -266,7 +266,11 @@ def measured(policies: dict[str, Strategy]) -> pd.DataFrame:
         s = Strategy.single_device(g).with_policy(**of)
         model, inputs = memflow.zoo.get("vgg16", device="cpu", **cfg)
         real = memtracker_peak(RealStep(model, vgg_layers(model), **of), inputs)["Total"]
-        est = memflow.estimate(g, "cpu", strategy=s)
+        # the real step keeps offloaded images in numpy memory, which MemTracker does not
+        # see, as a GPU's host memory is apart from its device's: estimated with the GPU's
+        # rule (``"cuda"``: images on the host), not the CPU's (images in the CPU's own
+        # memory, where export's hooks leave them); plain SGD takes no temporaries either way
+        est = memflow.estimate(g, "cuda", strategy=s)
         rows[name] = {"MemTracker_MiB": real / MiB,
                       "estimate_MiB": est.loc["total", "at_peak"] / MiB,
                       "error": est.loc["total", "at_peak"] / real - 1,
