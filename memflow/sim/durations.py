@@ -18,7 +18,7 @@ from .expand import Timing
 from .precision import bf16_units
 from .run import ByLayouts, Placement
 from .shapes import shaped_rates
-from .structure import Structure
+from .structure import Structure, _by_key
 
 __all__ = ["placement_timing", "policy_timing"]
 
@@ -136,16 +136,7 @@ def _layout_durations(L, rates, update, bucket_layout, bucket_bytes, regather, o
     for i in range(n_lay):
         optimizer[i] = moved[i] / rates[i, _MEM] + OPTIMIZER_LAUNCHES * rates[i, _LAUNCH]
     # the units by layout, ascending within each (the order a mask picks them in)
-    ptr = np.zeros(n_lay + 1, np.int64)
-    for u in range(len(L)):
-        ptr[L[u] + 1] += 1
-    for i in range(n_lay):
-        ptr[i + 1] += ptr[i]
-    units = np.empty(len(L), np.int64)
-    fill = ptr[:-1].copy()
-    for u in range(len(L)):
-        units[fill[L[u]]] = u
-        fill[L[u]] += 1
+    ptr, units = _by_key(L, n_lay, np.arange(len(L)))
     regathers = np.zeros(n_lay)
     gathers = np.zeros(n_lay, np.bool_)
     sums = np.zeros((3, n_lay))
