@@ -18,7 +18,7 @@ from .expand import Timing
 from .precision import bf16_units
 from .run import ByLayouts, Placement
 from .shapes import shaped_rates
-from .structure import Structure
+from .structure import Structure, _by_key
 
 __all__ = ["placement_timing", "policy_timing"]
 
@@ -44,51 +44,147 @@ def _compute(flops, moved, ops, deg, rate, mem, launch, tp):
 
 
 @njit
-def _unit_durations(deg, rate, mem, launch, ring, replica, tp_out, tp_in, gather, scatter,
-                    fwd_flops, fwd_moved, fwd_ops, exp_flops, exp_moved, exp_ops, bwd_flops,
-                    bwd_moved, bwd_ops, out):
-    """Per unit, into the rows of ``out``: its forward (roofline of its flops and bytes moved,
-    kernel launches, the tensor-parallel all-reduce of its outputs), the forward of its cheap
-    ops only (what a selective recomputation re-runs), its backward (the all-reduce of its
-    input gradients), and its parameters' all-gather and gradients' reduce-scatter (each half
-    a ring all-reduce). One compiled pass: as numpy expressions these were ~40 calls on
-    arrays of a few hundred units, a fifth of a new placement."""
-    for u in range(len(deg)):
-        t_out = _ring(tp_out[u], ring[u, 0], ring[u, 1], ring[u, 2])
-        out[0, u] = _compute(fwd_flops[u], fwd_moved[u], fwd_ops[u], deg[u], rate[u], mem[u],
-                             launch[u], t_out)
+def _unit_durations(L, M, rates, half, bf16, tp_out, tp_in, gather, scatter, fwd_flops,
+                    fwd_moved, fwd_ops, exp_flops, exp_moved, exp_ops, bwd_flops, bwd_moved,
+                    bwd_ops, out):
+    """Per unit, into the rows of ``out``: its forward (roofline of its flops and bytes moved
+    at its layout's rates, row ``L[u]`` of ``rates``, kernel launches, the tensor-parallel
+    all-reduce of its outputs), the forward of its cheap ops only (what a selective
+    recomputation re-runs), its backward (the all-reduce of its input gradients), its
+    parameters' all-gather and gradients' reduce-scatter (each half a ring all-reduce), its
+    degree (its layout's devices times ``M`` micro-batches) and its flop rate (16-bit where
+    ``half``: bfloat16's where ``bf16`` too). One compiled pass: as numpy expressions these
+    were ~50 calls on arrays of a few hundred units, a fifth of a new placement."""
+    for u in range(len(L)):
+        r = rates[L[u]]
+        deg = r[_DEGREE] * M
+        rate = (r[_FLOPS_BF16] if bf16[u] else r[_FLOPS16]) if half[u] else r[_FLOPS32]
+        mem, launch = r[_MEM], r[_LAUNCH]
+        ring, replica = r[_PARAM_RING:_PARAM_RING + 3], r[_REPLICA_RING:_REPLICA_RING + 3]
+        t_out = _ring(tp_out[u], ring[0], ring[1], ring[2])
+        out[0, u] = _compute(fwd_flops[u], fwd_moved[u], fwd_ops[u], deg, rate, mem, launch,
+                             t_out)
         out[1, u] = _compute(fwd_flops[u] - exp_flops[u], fwd_moved[u] - exp_moved[u],
-                             fwd_ops[u] - exp_ops[u], deg[u], rate[u], mem[u], launch[u], t_out)
-        out[2, u] = _compute(bwd_flops[u], bwd_moved[u], bwd_ops[u], deg[u], rate[u], mem[u],
-                             launch[u], _ring(tp_in[u], ring[u, 0], ring[u, 1], ring[u, 2]))
-        out[3, u] = _ring(gather[u], replica[u, 0], replica[u, 1], replica[u, 2]) / 2
-        out[4, u] = _ring(scatter[u], replica[u, 0], replica[u, 1], replica[u, 2]) / 2
+                             fwd_ops[u] - exp_ops[u], deg, rate, mem, launch, t_out)
+        out[2, u] = _compute(bwd_flops[u], bwd_moved[u], bwd_ops[u], deg, rate, mem, launch,
+                             _ring(tp_in[u], ring[0], ring[1], ring[2]))
+        out[3, u] = _ring(gather[u], replica[0], replica[1], replica[2]) / 2
+        out[4, u] = _ring(scatter[u], replica[0], replica[1], replica[2]) / 2
+        out[5, u], out[6, u] = deg, rate
+
+
+@njit
+def _pairwise_sum(a):
+    """``np.sum`` of the contiguous float64 array ``a``, in numpy's order (its pairwise
+    summation: a loop below 8 numbers, 8 running sums up to 128, halves above), so the
+    same bits."""
+    n = len(a)
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r = a[:8].copy()
+        i = 8
+        while i < n - n % 8:
+            for j in range(8):
+                r[j] += a[i + j]
+            i += 8
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        while i < n:
+            res += a[i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise_sum(a[:n2]) + _pairwise_sum(a[n2:])
+
+
+@njit
+def _sum_of(values, units, off, offloaded_only, buf):
+    """``np.sum`` of ``values`` over ``units`` (ascending), the offloaded ones only if
+    ``offloaded_only``."""
+    k = 0
+    for u in units:
+        if off[u] or not offloaded_only:
+            buf[k] = values[u]
+            k += 1
+    return _pairwise_sum(buf[:k])
+
+
+@njit
+def _layout_durations(L, rates, update, bucket_layout, bucket_bytes, regather, off,
+                      gradients, host_elements, weights):
+    """Per DDP bucket its ring all-reduce; per layout its optimizer step (the bytes its
+    units' updates move, summed in ``np.bincount``'s order, plus the step's kernel
+    launches), the all-gather after it of the parameters its ZeRO-1/2 shards updated and
+    whether it has one, and the sums a ZeRO-Offload step moves and computes (its offloaded
+    units' gradients and weights, all its units' host elements, each as ``np.sum`` of the
+    units ascending gives it) and the layouts that offload. One compiled pass instead of ~10
+    numpy calls per layout."""
+    n_lay = len(rates)
+    allreduce = np.empty(len(bucket_bytes))
+    for b in range(len(bucket_bytes)):
+        r = rates[bucket_layout[b]]
+        allreduce[b] = _ring(bucket_bytes[b], r[_REPLICA_RING], r[_REPLICA_RING + 1],
+                             r[_REPLICA_RING + 2])
+    moved = np.zeros(n_lay)
+    for u in range(len(L)):
+        moved[L[u]] += update[u]
+    optimizer = np.empty(n_lay)
+    for i in range(n_lay):
+        optimizer[i] = moved[i] / rates[i, _MEM] + OPTIMIZER_LAUNCHES * rates[i, _LAUNCH]
+    # the units by layout, ascending within each (the order a mask picks them in)
+    ptr, units = _by_key(L, n_lay, np.arange(len(L)))
+    regathers = np.zeros(n_lay)
+    gathers = np.zeros(n_lay, np.bool_)
+    sums = np.zeros((3, n_lay))
+    offloads = np.zeros(n_lay, np.bool_)
+    buf = np.empty(len(L))
+    for i in range(n_lay):
+        mine = units[ptr[i]:ptr[i + 1]]
+        busy = False
+        for u in mine:
+            busy |= regather[u] > 0 or off[u]
+            gathers[i] |= regather[u] != 0
+            offloads[i] |= off[u]
+        gathers[i] &= busy
+        if gathers[i]:     # ZeRO-1/2: each replica updated its shard, all-gathered after
+            r = rates[i]
+            regathers[i] = _ring(_sum_of(regather, mine, off, False, buf), r[_REPLICA_RING],
+                                 r[_REPLICA_RING + 1], r[_REPLICA_RING + 2]) / 2
+        if offloads[i]:
+            sums[0, i] = _sum_of(gradients, mine, off, True, buf)
+            sums[1, i] = _sum_of(host_elements, mine, off, False, buf)
+            sums[2, i] = _sum_of(weights, mine, off, True, buf)
+    return allreduce, optimizer, regathers, gathers, sums, np.flatnonzero(offloads)
 
 
 def placement_timing(sim, strategy: Strategy, S: Structure, states,
                      routes: ByLayouts) -> Timing:
     """Durations that the placements (and the model states) fix; ``sim`` is the
     :class:`~memflow.sim.simulator.Simulator` whose per-layout costs they read."""
-    ga, M = sim.arrays(strategy), strategy.microbatches
+    ga = sim.arrays(strategy)
     keys = strategy.layouts
     lcs = routes.of.lcs
     L = strategy.layout_ids
-    # one row of rates per layout (kept per list of layouts), spread over the units
+    # one row of rates per layout (kept per list of layouts), read per unit by the kernels
     rates = routes.of.rates
-    deg = rates[L, _DEGREE] * M
     precision = sim.precision_of(strategy)
-    half = ga.half | (precision != "fp32")
-    # bfloat16 runs at the 16-bit rate only on devices with bf16 units (LayoutCost.flops_bf16)
-    rate = np.where(half, np.where(bf16_units(sim.graph, precision), rates[L, _FLOPS_BF16],
-                                   rates[L, _FLOPS16]), rates[L, _FLOPS32])
-    per_unit = np.empty((5, ga.n))       # forward, its cheap ops, backward, gather, scatter
-    _unit_durations(deg, rate, rates[L, _MEM], rates[L, _LAUNCH],
-                    rates[L, _PARAM_RING:_PARAM_RING + 3],
-                    rates[L, _REPLICA_RING:_REPLICA_RING + 3], S.tp_out, S.tp_in, S.gather,
-                    S.scatter, ga.fwd_flops, ga.fwd_bytes_moved, ga.fwd_ops,
-                    ga.expensive_fwd_flops, ga.expensive_fwd_bytes_moved, ga.expensive_fwd_ops,
-                    ga.bwd_flops, ga.bwd_bytes_moved, ga.bwd_ops, per_unit)
-    fwd, cheap, bwd, gather, scatter = per_unit
+    per_unit = np.empty((7, ga.n))  # forward, its cheap ops, backward, gather, scatter, degree,
+    _unit_durations(                # flop rate
+        L, strategy.microbatches, rates, ga.half | (precision != "fp32"),
+        # bfloat16 runs at the 16-bit rate only on devices with bf16 units (LayoutCost)
+        bf16_units(sim.graph, precision), S.tp_out, S.tp_in, S.gather, S.scatter,
+        ga.fwd_flops, ga.fwd_bytes_moved, ga.fwd_ops, ga.expensive_fwd_flops,
+        ga.expensive_fwd_bytes_moved, ga.expensive_fwd_ops, ga.bwd_flops, ga.bwd_bytes_moved,
+        ga.bwd_ops, per_unit)
+    fwd, cheap, bwd, gather, scatter, deg, rate = per_unit
+    off = strategy.offload_optimizer
+    allreduce, optimizer, regathers, gathers, sums, offloads = _layout_durations(
+        L, rates, states.update, S.bucket_layout, S.bucket_bytes, states.regather, off,
+        states.gradients, states.host_elements, states.weights)
     if sim._cpu is not None:              # a CPU measured here: its own time model
         tensors, table = sim._cpu_tensors[0], sim._cpu["kernel_rates"]
         ring = rates[L, _PARAM_RING:_PARAM_RING + 3]
@@ -97,12 +193,7 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
         fwd, cheap, bwd = (t + ring_time(w, ring[:, 0], ring[:, 1], ring[:, 2]) for t, w in
                            zip(cpu_compute(ga, sim._cpu, rate, deg, tensors, shaped),
                                (S.tp_out, S.tp_out, S.tp_in)))
-    mem = rates[:, _MEM]
-    rr = rates[:, _REPLICA_RING:_REPLICA_RING + 3][S.bucket_layout]
-    allreduce = ring_time(S.bucket_bytes, rr[:, 0], rr[:, 1], rr[:, 2])
-    optimizer = (np.bincount(L, weights=states.update, minlength=len(keys)) / mem
-                 + OPTIMIZER_LAUNCHES * rates[:, _LAUNCH])
-    if sim._cpu is not None:
+        mem = rates[:, _MEM]
         optimizer = cpu_optimizer(L, states.update, tensors, mem, sim._cpu)
         # gloo's all-reduce copies and sums on the processes' cores: where they leave no
         # core for its thread, that part of each bucket takes the compute's turn (measured,
@@ -115,34 +206,20 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
         # the exported step's loss, averaged over the replicas: one tiny all-reduce
         last = int(L[-1])
         optimizer[last] += float(ring_time(4.0, *rates[last, _REPLICA_RING:_REPLICA_RING + 3]))
-    if strategy.stage.max() > 0:
+    if len(S.final_mb) > 1:               # a pipeline
         whole = graph_arrays(sim.graph)      # the weights as the graph has them, once
         optimizer += tied_allreduce(whole, stage_copies(whole, strategy.stage), L, keys,
                                     sim._cc)
-    off = strategy.offload_optimizer
-    busy = (states.regather > 0) | off
-    if busy.any():
-        # the units by layout, ascending within each: a layout's units are one slice (the
-        # same numbers in the same order as a mask picks them, so the same sums), not a
-        # mask and two copies per layout
-        order = np.argsort(L, kind="stable")
-        bounds = np.searchsorted(L[order], np.arange(len(keys) + 1)).tolist()
-        by_layout = states.regather[order]
-        offloaded = off[order]
-    for i in np.unique(L[busy]).tolist():
-        lc, a, b = lcs[i], bounds[i], bounds[i + 1]
-        # ZeRO-1/2: each replica updated its shard; the new parameters are all-gathered
-        regather = by_layout[a:b]
-        if regather.any():      # compiled: ring_time's numpy calls on one number
-            optimizer[i] += _ring(float(regather.sum()), *lc.replica_ring) / 2
-        if offloaded[a:b].any():    # ZeRO-Offload: gradients down, CPU Adam, parameters up
-            mine = L == i
-            on_host = np.bincount(sim.ca.host[lc.devices]).max()
-            optimizer[i] += (float(np.sum(states.gradients[mine & off])) * lc.d2h[1]
-                             + on_host * float(np.sum(states.host_elements[mine]))
-                             / CPU_ADAM_RATE
-                             + float(np.sum(states.weights[mine & off])) * lc.h2d[1]
-                             + lc.d2h[2] + lc.h2d[2])
+    # ZeRO-1/2's all-gathers, then ZeRO-Offload's: gradients down, CPU Adam, parameters up
+    np.add(optimizer, regathers, out=optimizer, where=gathers)
+    if len(offloads):
+        gradients, host_elements, weights = sums.tolist()
+        for i in offloads.tolist():
+            lc, hosts = lcs[i], routes.of.layout_hosts[i].tolist()
+            on_host = max(hosts.count(h) for h in set(hosts))    # its devices on one host
+            optimizer[i] += (gradients[i] * lc.d2h[1]
+                             + on_host * host_elements[i] / CPU_ADAM_RATE
+                             + weights[i] * lc.h2d[1] + lc.d2h[2] + lc.h2d[2])
     return Timing(forward=fwd, backward=bwd, allreduce=allreduce, copy=routes.copy,
                     copy_back=routes.back,
                     d2h=rates[:, _D2H:_D2H + 2], h2d=rates[:, _H2D:_H2D + 2],

@@ -43,13 +43,23 @@ def ledger_plan(plan: StepBlocks, layout_classes: list[np.ndarray], n_classes: i
     ``layout_classes[L]`` lists the device classes holding a part of placement ``L``;
     ``layout_hosts[L]`` the host of each of its devices (a host takes one copy per device).
     """
-    persistent = np.zeros((n_classes, len(CATEGORIES)))
     ptr, cls = rows_of(layout_classes)
-    # one np.add.at over every (layout, class), layout by layout: each class adds its
-    # layouts' rows in the order one np.add.at per layout added them (the same bits)
-    np.add.at(persistent, cls, plan.persistent[np.repeat(np.arange(len(layout_classes)),
-                                                         np.diff(ptr))])
-    return LedgerPlan(plan.rows, ptr, cls, *rows_of(layout_hosts), persistent, n_hosts)
+    return LedgerPlan(plan.rows, ptr, cls, *rows_of(layout_hosts),
+                      _persistent(ptr, cls, plan.persistent, n_classes), n_hosts)
+
+
+@njit
+def _persistent(ptr, cls, per_layout, n_classes):
+    """Per device class, the persistent bytes per category of the layouts it holds a part
+    of (CSR ``ptr``, ``cls`` per layout), added layout by layout in the order one
+    ``np.add.at`` per layout added them (the same bits), compiled: the ``np.add.at`` was
+    most of a new placement's ledger plan."""
+    out = np.zeros((n_classes, per_layout.shape[1]))
+    for L in range(len(ptr) - 1):
+        for j in range(ptr[L], ptr[L + 1]):
+            for c in range(per_layout.shape[1]):
+                out[cls[j], c] += per_layout[L, c]
+    return out
 
 
 @njit

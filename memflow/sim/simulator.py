@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -46,6 +46,21 @@ from .run import ByLayouts, Evaluation, OfLayouts, Placement, Prepared, Run
 from .schedule import schedule
 
 __all__ = ["Simulator", "Evaluation", "Run", "Placement", "PRECISIONS"]
+
+
+class _PlacementKey(NamedTuple):
+    """What a strategy's placement is cached under (:meth:`Simulator._placement_key`)."""
+
+    layout_ids: bytes
+    layouts: tuple
+    stage: bytes
+    microbatches: int
+    schedule: str
+    shard: bytes
+    offload: bytes
+    precision: str
+    sequence: bytes
+    scale: bytes        # what as_run scales
 
 
 class Simulator:
@@ -147,7 +162,8 @@ class Simulator:
         charged to every stage that reads it (:func:`memflow.memory.states.stage_copies`); a
         unit replicated on its tensor-parallel group, whole on each of its devices
         (:mod:`memflow.sim.replication`)."""
-        key = (self.precision_of(strategy), strategy.stage.tobytes(), self._scale_key(strategy))
+        base = self._placement_key(strategy)
+        key = (base.precision, base.stage, base.scale)
         ga = self._arrays.get(key)
         if ga is None:    # a pipeline's copies make new arrays: once per stage assignment, so
             if len(self._arrays) > self.cache_size:     # that the records' pairs are reused
@@ -160,8 +176,26 @@ class Simulator:
 
     def _scale_key(self, strategy: Strategy) -> bytes:
         """What :func:`~memflow.sim.replication.as_run` scales, as part of a cache key."""
+        return self._placement_key(strategy).scale
+
+    def _placement_key(self, strategy: Strategy) -> _PlacementKey:
+        """What the placement of ``strategy`` is cached under: its layouts, stages,
+        micro-batches, schedule, shard levels, optimizer places, precision, sequence
+        parallelism and what :func:`~memflow.sim.replication.as_run` scales. Made once per
+        strategy and kept on it (a strategy never changes; a simulation reads this five
+        times, and made it each time)."""
+        hit = strategy._cache.get("placement_key")
+        if hit is not None and hit[0] is self.graph and hit[1] == self.precision:
+            return hit[2]
         run = as_run(strategy, self.graph)
-        return b"".join(b"-" if a is None else a.tobytes() for a in run[1:])
+        key = _PlacementKey(
+            strategy.layout_ids.tobytes(), tuple(strategy.layouts), strategy.stage.tobytes(),
+            strategy.microbatches, strategy.schedule, strategy.shard.tobytes(),
+            strategy.offload_optimizer.tobytes(), self.precision_of(strategy),
+            strategy.sequence_parallel.tobytes(),
+            b"".join(b"-" if a is None else a.tobytes() for a in run[1:]))
+        strategy._cache["placement_key"] = (self.graph, self.precision, key)
+        return key
 
     def _table(self, strategy: Strategy, placed: Placed, foreach: bool = True) -> BlockTable:
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
@@ -255,10 +289,7 @@ class Simulator:
         """What the placements of ``strategy`` (:func:`~memflow.sim.replication.as_run`)
         decide (cached)."""
         strategy = as_run(strategy, self.graph)[0]
-        key = (strategy.layout_ids.tobytes(), tuple(strategy.layouts), strategy.stage.tobytes(),
-               strategy.microbatches, strategy.schedule, fold, strategy.shard.tobytes(),
-               strategy.offload_optimizer.tobytes(), self.precision_of(strategy),
-               strategy.sequence_parallel.tobytes(), self._scale_key(strategy))
+        key = (self._placement_key(strategy), fold)
         hit = self._placements.get(key)
         if hit is not None:
             self._placements.move_to_end(key)
@@ -267,7 +298,7 @@ class Simulator:
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
         # the same layouts with other model states (a shard move): their block table re-made
         # only where the states decide it, and derived from its last plan by delta
-        kin = key[:6] + key[8:]
+        kin = (key[0]._replace(shard=b"", offload=b""), fold)
         sibling = self._states_of.get(kin)
         if sibling is not None and sibling.placed is placed:
             table = sibling.blocks.with_states(
@@ -303,10 +334,7 @@ class Simulator:
         """Tasks, blocks, durations and ledgers of ``strategy`` (cached by structure: a search
         that revisits a strategy, or re-times one, skips all of this)."""
         key = (strategy.policy.tobytes(), strategy.error_bound.tobytes(),
-               strategy.stage.tobytes(), tuple(strategy.layouts),
-               strategy.layout_ids.tobytes(), strategy.microbatches, strategy.schedule, fold,
-               strategy.shard.tobytes(), strategy.offload_optimizer.tobytes(),
-               self.precision_of(strategy), self._scale_key(strategy))
+               self._placement_key(strategy), fold)
         hit = self._prepared_cache.get(key)
         if hit is not None:
             self._prepared_cache.move_to_end(key)
