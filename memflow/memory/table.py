@@ -192,16 +192,19 @@ def _unit_states(ga: GraphArrays, s: np.ndarray, p: np.ndarray, a: np.ndarray, s
 @njit
 def _fixed_rows(rec_layout, rec_alloc, rec_tensor, grad_layout, grad_bytes, grad_alloc,
                 grad_free, layout, degrees, microbatches, n_opt, fwd_tmp, cached, bwd_tmp,
-                unpack_tmp, unpack_done, expensive, kinds, unit_alloc, unit_free,
-                unit_category, unit_per_mb):
+                unpack_tmp, unpack_done, expensive, kinds, unit_alloc, unit_free, state_alloc,
+                state_free, unit_category, unit_per_mb):
     """The rows no policy and no model state decides (:class:`BlockTable`), as one compiled
-    pass of element loops (as numpy expressions these were ~60 calls per new placement of a
-    search, and as row slices thousands of small copies). Returns the static ``layout``,
-    ``category`` and ``per_mb`` columns; ``bytes``, ``host``, ``alloc``, ``free`` with the
-    records', gradients' and units' fixed rows written; per unit, the rows of its
-    recomputation, cached-output, backward and unpacking bytes per part and micro-batch
-    (:class:`BlockTable`'s ``recompute_tmp``, ``cached``, ``bwd_tmp``, ``unpack_tmp``,
-    ``unpack_done``); per record, whether an expensive op made it, and its map kind."""
+    pass of element loops, each element written once (as numpy expressions these were ~60
+    calls per new placement of a search, and as row slices thousands of small copies into
+    zeroed arrays). Returns the static ``layout``, ``category`` and ``per_mb`` columns;
+    ``bytes``, ``host``, ``alloc``, ``free`` with the records', gradients', units' and model
+    states' fixed rows written (the policy's slots 0 until :func:`replan`; the parameter
+    gradients' allocation and the states' bytes are :func:`_state_rows`'); per unit, the
+    rows of its recomputation, cached-output, backward and unpacking bytes per part and
+    micro-batch (:class:`BlockTable`'s ``recompute_tmp``, ``cached``, ``bwd_tmp``,
+    ``unpack_tmp``, ``unpack_done``); per record, whether an expensive op made it, and its
+    map kind."""
     R, G, n = len(rec_layout), len(grad_layout), len(layout)
     u = NS * R + G
     state_row = u + NU * n + n_opt
@@ -211,8 +214,8 @@ def _fixed_rows(rec_layout, rec_alloc, rec_tensor, grad_layout, grad_bytes, grad
     per_mb = np.empty(k, np.int64)
     nbytes = np.zeros(k)
     host = np.zeros(k, np.bool_)
-    alloc = np.zeros((k, 3), np.int64)
-    free = np.zeros((k, 3, 3), np.int64)
+    alloc = np.empty((k, 3), np.int64)
+    free = np.empty((k, 3, 3), np.int64)
     per_unit = np.empty((5, n))
     for i in range(n):
         d = layout[i]
@@ -224,11 +227,12 @@ def _fixed_rows(rec_layout, rec_alloc, rec_tensor, grad_layout, grad_bytes, grad
         per_unit[4, i] = unpack_done[i] * per
     for r in range(R):
         for j in range(NS):
-            lay[NS * r + j] = rec_layout[r]
-            category[NS * r + j] = ACTIVATIONS
-            per_mb[NS * r + j] = EVERY_MB
-        for c in range(3):
-            alloc[NS * r + PRODUCED, c] = rec_alloc[r, c]
+            row = NS * r + j
+            lay[row], category[row], per_mb[row] = rec_layout[r], ACTIVATIONS, EVERY_MB
+            for c in range(3):
+                alloc[row, c] = rec_alloc[r, c] if j == PRODUCED else 0
+                for e in range(3):
+                    free[row, e, c] = 0
     for g in range(G):
         row = NS * R + g
         lay[row], nbytes[row] = grad_layout[g], grad_bytes[g]
@@ -254,8 +258,18 @@ def _fixed_rows(rec_layout, rec_alloc, rec_tensor, grad_layout, grad_bytes, grad
                         free[row, e, c] = unit_free[x, e, c]
         nbytes[u + NU * i + FWD_TMP] = per_unit[0, i]
         nbytes[u + NU * i + BWD_TMP] = per_unit[2, i]
+        # the model-state rows: their anchors (the host state's to the optimizer step of the
+        # unit's layout); their bytes are the states' (_state_rows)
         for j in range(NM):
-            lay[state_row + NM * i + j] = layout[i]
+            row, x = state_row + NM * i + j, NM * i + j
+            lay[row] = layout[i]
+            for c in range(3):
+                alloc[row, c] = state_alloc[x, c]
+                for e in range(3):
+                    free[row, e, c] = state_free[x, e, c]
+        host[state_row + NM * i + HOST_STATE] = True
+        for e in range(3):
+            _set(free, state_row + NM * i + HOST_STATE, e, A_OPT, layout[i], END)
     for o in range(n_opt):
         row = u + NU * n + o
         lay[row] = o
@@ -267,25 +281,19 @@ def _fixed_rows(rec_layout, rec_alloc, rec_tensor, grad_layout, grad_bytes, grad
 
 
 @njit
-def _state_rows(nbytes, host, alloc, free, u, r, layout, L, grad_bytes, grad_at, gathered,
-                unsharded, host_bytes, weights, optimizer, bucket, state_alloc, state_free):
-    """The rows the units' model states decide, written into ``nbytes``, ``host``, ``alloc``
-    and ``free`` as one compiled pass of element loops (~25 numpy calls per new placement or
-    shard move of a search): each parameter-gradient row's bytes and its allocation at the
-    backward ``grad_at``; the model-state rows: gathered parameters around each forward,
-    backward and recomputation of the unit (:meth:`BlockTable.derive` keeps the last where
-    it recomputes), its full gradient during its backward (until the reduce-scatter that ends
-    it), its optimizer state on the host over the step (from the unit's first forward to the
-    end of the optimizer step). Returns the persistent bytes per layout and category, summed
-    in unit order from 0 (as ``np.bincount`` sums: the same bits)."""
-    n = len(layout)
-    for x in range(NM * n):
-        for c in range(3):
-            alloc[r + x, c] = state_alloc[x, c]
-            for e in range(3):
-                free[r + x, e, c] = state_free[x, e, c]
+def _state_rows(nbytes, alloc, u, r, layout, L, grad_bytes, grad_at, gathered, unsharded,
+                host_bytes, weights, optimizer, bucket):
+    """The bytes of the rows the units' model states decide, written into ``nbytes``, and
+    the parameter gradients' allocation at the backward ``grad_at`` into ``alloc``, as one
+    compiled pass (~25 numpy calls per new placement or shard move of a search): gathered
+    parameters around each forward, backward and recomputation of the unit
+    (:meth:`BlockTable.derive` keeps the last where it recomputes), its full gradient during
+    its backward (until the reduce-scatter that ends it), its optimizer state on the host
+    over the step (:func:`_fixed_rows` wrote their anchors). Returns the persistent bytes per
+    layout and category, summed in unit order from 0 (as ``np.bincount`` sums: the same
+    bits)."""
     persistent = np.zeros((L, len(CATEGORIES)))
-    for i in range(n):
+    for i in range(len(layout)):
         g = u + NU * i + PARAM_GRAD
         nbytes[g] = grad_bytes[i]
         alloc[g, 0], alloc[g, 1], alloc[g, 2] = A_BWD, grad_at[i], END
@@ -294,9 +302,7 @@ def _state_rows(nbytes, host, alloc, free, u, r, layout, L, grad_bytes, grad_at,
         nbytes[row + GATHER_BWD] = gathered[i]
         nbytes[row + GATHER_REC] = gathered[i]
         nbytes[row + UNSHARDED] = unsharded[i]
-        nbytes[row + HOST_STATE], host[row + HOST_STATE] = host_bytes[i], True
-        for e in range(3):
-            _set(free, row + HOST_STATE, e, A_OPT, layout[i], END)
+        nbytes[row + HOST_STATE] = host_bytes[i]
         persistent[layout[i], WEIGHTS] += weights[i]
         persistent[layout[i], OPTIMIZER] += optimizer[i]
         persistent[layout[i], COMMUNICATION] += bucket[i]
@@ -360,7 +366,7 @@ class BlockTable:
                 P.layout, P.alloc, P.tensor, P.grad_layout, P.grad_bytes, P.grad_alloc,
                 P.grad_free, layout, np.asarray(degrees, np.int64), M, n_opt, ga.fwd_tmp,
                 ga.cached, ga.bwd_tmp, ga.unpack_tmp, ga.unpack_done, ga.expensive, kinds,
-                *_unit_anchors(ga)[:2], *_unit_columns(n, n_opt))
+                *_unit_anchors(ga), *_unit_columns(n, n_opt))
         self.recompute_tmp, self.cached, self.bwd_tmp, self.unpack_tmp, self.unpack_done = per_unit
         self.static = {"layout": lay, "category": category, "per_mb": per_mb}
         self.carrier = np.full(R, -1)      # per record: the unit whose task offloads/compresses it
@@ -387,10 +393,9 @@ class BlockTable:
             self.bytes[u + NU * n:self.state_row] = [
                 p_train[p_lay == lay].sum() if foreach else _per_tensor_adam(p_train[p_lay == lay])
                 for lay in range(L)]
-        self.persistent = _state_rows(self.bytes, self.host, self.alloc, self.free, u,
-                                      self.state_row, layout, L, grad_bytes, grad_at,
-                                      st.gathered, st.unsharded, st.host, st.weights,
-                                      st.optimizer, st.bucket, *_unit_anchors(ga)[2:])
+        self.persistent = _state_rows(self.bytes, self.alloc, u, self.state_row, layout, L,
+                                      grad_bytes, grad_at, st.gathered, st.unsharded, st.host,
+                                      st.weights, st.optimizer, st.bucket)
 
     def with_states(self, ga: GraphArrays, layout: np.ndarray, degrees: np.ndarray, *,
                     optimizer: str = "sgd", foreach: bool = True, precision: str | None = None,
