@@ -51,6 +51,7 @@ import numpy as np
 
 from ..strategy.shard_levels import (OPTIMIZERS, S_GRADIENTS, S_OPTIMIZER, S_PARAMETERS)
 from .arrays import csr
+from .jit import njit
 
 __all__ = ["UnitStates", "unit_states", "stage_copies", "stage_arrays", "WIDTHS"]
 
@@ -105,34 +106,59 @@ def unit_states(ga, s: np.ndarray, p: np.ndarray, a: np.ndarray, shard: np.ndarr
     offload = np.zeros(n, bool) if offload is None else np.asarray(offload, bool)
     width, master, state = WIDTHS[precision or "fp32"]
     k, state_width = OPTIMIZERS[optimizer]
-    w0 = np.where(ga.half, 2.0, 4.0)
-    wf = 1.0 if width is None else width / w0                  # weights and gradients
-    sf = (w0 if state is None else state) / w0 if state_width is None else state_width / w0
-    mf = master / w0
-    train = ga.trainable_bytes / p
-    N = s.astype(np.float64)
-    opt_n = np.where(shard >= S_OPTIMIZER, N, 1.0)
-    grad_n = np.where(shard >= S_GRADIENTS, N, 1.0)
-    par_n = np.where(shard >= S_PARAMETERS, N, 1.0)
-    full_w = (ga.param_bytes * wf) / p
-    weights = (ga.param_bytes * wf / par_n + ga.buffer_bytes) / p
-    full_g = train * wf
-    gradients = full_g / grad_n
-    opt = (k * sf + mf) * train / opt_n
-    replicated = (s * a > 1) & (shard < S_GRADIENTS)
-    gathers, scatters = (shard >= S_PARAMETERS) & (N > 1), (shard >= S_GRADIENTS) & (N > 1)
-    return UnitStates(
-        weights=weights, gradients=gradients, optimizer=np.where(offload, 0.0, opt),
-        host=np.where(offload, opt + gradients, 0.0),
-        bucket=np.where(replicated, full_g, 0.0),
-        gathered=np.where(gathers, full_w, 0.0),
-        unsharded=np.where(shard >= S_GRADIENTS, full_g - gradients, 0.0),
-        gather=np.where(gathers, full_w, 0.0), scatter=np.where(scatters, full_g, 0.0),
-        state_factor=np.where(offload, 0.0, sf / opt_n),
-        # reads and writes of the parameters and states, reads of the gradients
-        update=np.where(offload, 0.0, (3 * wf + 2 * (k * sf + mf)) * train / opt_n),
-        regather=np.where((shard >= S_OPTIMIZER) & (shard < S_PARAMETERS) & (N > 1), full_w, 0.0),
-        host_elements=np.where(offload, train / w0 / opt_n, 0.0))
+    return UnitStates(*_state_arrays(
+        ga.half, ga.param_bytes, ga.trainable_bytes, ga.buffer_bytes, s, p, a, shard, offload,
+        _NONE if width is None else width, master, _NONE if state is None else state, k,
+        _NONE if state_width is None else state_width))
+
+
+_NONE = -1      # a width :data:`WIDTHS` or :data:`OPTIMIZERS` leaves to the graph (None)
+
+
+@njit
+def _state_arrays(half, param_bytes, trainable_bytes, buffer_bytes, s, p, a, shard, offload,
+                  width, master, state, k, state_width):
+    """The fields of :class:`UnitStates` in order, rows of one array, as one compiled pass
+    (as numpy expressions they were ~45 calls per new placement of a search); each value is
+    made by the operations those expressions made, in their order (so the same bits). The
+    widths are :data:`WIDTHS`' and :data:`OPTIMIZERS`', ``_NONE`` for None."""
+    n = len(half)
+    out = np.zeros((13, n))
+    for i in range(n):
+        w0 = 2.0 if half[i] else 4.0
+        wf = 1.0 if width == _NONE else width / w0              # weights and gradients
+        if state_width == _NONE:
+            sf = (w0 if state == _NONE else state) / w0
+        else:
+            sf = state_width / w0
+        mf = master / w0
+        train = trainable_bytes[i] / p[i]
+        N = float(s[i])
+        opt_n = N if shard[i] >= S_OPTIMIZER else 1.0
+        grad_n = N if shard[i] >= S_GRADIENTS else 1.0
+        par_n = N if shard[i] >= S_PARAMETERS else 1.0
+        full_w = (param_bytes[i] * wf) / p[i]
+        full_g = train * wf
+        gradients = full_g / grad_n
+        opt = (k * sf + mf) * train / opt_n
+        gathers = shard[i] >= S_PARAMETERS and N > 1
+        off = offload[i]
+        out[0, i] = (param_bytes[i] * wf / par_n + buffer_bytes[i]) / p[i]      # weights
+        out[1, i] = gradients
+        out[2, i] = 0.0 if off else opt                                        # optimizer
+        out[3, i] = opt + gradients if off else 0.0                            # host
+        out[4, i] = full_g if s[i] * a[i] > 1 and shard[i] < S_GRADIENTS else 0.0  # bucket
+        out[5, i] = full_w if gathers else 0.0                                 # gathered
+        out[6, i] = full_g - gradients if shard[i] >= S_GRADIENTS else 0.0     # unsharded
+        out[7, i] = full_w if gathers else 0.0                                 # gather
+        out[8, i] = full_g if shard[i] >= S_GRADIENTS and N > 1 else 0.0       # scatter
+        out[9, i] = 0.0 if off else sf / opt_n                                 # state_factor
+        # update: reads and writes of the parameters and states, reads of the gradients
+        out[10, i] = 0.0 if off else (3 * wf + 2 * (k * sf + mf)) * train / opt_n
+        out[11, i] = (full_w if S_OPTIMIZER <= shard[i] < S_PARAMETERS and N > 1
+                      else 0.0)                                                # regather
+        out[12, i] = train / w0 / opt_n if off else 0.0                        # host_elements
+    return out
 
 
 def stage_copies(ga, stage: np.ndarray) -> list[tuple[int, int, int]]:

@@ -59,15 +59,34 @@ def _parameter_gradients(ga: GraphArrays, layout: np.ndarray,
     ...                                           np.array([400.0, 0.0]))]
     [[400.0, 0.0], [0, 1]]
     """
-    k = ga.param_grad_bytes > 0
-    owner, unit, b = ga.param_owner[k], ga.param_grad_unit[k], ga.param_grad_bytes[k]
-    total = np.bincount(owner, b, ga.n)
-    share = gradients[owner] * b / total[owner]
-    moves = layout[unit] == layout[owner]
-    out = np.where(total > 0, 0.0, gradients)
-    np.add.at(out, np.where(moves, unit, owner), share)
-    at = np.arange(ga.n)
-    np.maximum.at(at, owner[~moves], unit[~moves])
+    return _gradient_pass(ga.param_owner, ga.param_grad_unit, ga.param_grad_bytes,
+                          np.asarray(layout, np.int64), gradients)
+
+
+@njit
+def _gradient_pass(owner, unit, nbytes, layout, gradients):
+    """:func:`_parameter_gradients` as one compiled pass over the parameters (as numpy
+    expressions, ~15 calls per new placement of a search): the owners' totals and the
+    shares are summed in parameter order, as ``np.bincount`` and ``np.add.at`` sum them (the
+    same bits)."""
+    n = len(gradients)
+    total = np.zeros(n)
+    for j in range(len(owner)):
+        if nbytes[j] > 0:
+            total[owner[j]] += nbytes[j]
+    out = np.empty(n)
+    for i in range(n):
+        out[i] = 0.0 if total[i] > 0 else gradients[i]
+    at = np.arange(n)
+    for j in range(len(owner)):
+        if nbytes[j] > 0:
+            o, u = owner[j], unit[j]
+            share = gradients[o] * nbytes[j] / total[o]
+            if layout[u] == layout[o]:
+                out[u] += share
+            else:
+                out[o] += share
+                at[o] = max(at[o], u)
     return out, at
 
 
@@ -171,12 +190,21 @@ def _unit_states(ga: GraphArrays, s: np.ndarray, p: np.ndarray, a: np.ndarray, s
 
 
 @njit
-def _fixed_rows(rec_layout, rec_alloc, grad_layout, grad_bytes, grad_alloc, grad_free, layout,
-                n_opt, fwd_tmp, bwd_tmp, unit_alloc, unit_free, unit_category, unit_per_mb):
+def _fixed_rows(rec_layout, rec_alloc, rec_tensor, grad_layout, grad_bytes, grad_alloc,
+                grad_free, layout, degrees, microbatches, n_opt, fwd_tmp, cached, bwd_tmp,
+                unpack_tmp, unpack_done, expensive, kinds, unit_alloc, unit_free, state_alloc,
+                state_free, unit_category, unit_per_mb):
     """The rows no policy and no model state decides (:class:`BlockTable`), as one compiled
-    pass: as numpy expressions these were ~40 calls per new placement of a search. Returns
-    the static ``layout``, ``category`` and ``per_mb`` columns, and ``bytes``, ``host``,
-    ``alloc``, ``free`` with the records', gradients' and units' fixed rows written."""
+    pass of element loops, each element written once (as numpy expressions these were ~60
+    calls per new placement of a search, and as row slices thousands of small copies into
+    zeroed arrays). Returns the static ``layout``, ``category`` and ``per_mb`` columns;
+    ``bytes``, ``host``, ``alloc``, ``free`` with the records', gradients', units' and model
+    states' fixed rows written (the policy's slots 0 until :func:`replan`; the parameter
+    gradients' allocation and the states' bytes are :func:`_state_rows`'); per unit, the
+    rows of its recomputation, cached-output, backward and unpacking bytes per part and
+    micro-batch (:class:`BlockTable`'s ``recompute_tmp``, ``cached``, ``bwd_tmp``,
+    ``unpack_tmp``, ``unpack_done``); per record, whether an expensive op made it, and its
+    map kind."""
     R, G, n = len(rec_layout), len(grad_layout), len(layout)
     u = NS * R + G
     state_row = u + NU * n + n_opt
@@ -186,71 +214,95 @@ def _fixed_rows(rec_layout, rec_alloc, grad_layout, grad_bytes, grad_alloc, grad
     per_mb = np.empty(k, np.int64)
     nbytes = np.zeros(k)
     host = np.zeros(k, np.bool_)
-    alloc = np.zeros((k, 3), np.int64)
-    free = np.zeros((k, 3, 3), np.int64)
-    for r in range(R):
-        lay[NS * r:NS * r + NS] = rec_layout[r]
-        alloc[NS * r + PRODUCED] = rec_alloc[r]
-    category[:NS * R] = ACTIVATIONS
-    for g in range(G):
-        lay[NS * R + g] = grad_layout[g]
-        nbytes[NS * R + g] = grad_bytes[g]
-        alloc[NS * R + g] = grad_alloc[g]
-        for e in range(3):
-            free[NS * R + g, e] = grad_free[g]
-    category[NS * R:u] = TRANSIENT
-    per_mb[:u] = EVERY_MB
-    category[u:] = unit_category
-    per_mb[u:] = unit_per_mb
+    alloc = np.empty((k, 3), np.int64)
+    free = np.empty((k, 3, 3), np.int64)
+    per_unit = np.empty((5, n))
     for i in range(n):
-        lay[u + NU * i:u + NU * i + NU] = layout[i]
-        nbytes[u + NU * i + FWD_TMP] = fwd_tmp[i]
-        nbytes[u + NU * i + BWD_TMP] = bwd_tmp[i]
-        lay[state_row + NM * i:state_row + NM * i + NM] = layout[i]
-        _set(free, u + NU * i + PARAM_GRAD, 0, A_OPT, layout[i], END)
-        for e in range(1, 3):
-            free[u + NU * i + PARAM_GRAD, e] = free[u + NU * i + PARAM_GRAD, 0]
-    alloc[u:u + NU * n] = unit_alloc
-    for j in range(NU * n):
-        if j % NU != PARAM_GRAD:
-            free[u + j] = unit_free[j]
+        d = layout[i]
+        per = 1.0 / (degrees[d, 0] * degrees[d, 1] * degrees[d, 2]) / microbatches
+        per_unit[0, i] = fwd_tmp[i] * per
+        per_unit[1, i] = cached[i] * per
+        per_unit[2, i] = bwd_tmp[i] * per
+        per_unit[3, i] = -1.0 if unpack_tmp[i] < 0 else unpack_tmp[i] * per
+        per_unit[4, i] = unpack_done[i] * per
+    for r in range(R):
+        for j in range(NS):
+            row = NS * r + j
+            lay[row], category[row], per_mb[row] = rec_layout[r], ACTIVATIONS, EVERY_MB
+            for c in range(3):
+                alloc[row, c] = rec_alloc[r, c] if j == PRODUCED else 0
+                for e in range(3):
+                    free[row, e, c] = 0
+    for g in range(G):
+        row = NS * R + g
+        lay[row], nbytes[row] = grad_layout[g], grad_bytes[g]
+        category[row], per_mb[row] = TRANSIENT, EVERY_MB
+        for c in range(3):
+            alloc[row, c] = grad_alloc[g, c]
+            for e in range(3):
+                free[row, e, c] = grad_free[g, c]
+    for x in range(k - u):
+        category[u + x], per_mb[u + x] = unit_category[x], unit_per_mb[x]
+    for i in range(n):
+        for j in range(NU):
+            row, x = u + NU * i + j, NU * i + j
+            lay[row] = layout[i]
+            for c in range(3):
+                alloc[row, c] = unit_alloc[x, c]
+            if j == PARAM_GRAD:
+                for e in range(3):
+                    _set(free, row, e, A_OPT, layout[i], END)
+            else:
+                for e in range(3):
+                    for c in range(3):
+                        free[row, e, c] = unit_free[x, e, c]
+        nbytes[u + NU * i + FWD_TMP] = per_unit[0, i]
+        nbytes[u + NU * i + BWD_TMP] = per_unit[2, i]
+        # the model-state rows: their anchors (the host state's to the optimizer step of the
+        # unit's layout); their bytes are the states' (_state_rows)
+        for j in range(NM):
+            row, x = state_row + NM * i + j, NM * i + j
+            lay[row] = layout[i]
+            for c in range(3):
+                alloc[row, c] = state_alloc[x, c]
+                for e in range(3):
+                    free[row, e, c] = state_free[x, e, c]
+        host[state_row + NM * i + HOST_STATE] = True
+        for e in range(3):
+            _set(free, state_row + NM * i + HOST_STATE, e, A_OPT, layout[i], END)
     for o in range(n_opt):
-        lay[u + NU * n + o] = o
-        _set(free, u + NU * n + o, 0, A_OPT, o, END)
-        for e in range(1, 3):
-            free[u + NU * n + o, e] = free[u + NU * n + o, 0]
-        alloc[u + NU * n + o, 0], alloc[u + NU * n + o, 1] = A_OPT, o
-        alloc[u + NU * n + o, 2] = START
-    return lay, category, per_mb, nbytes, host, alloc, free
+        row = u + NU * n + o
+        lay[row] = o
+        for e in range(3):
+            _set(free, row, e, A_OPT, o, END)
+        alloc[row, 0], alloc[row, 1], alloc[row, 2] = A_OPT, o, START
+    return (lay, category, per_mb, nbytes, host, alloc, free, per_unit, expensive[rec_tensor],
+            kinds[rec_tensor])
 
 
 @njit
-def _state_rows(nbytes, host, alloc, free, u, r, layout, L, grad_at, gathered, unsharded,
-                host_bytes, weights, optimizer, bucket, state_alloc, state_free):
-    """The rows the units' model states decide, written into ``nbytes``, ``host``, ``alloc``
-    and ``free`` as one compiled pass (~25 numpy calls per new placement or shard move of a
-    search): each parameter-gradient row's allocation at the backward ``grad_at``; the
-    model-state rows: gathered parameters around each forward, backward and recomputation of
-    the unit (:meth:`BlockTable.derive` keeps the last where it recomputes), its full
-    gradient during its backward (until the reduce-scatter that ends it), its optimizer state
-    on the host over the step (from the unit's first forward to the end of the optimizer
-    step). Returns the persistent bytes per layout and category, summed in unit order from 0
-    (as ``np.bincount`` sums: the same bits)."""
-    n = len(layout)
-    alloc[r:r + NM * n] = state_alloc
-    free[r:r + NM * n] = state_free
+def _state_rows(nbytes, alloc, u, r, layout, L, grad_bytes, grad_at, gathered, unsharded,
+                host_bytes, weights, optimizer, bucket):
+    """The bytes of the rows the units' model states decide, written into ``nbytes``, and
+    the parameter gradients' allocation at the backward ``grad_at`` into ``alloc``, as one
+    compiled pass (~25 numpy calls per new placement or shard move of a search): gathered
+    parameters around each forward, backward and recomputation of the unit
+    (:meth:`BlockTable.derive` keeps the last where it recomputes), its full gradient during
+    its backward (until the reduce-scatter that ends it), its optimizer state on the host
+    over the step (:func:`_fixed_rows` wrote their anchors). Returns the persistent bytes per
+    layout and category, summed in unit order from 0 (as ``np.bincount`` sums: the same
+    bits)."""
     persistent = np.zeros((L, len(CATEGORIES)))
-    for i in range(n):
+    for i in range(len(layout)):
         g = u + NU * i + PARAM_GRAD
+        nbytes[g] = grad_bytes[i]
         alloc[g, 0], alloc[g, 1], alloc[g, 2] = A_BWD, grad_at[i], END
         row = r + NM * i
         nbytes[row + GATHER_FWD] = gathered[i]
         nbytes[row + GATHER_BWD] = gathered[i]
         nbytes[row + GATHER_REC] = gathered[i]
         nbytes[row + UNSHARDED] = unsharded[i]
-        nbytes[row + HOST_STATE], host[row + HOST_STATE] = host_bytes[i], True
-        for e in range(3):
-            _set(free, row + HOST_STATE, e, A_OPT, layout[i], END)
+        nbytes[row + HOST_STATE] = host_bytes[i]
         persistent[layout[i], WEIGHTS] += weights[i]
         persistent[layout[i], OPTIMIZER] += optimizer[i]
         persistent[layout[i], COMMUNICATION] += bucket[i]
@@ -296,27 +348,26 @@ class BlockTable:
                  offload: np.ndarray | None = None, host_is_device: bool = False):
         n, M, P = ga.n, int(microbatches), placed
         R, G, L = len(P.tensor), len(P.grad_bytes), len(degrees)
-        s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
-        per = 1.0 / (s * p * a) / M
-        o_lay = np.arange(L) if optimizer == "adam" else np.zeros(0, np.int64)
+        layout = np.asarray(layout, np.int64)
+        n_opt = L if optimizer == "adam" else 0
         self.unit_row = NS * R + G
-        self.state_row = self.unit_row + NU * n + len(o_lay)
+        self.state_row = self.unit_row + NU * n + n_opt
         self.placed, self.n, self.microbatches = P, n, M
         self.host_is_device = host_is_device
         self.saves, self.saved_by_kind, kinds = _saved(ga)
-        self.recompute_tmp = ga.fwd_tmp * per
-        self.cached = ga.cached * per
-        self.expensive = ga.expensive[P.tensor]
-        self.kind = kinds[P.tensor]       # each record's ratio is its kind's
-        # a tied weight's contributions are in bwd_tmp: the one waiting for the others is a
-        # gradient alive between backwards, the sum the reader that adds it in makes its own
-        self.bwd_tmp = ga.bwd_tmp * per
-        self.unpack_tmp = np.where(ga.unpack_tmp < 0, -1.0, ga.unpack_tmp * per)  # (replan)
-        self.unpack_done = ga.unpack_done * per
-        lay, category, per_mb, self.bytes, self.host, self.alloc, self.free = _fixed_rows(
-            P.layout, P.alloc, P.grad_layout, P.grad_bytes, P.grad_alloc, P.grad_free,
-            np.asarray(layout, np.int64), len(o_lay), self.recompute_tmp, self.bwd_tmp,
-            *_unit_anchors(ga)[:2], *_unit_columns(n, len(o_lay)))
+        # per unit, its bytes per part and micro-batch: recomputation temporaries, cached
+        # outputs, backward temporaries (a tied weight's contributions are in bwd_tmp: the one
+        # waiting for the others is a gradient alive between backwards, the sum the reader
+        # that adds it in makes its own), and, for replan, unpacking temporaries (-1: unknown)
+        # and what is unpacked before them; per record, expensive and its kind (each record's
+        # ratio is its kind's)
+        lay, category, per_mb, self.bytes, self.host, self.alloc, self.free, per_unit, \
+            self.expensive, self.kind = _fixed_rows(
+                P.layout, P.alloc, P.tensor, P.grad_layout, P.grad_bytes, P.grad_alloc,
+                P.grad_free, layout, np.asarray(degrees, np.int64), M, n_opt, ga.fwd_tmp,
+                ga.cached, ga.bwd_tmp, ga.unpack_tmp, ga.unpack_done, ga.expensive, kinds,
+                *_unit_anchors(ga), *_unit_columns(n, n_opt))
+        self.recompute_tmp, self.cached, self.bwd_tmp, self.unpack_tmp, self.unpack_done = per_unit
         self.static = {"layout": lay, "category": category, "per_mb": per_mb}
         self.carrier = np.full(R, -1)      # per record: the unit whose task offloads/compresses it
         self.compress = np.zeros(R, bool)
@@ -330,11 +381,11 @@ class BlockTable:
         """The rows and persistent bytes the units' model states decide (parameter gradients,
         the optimizer's temporaries, the model-state rows); no record's rows read them."""
         n, u, L = self.n, self.unit_row, len(degrees)
+        layout = np.asarray(layout, np.int64)
         s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
         st = self.states = _unit_states(ga, s, p, a, shard, offload, precision, optimizer)
         # parameter gradients: their bytes follow the states, the backward they appear at the layout
-        grads = slice(u + PARAM_GRAD, u + NU * n, NU)
-        self.bytes[grads], grad_at = _parameter_gradients(ga, layout, st.gradients)
+        grad_bytes, grad_at = _parameter_gradients(ga, layout, st.gradients)
         # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
         if optimizer == "adam":
             p_train = ga.param_grad_bytes / p[ga.param_owner] * st.state_factor[ga.param_owner]
@@ -342,10 +393,9 @@ class BlockTable:
             self.bytes[u + NU * n:self.state_row] = [
                 p_train[p_lay == lay].sum() if foreach else _per_tensor_adam(p_train[p_lay == lay])
                 for lay in range(L)]
-        self.persistent = _state_rows(self.bytes, self.host, self.alloc, self.free, u,
-                                      self.state_row, np.asarray(layout, np.int64), L, grad_at,
-                                      st.gathered, st.unsharded, st.host, st.weights,
-                                      st.optimizer, st.bucket, *_unit_anchors(ga)[2:])
+        self.persistent = _state_rows(self.bytes, self.alloc, u, self.state_row, layout, L,
+                                      grad_bytes, grad_at, st.gathered, st.unsharded, st.host,
+                                      st.weights, st.optimizer, st.bucket)
 
     def with_states(self, ga: GraphArrays, layout: np.ndarray, degrees: np.ndarray, *,
                     optimizer: str = "sgd", foreach: bool = True, precision: str | None = None,
