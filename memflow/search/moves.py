@@ -255,7 +255,7 @@ def swap(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal 
 
 def replicas(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
     """Every unit gets another data-parallel degree together, with
-    :meth:`~memflow.search.space.SearchSpace.config_for`; nothing while a unit is pinned (a
+    :meth:`~memflow.search.space.SearchSpace.on_replicas`; nothing while a unit is pinned (a
     pinned unit never changes, and a degree for all but it would not run).
 
     >>> import memflow
@@ -272,8 +272,7 @@ def replicas(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propo
     if not choices:
         return None
     d = int(pick(rng, choices))
-    return Proposal("replicas", space.names[0], s.with_config(
-        {name: space.config_for(i, s, d) for i, name in enumerate(space.names)}))
+    return Proposal("replicas", space.names[0], space.on_replicas(s, d))
 
 
 def sequence(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
