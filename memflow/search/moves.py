@@ -115,9 +115,9 @@ def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propos
 
     ops: list[dict[int, int]] = []
     seg = s.segment
-    ids = np.unique(seg[seg >= 0])
-    if len(ids):
-        members = np.flatnonzero(seg == int(pick(rng, ids)))
+    count = int(seg.max()) + 1      # segment ids number the segments from 0 (Strategy.segment)
+    if count:
+        members = np.flatnonzero(seg == int(pick(rng, range(count))))
         lo, hi = int(members[0]), int(members[-1])
         if can_join(lo - 1, lo):
             ops.append({lo - 1: rec})                             # grow left

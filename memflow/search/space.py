@@ -99,6 +99,13 @@ class SearchSpace:
             self.root_sharded = np.zeros(self.n, bool)
         # a block Megatron splits takes only degrees dividing its heads and widths
         self.tensor_degree = u["tensor_degree"].to_numpy(np.int64)
+        # per unit and parameter degree up to the device count, whether the unit may take it
+        # (:meth:`fits`), and the degrees each unit may take (:meth:`degrees`): a config move
+        # asks for every factorization of every part count, one numpy call each
+        degrees = np.arange(nd + 1)
+        self._fits = (degrees <= self.max_p[:, None]) & divides_tensor_degree(
+            self.tensor_degree[:, None], degrees)
+        self._degrees: dict[tuple, list[tuple[int, int, int]]] = {}
         # the units that may be sequence parallel once split, their sequence length each:
         # blocks and normalizations (memflow.strategy.sequence_parallel) the space splits
         self.sequence = np.where(self.max_p > 1, sequence_units(graph), 0)
@@ -165,19 +172,22 @@ class SearchSpace:
         """Whether unit ``i`` may take parameter degree ``p``: within its largest split, and
         dividing its ``tensor_degree`` (:func:`~memflow.strategy.validate.divides_tensor_degree`).
         """
+        if 0 <= p < self._fits.shape[1]:
+            return bool(self._fits[i, p])
         return p <= self.max_p[i] and bool(divides_tensor_degree(self.tensor_degree[i], p))
 
     def degrees(self, i: int, microbatches: int,
                 sample: int | None = None) -> list[tuple[int, int, int]]:
         """Every ``(sample, parameter, attribute)`` unit ``i`` may take (with sample degree
-        ``sample`` only, when given: the runnable space's one data-parallel degree)."""
-        out = []
-        for k in self.part_counts:
-            for s, p, a in _factorizations(k):
+        ``sample`` only, when given: the runnable space's one data-parallel degree); made once
+        per unit and arguments."""
+        key = (i, microbatches, sample)
+        out = self._degrees.get(key)
+        if out is None:
+            out = self._degrees[key] = [
+                (s, p, a) for k in self.part_counts for s, p, a in _factorizations(k)
                 if self.fits(i, p) and a <= self.max_a[i] and sample in (None, s) and (
-                        not self.batch or (self.batch % s == 0
-                                           and s * microbatches <= self.batch)):
-                    out.append((s, p, a))
+                    not self.batch or (self.batch % s == 0 and s * microbatches <= self.batch))]
         return out
 
     def sample_degrees(self, microbatches: int) -> list[int]:

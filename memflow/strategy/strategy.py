@@ -23,11 +23,12 @@ from .shard_levels import S_GRADIENTS, SHARD_LEVELS, check_precision, shard_code
 __all__ = ["Strategy", "SCHEDULES"]
 
 SCHEDULES = ("gpipe", "1f1b")
-_PLACEMENT_KEYS = ("pos", "layouts", "layout_ids", "layout_index", "moved")
+_PLACEMENT_KEYS = frozenset({"pos", "layouts", "layout_ids", "layout_index", "moved"})
 """What a strategy derives from its units and placements alone (kept by a copy that keeps them;
 ``layout_index``: layout -> id, ``moved``: the strategy it was made from by moving a few
 units, and their positions, until its layouts are derived from that one's)."""
 _PLACEMENT_FIELDS = frozenset({"units", "sample", "parameter", "attribute", "devices"})
+_UNIT_KEYS = frozenset({"pos"})
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -160,13 +161,15 @@ class Strategy:
     # ------------------------------------------------------------------ copies
     def _replace(self, **fields: Any) -> "Strategy":
         new = object.__new__(Strategy)
-        for slot in self.__slots__[:-1]:
-            object.__setattr__(new, slot, fields.get(slot, getattr(self, slot)))
+        for slot in _FIELDS:
+            setattr(new, slot, getattr(self, slot))
+        for slot, value in fields.items():
+            setattr(new, slot, value)
         # a copy that keeps the placements keeps what was derived from them (the unit
         # positions, the interned layouts): a shard, precision or policy move re-made them
         keep = _PLACEMENT_KEYS if _PLACEMENT_FIELDS.isdisjoint(fields) else \
-            () if "units" in fields else ("pos",)
-        new._cache = {k: self._cache[k] for k in keep if k in self._cache}
+            frozenset() if "units" in fields else _UNIT_KEYS
+        new._cache = {k: v for k, v in self._cache.items() if k in keep}
         return new
 
     def _positions(self, units: Iterable[str]) -> list[int]:
@@ -463,3 +466,7 @@ class Strategy:
         return f"<div><b>{html.escape(repr(self))}</b>{self.table.head(30).to_html()}</div>"
 
     # Strategy.to_dict / from_dict / to_json / from_json are memflow.strategy.document.
+
+
+_FIELDS = Strategy.__slots__[:-1]
+"""The slots a copy (:meth:`Strategy._replace`) takes over: all but the cache."""
