@@ -327,7 +327,9 @@ MOVES: dict[str, Move] = {**{m.__name__: dropping_sequence(m)
                              for m in (config, copy, swap, replicas)},
                           "sequence": sequence,
                           "microbatches": keeping_pipeline(microbatches),
-                          "shard": keeping_pipeline(keeping_states(shard)),
+                          # shard checks its options with SearchSpace.runs, which holds
+                          # keeping_pipeline's and keeping_states' rules: no wrapper re-checks
+                          "shard": shard,
                           "precision": keeping_states(replicating(precision)),
                           "optimizer_place": keeping_states(optimizer_place)}
 GLOBAL_MOVES = ("precision", "microbatches")

@@ -114,9 +114,10 @@ class SearchSpace:
         self.batch = int(graph.meta.get("batch_size") or 0)
         self.recomputable = graph_arrays(graph).recomputable
         # selective where it differs from recompute (the unit has expensive ops to keep) and,
-        # in the runnable space, where export runs it (memflow.strategy.runnable)
-        self.selective = (u["expensive_fwd_ops"].to_numpy() > 0) & (
-            u["selective_replays"].to_numpy(bool) if self.runnable else True)
+        # in the runnable space, where export runs it (replays: memflow.strategy.runnable)
+        self.replays = u["selective_replays"].to_numpy(bool) if self.runnable else \
+            np.ones(self.n, bool)
+        self.selective = (u["expensive_fwd_ops"].to_numpy() > 0) & self.replays
         bad = [p for p in policies if p not in POLICIES]
         if bad or not policies:
             raise SearchError(f"policies={list(policies)}: "
@@ -141,6 +142,7 @@ class SearchSpace:
         self.keep = next((c for c in codes if c in POLICIES.codes("keep")), None)
         self.may_recompute = self.recomputable & (self.recompute is not None)
         self.pinned = np.zeros(self.n, bool)
+        self._free: tuple[bytes | None, np.ndarray] = (None, np.arange(0))
         self.precision_pinned = False      # the global precision is fixed (MCMCSearch.pin)
         # bf16 precisions are proposed only where some device has bf16 units: elsewhere they
         # hold what amp holds at the FP32 rate (a pin or a given strategy still runs them)
@@ -165,7 +167,13 @@ class SearchSpace:
 
     def free(self) -> np.ndarray:
         """Positions of the units the search may change (not pinned)."""
-        return np.flatnonzero(~self.pinned)
+        # asked by most moves; made again only when the pins changed (pin() sets them in place)
+        pins = self.pinned.tobytes()
+        if pins != self._free[0]:
+            free = np.flatnonzero(~self.pinned)
+            free.flags.writeable = False
+            self._free = (pins, free)
+        return self._free[1]
 
     # ------------------------------------------------------------------ choices
     def fits(self, i: int, p: int) -> bool:
@@ -287,15 +295,20 @@ class SearchSpace:
                 and not (mixed and sample_problem(strategy, self.graph) is not None)
                 and bool((np.asarray(strategy.parameter) <= self.max_p).all())
                 and bool(divides_tensor_degree(self.tensor_degree, strategy.parameter).all())
-                and bool((root == root[:1]).all()) and self.holds_states(strategy))
+                and bool((root == root[:1]).all())
+                # unrunnable found no model_state_problem: the rest of holds_states
+                and self._holds_on_graph(strategy))
 
     def holds_states(self, strategy) -> bool:
         """Whether export holds ``strategy``'s model states at its precision and optimizer
         place (:func:`~memflow.strategy.runnable.model_state_problem`, the root group's rule
         from this space's cached :func:`~memflow.strategy.runnable.root_sharded`; ``amp`` only
         on a graph holding its program, :attr:`amp`)."""
-        if model_state_problem(strategy) is not None or (
-                strategy.precision == "amp" and not self.amp):
+        return model_state_problem(strategy) is None and self._holds_on_graph(strategy)
+
+    def _holds_on_graph(self, strategy) -> bool:
+        """The rules of :meth:`holds_states` that ask this space's graph."""
+        if strategy.precision == "amp" and not self.amp:
             return False
         root = np.asarray(strategy.shard)[self.root_sharded]
         place = np.asarray(strategy.offload_optimizer)[self.root_sharded][root >= S_GRADIENTS]

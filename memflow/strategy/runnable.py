@@ -362,9 +362,10 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
     problem = pipeline_problem(strategy, graph)
     if problem is not None:
         return problem
-    levels = strategy.shard_levels
-    odd = [i for i, lv in enumerate(levels) if lv not in rules.shard_levels]
-    if odd:
+    written = np.array([lv in rules.shard_levels for lv in SHARD_LEVELS])   # per level code
+    odd = np.flatnonzero(~written[strategy.shard])
+    if len(odd):
+        levels = strategy.shard_levels
         return (f"unit {units[odd[0]]!r} has shard level {levels[odd[0]]!r}; export does not "
                 "write it. Valid: shard level "
                 f"{' or '.join(map(repr, rules.shard_levels))}")
