@@ -25,9 +25,9 @@ from ..errors import SearchError
 from ..memory.arrays import graph_arrays
 from ..sim.precision import BF16_PRECISIONS
 from ..strategy import POLICIES, parse_policy
-from ..strategy.runnable import (RUNNABLE, model_state_problem, parameter_limits, runs_amp,
-                                 pipeline_problem, root_sharded, sample_problem,
-                                 sequence_problem, sequence_units, unrunnable)
+from ..strategy.runnable import (RUNNABLE, model_state_problem, parallel_kinds,
+                                 parameter_limits, pipeline_problem, root_sharded, runs_amp,
+                                 sample_problem, sequence_problem, sequence_units, unrunnable)
 from ..strategy.shard_levels import S_GRADIENTS
 from ..strategy.validate import divides_tensor_degree
 
@@ -289,7 +289,7 @@ class SearchSpace:
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
         root = np.asarray(strategy.shard)[self.root_sharded]
-        mixed = bool((np.asarray(strategy.sample) != strategy.sample[0]).any())
+        mixed = parallel_kinds(strategy)[2]
         return (unrunnable(strategy) is None and pipeline_problem(strategy, self.graph) is None
                 and sequence_problem(strategy, self.graph) is None
                 and not (mixed and sample_problem(strategy, self.graph) is not None)

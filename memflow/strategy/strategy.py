@@ -11,7 +11,8 @@ tensor parallelism inside a node.
 from __future__ import annotations
 
 import html
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
