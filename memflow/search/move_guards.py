@@ -9,8 +9,8 @@ import functools
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..strategy.runnable import (RUNNABLE, amp_problem, pipeline_problem, sample_problem,
-                                 sequence_problem)
+from ..strategy.runnable import (RUNNABLE, amp_problem, parallel_kinds, pipeline_problem,
+                                 sample_problem, sequence_problem)
 from .proposal import Move
 from .space import SearchSpace, without_sequence
 
@@ -37,8 +37,7 @@ def keeping_pipeline(move: Move) -> Move:
             return prop
         new = prop.strategy
         if pipeline_problem(new, space.graph) is not None or (
-                (new.sample != new.sample[0]).any()
-                and sample_problem(new, space.graph) is not None):
+                parallel_kinds(new)[2] and sample_problem(new, space.graph) is not None):
             return None
         return prop
     return kept

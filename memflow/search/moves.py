@@ -115,9 +115,9 @@ def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propos
 
     ops: list[dict[int, int]] = []
     seg = s.segment
-    ids = np.unique(seg[seg >= 0])
-    if len(ids):
-        members = np.flatnonzero(seg == int(pick(rng, ids)))
+    count = int(seg.max()) + 1      # segment ids number the segments from 0 (Strategy.segment)
+    if count:
+        members = np.flatnonzero(seg == int(pick(rng, range(count))))
         lo, hi = int(members[0]), int(members[-1])
         if can_join(lo - 1, lo):
             ops.append({lo - 1: rec})                             # grow left
@@ -255,7 +255,7 @@ def swap(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal 
 
 def replicas(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
     """Every unit gets another data-parallel degree together, with
-    :meth:`~memflow.search.space.SearchSpace.config_for`; nothing while a unit is pinned (a
+    :meth:`~memflow.search.space.SearchSpace.on_replicas`; nothing while a unit is pinned (a
     pinned unit never changes, and a degree for all but it would not run).
 
     >>> import memflow
@@ -272,8 +272,7 @@ def replicas(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propo
     if not choices:
         return None
     d = int(pick(rng, choices))
-    return Proposal("replicas", space.names[0], s.with_config(
-        {name: space.config_for(i, s, d) for i, name in enumerate(space.names)}))
+    return Proposal("replicas", space.names[0], space.on_replicas(s, d))
 
 
 def sequence(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal | None:
@@ -328,7 +327,9 @@ MOVES: dict[str, Move] = {**{m.__name__: dropping_sequence(m)
                              for m in (config, copy, swap, replicas)},
                           "sequence": sequence,
                           "microbatches": keeping_pipeline(microbatches),
-                          "shard": keeping_pipeline(keeping_states(shard)),
+                          # shard checks its options with SearchSpace.runs, which holds
+                          # keeping_pipeline's and keeping_states' rules: no wrapper re-checks
+                          "shard": shard,
                           "precision": keeping_states(replicating(precision)),
                           "optimizer_place": keeping_states(optimizer_place)}
 GLOBAL_MOVES = ("precision", "microbatches")

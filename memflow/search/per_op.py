@@ -108,8 +108,7 @@ def per_op_choices(rng: np.random.Generator, s: Strategy,
                  if p is not None), None)
     if plan is None:
         return None
-    may = space.recomputable if not space.runnable else \
-        space.recomputable & space.graph.units["selective_replays"].to_numpy(bool)
+    may = space.recomputable & space.replays
     want = np.where(plan[run] & may[run], SELECTIVE, KEEP)
     moved = want != policy
     if not moved.any():

@@ -43,9 +43,10 @@ def shard(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Proposal
     ['none', 'gradients']
     """
     root = np.flatnonzero(space.root_sharded).tolist()
-    free = set(space.free().tolist())
-    root_free = free.issuperset(root)      # a pinned unit of the group never changes
-    units = sorted(i for i in free if root_free or not space.root_sharded[i])
+    movable = ~space.pinned         # a pinned unit of the root group keeps the group's level
+    if space.pinned[root].any():
+        movable &= ~space.root_sharded
+    units = np.flatnonzero(movable).tolist()
     # levels export never writes are left out before the full check (it is no cheaper for
     # being doomed)
     runs = RUNNABLE.shard_levels if space.runnable else None

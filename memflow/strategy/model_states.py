@@ -5,7 +5,8 @@ Attached to :class:`~memflow.strategy.Strategy` as methods, where users look for
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -49,8 +49,9 @@ hook in :mod:`memflow.export.exported` (``docs/architecture.md``).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -260,10 +261,11 @@ def parse_policy(unit: str, spec: Any) -> tuple[int, float]:
     """
     value: Any = None
     given = spec
-    if isinstance(spec, Mapping):
-        spec = spec.get("policy")
-    elif isinstance(spec, (tuple, list)):
-        spec, value = (spec[0], spec[1]) if len(spec) == 2 else (spec[0], None)
+    if not isinstance(spec, str):   # a name skips the ABC check: one per proposal
+        if isinstance(spec, Mapping):
+            spec = spec.get("policy")
+        elif isinstance(spec, (tuple, list)):
+            spec, value = (spec[0], spec[1]) if len(spec) == 2 else (spec[0], None)
     if isinstance(spec, str) and ":" in spec:
         spec, value = spec.split(":", 1)
     if not isinstance(spec, str) or spec not in POLICIES:

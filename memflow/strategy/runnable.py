@@ -99,8 +99,8 @@ from .shard_levels import SHARD_LEVELS, S_GRADIENTS, S_NONE, S_OPTIMIZER
 
 __all__ = ["Runnable", "RUNNABLE", "unrunnable", "parameter_limits", "why_unsliceable",
            "root_sharded", "shard_problem", "pipeline_problem",
-           "model_state_problem", "amp_problem", "runs_amp", "sample_problem", "sample_groups", "sequence_problem",
-           "sequence_units"]
+           "model_state_problem", "amp_problem", "parallel_kinds", "runs_amp", "sample_problem",
+           "sample_groups", "sequence_problem", "sequence_units"]
 
 
 @dataclass(frozen=True)
@@ -237,6 +237,24 @@ def runs_amp(graph) -> bool:
         bool(graph.meta.get("autocast"))
 
 
+def parallel_kinds(strategy) -> tuple[bool, bool, bool]:
+    """Whether ``strategy`` has pipeline stages (a stage above 0), parameter splits and
+    per-unit sample degrees: several rules ask, for every proposal a search checks, so they
+    are found once per strategy (kept in its cache).
+
+    >>> from memflow.strategy import Strategy
+    >>> parallel_kinds(Strategy(["a", "b"], devices=[("gpu0", "gpu1"), ("gpu0",)], sample=[2, 1]))
+    (False, False, True)
+    """
+    hit = strategy._cache.get("parallel_kinds")
+    if hit is None:
+        sample = np.asarray(strategy.sample)
+        hit = strategy._cache["parallel_kinds"] = (
+            bool((np.asarray(strategy.stage) > 0).any()),
+            bool((np.asarray(strategy.parameter) > 1).any()), bool((sample != sample[0]).any()))
+    return hit
+
+
 def amp_problem(strategy, graph=None) -> str | None:
     """Why export cannot run ``strategy``'s ``amp`` precision (None: it can, or the precision
     is another). The training loop runs the forward and loss under autocast and steps through
@@ -253,11 +271,9 @@ def amp_problem(strategy, graph=None) -> str | None:
     """
     if strategy.precision != "amp":
         return None
-    sample = np.asarray(strategy.sample)
-    where = next((what for what, found in (
-        ("pipeline stages", (np.asarray(strategy.stage) > 0).any()),
-        ("parameter splits", (np.asarray(strategy.parameter) > 1).any()),
-        ("per-unit sample degrees", (sample != sample[0]).any())) if found), None)
+    where = next((what for what, found in zip(
+        ("pipeline stages", "parameter splits", "per-unit sample degrees"),
+        parallel_kinds(strategy)) if found), None)
     if where is not None:
         return (f"precision 'amp' in a strategy with {where}: export runs autocast and its "
                 "loss scaler on whole-model replicas (one process, DistributedDataParallel, "
@@ -287,26 +303,27 @@ def model_state_problem(strategy, graph=None) -> str | None:
         return problem
     offload = np.asarray(strategy.offload_optimizer)
     masters = strategy.precision == "bf16"
-    if not (masters or offload.any() or strategy.precision == "pure-bf16"):
+    host = bool(offload.any())
+    if not (masters or host or strategy.precision == "pure-bf16"):
         return None
-    units = list(strategy.units)
+    units = strategy.units
     what = (f"precision {strategy.precision!r}" if strategy.precision in ("bf16", "pure-bf16")
             else f"unit {units[int(offload.argmax())]!r} with its optimizer on the host")
-    if (np.asarray(strategy.stage) > 0).any():     # needs a process per stage and replica
+    stages, splits, mixed = parallel_kinds(strategy)
+    if stages:     # needs a process per stage and replica
         problem = pipeline_problem(strategy, graph)
         if problem is not None:
             return problem
     # parameter splits: bf16 runs on tensor-parallel processes (fp32 masters or FSDP2's
     # MixedPrecisionPolicy over the shards, memflow.export.multiprocess); pure-bf16 and
     # optimizer offload there are not tested yet
-    if (np.asarray(strategy.parameter) > 1).any() and not (masters and not offload.any()):
+    if splits and not (masters and not host):
         return (f"{what} in a strategy with parameter splits: export writes mixed precision "
                 "and optimizer offload on whole-model replicas and pipeline stages "
                 "(DistributedDataParallel, FSDP2), and precision 'bf16' on tensor-parallel "
                 "processes. Valid: precision None, 'fp32' or 'bf16' with the optimizer on the "
                 "device, or no parameter splits")
-    sample = np.asarray(strategy.sample)
-    if (sample != sample[0]).any():     # the sample-group path never applies shard_model
+    if mixed:     # the sample-group path never applies shard_model
         return (f"{what} in a strategy with per-unit sample degrees: export writes mixed "
                 "precision and optimizer offload on whole-model replicas, not yet on groups "
                 "of processes of different degrees. Valid: precision None or 'fp32' and the "
@@ -362,9 +379,10 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
     problem = pipeline_problem(strategy, graph)
     if problem is not None:
         return problem
-    levels = strategy.shard_levels
-    odd = [i for i, lv in enumerate(levels) if lv not in rules.shard_levels]
-    if odd:
+    written = np.array([lv in rules.shard_levels for lv in SHARD_LEVELS])   # per level code
+    odd = np.flatnonzero(~written[strategy.shard])
+    if len(odd):
+        levels = strategy.shard_levels
         return (f"unit {units[odd[0]]!r} has shard level {levels[odd[0]]!r}; export does not "
                 "write it. Valid: shard level "
                 f"{' or '.join(map(repr, rules.shard_levels))}")

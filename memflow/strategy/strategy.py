@@ -11,7 +11,8 @@ tensor parallelism inside a node.
 from __future__ import annotations
 
 import html
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,12 @@ from .shard_levels import S_GRADIENTS, SHARD_LEVELS, check_precision, shard_code
 __all__ = ["Strategy", "SCHEDULES"]
 
 SCHEDULES = ("gpipe", "1f1b")
-_PLACEMENT_KEYS = ("pos", "layouts", "layout_ids")
+_PLACEMENT_KEYS = frozenset({"pos", "layouts", "layout_ids", "layout_index", "moved"})
+"""What a strategy derives from its units and placements alone (kept by a copy that keeps them;
+``layout_index``: layout -> id, ``moved``: the strategy it was made from by moving a few
+units, and their positions, until its layouts are derived from that one's)."""
+_PLACEMENT_FIELDS = frozenset({"units", "sample", "parameter", "attribute", "devices"})
+_UNIT_KEYS = frozenset({"pos"})
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -156,9 +162,15 @@ class Strategy:
     # ------------------------------------------------------------------ copies
     def _replace(self, **fields: Any) -> "Strategy":
         new = object.__new__(Strategy)
-        for slot in self.__slots__[:-1]:
-            object.__setattr__(new, slot, fields.get(slot, getattr(self, slot)))
-        new._cache = {}
+        for slot in _FIELDS:
+            setattr(new, slot, getattr(self, slot))
+        for slot, value in fields.items():
+            setattr(new, slot, value)
+        # a copy that keeps the placements keeps what was derived from them (the unit
+        # positions, the interned layouts): a shard, precision or policy move re-made them
+        keep = _PLACEMENT_KEYS if _PLACEMENT_FIELDS.isdisjoint(fields) else \
+            frozenset() if "units" in fields else _UNIT_KEYS
+        new._cache = {k: v for k, v in self._cache.items() if k in keep}
         return new
 
     def _positions(self, units: Iterable[str]) -> list[int]:
@@ -196,10 +208,7 @@ class Strategy:
         rec = POLICIES.recomputes(policy)
         if (self.segment_break & ~rec).any():
             fields["segment_break"] = _frozen(self.segment_break & rec)
-        new = self._replace(**fields)
-        # placements did not change: keep what was derived from them
-        new._cache.update({k: v for k, v in self._cache.items() if k in _PLACEMENT_KEYS})
-        return new
+        return self._replace(**fields)
 
     def with_segments(self, breaks: str | Iterable[str]) -> "Strategy":
         """A copy whose recompute segments start at ``breaks`` as well as at every run's start.
@@ -270,8 +279,12 @@ class Strategy:
                     arrays[k][i] = int(kw[k])
             if kw.get("devices") is not None:
                 devs[i] = tuple(map(str, kw["devices"]))
-        return self._replace(devices=tuple(devs), sequence_parallel=_frozen(_check_sequence(
+        new = self._replace(devices=tuple(devs), sequence_parallel=_frozen(_check_sequence(
             self.units, arrays["parameter"], seq)), **{k: _frozen(v) for k, v in arrays.items()})
+        if 2 * len(pos) <= len(self):   # a few units moved: their layouts, the others' kept
+            self.layouts        # made here, not along a lineage of strategies never simulated
+            new._cache["moved"] = (self, pos)
+        return new
 
     def with_schedule(self, *, microbatches: int | None = None, schedule: str | None = None,
                       name: str | None = None) -> "Strategy":
@@ -348,7 +361,37 @@ class Strategy:
             self._intern_layouts()
         return self._cache["layout_ids"]
 
+    def _moved_layouts(self, new: "Strategy", moved: Sequence[int]) -> tuple[list, np.ndarray]:
+        """:attr:`layouts` and :attr:`layout_ids` of ``new``, this strategy with the units at
+        ``moved`` placed otherwise: this one's with the moved units' looked up (or appended),
+        then renumbered by first use — what interning ``new`` from scratch gives, without
+        its pass over every unit (a tenth of a proposal on 175 units)."""
+        layouts, ids = list(self.layouts), self.layout_ids.copy()
+        # this strategy's look-up, made once for all the proposals made from it
+        index = self._cache.get("layout_index")
+        if index is None:
+            index = self._cache["layout_index"] = {key: j for j, key in enumerate(layouts)}
+        index = dict(index)
+        for i in moved:
+            key = (int(new.sample[i]), int(new.parameter[i]), int(new.attribute[i]),
+                   new.devices[i])
+            ids[i] = index.setdefault(key, len(layouts))
+            if ids[i] == len(layouts):
+                layouts.append(key)
+        # a layout no unit holds any more, or a new one first used before an old one
+        order = list(dict.fromkeys(ids.tolist()))
+        if order != list(range(len(layouts))):
+            renumber = np.empty(len(layouts), np.int64)
+            renumber[order] = np.arange(len(order))
+            ids, layouts = renumber[ids], [layouts[j] for j in order]
+        return layouts, _frozen(ids)
+
     def _intern_layouts(self) -> None:
+        moved = self._cache.pop("moved", None)
+        if moved is not None:
+            self._cache["layouts"], self._cache["layout_ids"] = moved[0]._moved_layouts(
+                self, moved[1])
+            return
         index: dict[tuple, int] = {}
         ids: list[int] = []
         last: tuple = (None, None, None, None)
@@ -424,3 +467,7 @@ class Strategy:
         return f"<div><b>{html.escape(repr(self))}</b>{self.table.head(30).to_html()}</div>"
 
     # Strategy.to_dict / from_dict / to_json / from_json are memflow.strategy.document.
+
+
+_FIELDS = Strategy.__slots__[:-1]
+"""The slots a copy (:meth:`Strategy._replace`) takes over: all but the cache."""

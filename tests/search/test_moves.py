@@ -74,3 +74,30 @@ def test_proposals_stay_within_the_space_policies(n, seed, policies, fixed, devi
         s = prop.strategy
     if "recompute" not in policies:
         assert MOVES["segment"](rng, s, space) is None
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(2, 6), seed=st.integers(0, 2**16))
+def test_on_replicas_places_each_unit_as_the_per_unit_rule_does(n, seed):
+    """SearchSpace.on_replicas (one pass over the arrays) gives every unit what the per-unit
+    rule gives: its parameter degree lowered until ``sample × parameter`` parts divide the
+    device count and the unit may take it, no attribute split, on the aligned run of devices
+    holding its first device, sequence parallelism dropped where it is no longer split."""
+    g = chain_graph(n, batch=8)
+    space = SearchSpace(g, memflow.Cluster.preset("4xV100-16GB"), runnable=False)
+    rng = np.random.default_rng(seed)
+    s = memflow.Strategy.single_device(g)
+    for _ in range(6):
+        prop = MOVES["config"](rng, s, space)
+        s = prop.strategy if prop is not None else s
+    for sample in space.sample_degrees(s.microbatches):
+        out = space.on_replicas(s, sample)
+        for i in range(n):
+            p = min(int(s.parameter[i]), int(space.max_p[i]))
+            while p > 1 and (sample * p not in space.part_counts or not space.fits(i, p)):
+                p -= 1
+            first = space.devices.index(s.devices[i][0])
+            assert (int(out.sample[i]), int(out.parameter[i]), int(out.attribute[i])) == \
+                (sample, p, 1)
+            assert out.devices[i] == space.groups(sample * p)[first // (sample * p)]
+        assert out.stage.tolist() == s.stage.tolist()
