@@ -106,4 +106,7 @@ def block_edge_bytes(ga, layout: np.ndarray, split: np.ndarray, out_bytes: np.nd
     grad &= ga.requires_grad[rows] & crosses[rows]
     in_grad = np.zeros(ga.n)
     np.add.at(in_grad, ga.readers_idx[grad], size[rows[grad]])
+    # read-only as the per-graph arrays returned above: a compiled reader is compiled once
+    # for both (numba specialises on writeability), not again inside a search
+    out_bytes.flags.writeable = in_grad.flags.writeable = False
     return out_bytes, in_grad
