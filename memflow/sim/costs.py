@@ -15,7 +15,6 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import ClusterError
 from ..hardware.efficiency import efficiency
 from ..memory.jit import njit
 
@@ -62,15 +61,12 @@ _POSITIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _device_positions(ca, names) -> np.ndarray:
-    """Positions of the devices ``names`` in ``ca`` (int64)."""
+    """Positions of the devices ``names`` in ``ca`` (int64; -1 for a name not there, as
+    pandas' ``get_indexer`` gives)."""
     at = _POSITIONS.get(ca)
     if at is None:
         at = _POSITIONS[ca] = {name: i for i, name in enumerate(ca.devices)}
-    try:
-        return np.array([at[name] for name in names], np.int64)
-    except KeyError as err:
-        raise ClusterError(f"unknown device {err.args[0]!r}; devices are "
-                           f"{list(ca.devices)}") from None
+    return np.array([at.get(name, -1) for name in names], np.int64)
 
 
 def _ring(ca, groups: list[np.ndarray], route: Route) -> tuple[float, float, int]:

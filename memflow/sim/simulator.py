@@ -229,7 +229,7 @@ class Simulator:
                                       2 * n + from_host[1]])),
             device_class=dev_cls, layout_classes=_rows(cls_ptr, cls),
             layout_hosts=_rows(ptr, hosts),
-            devices_used=np.flatnonzero(np.bincount(devs, minlength=n)),
+            devices_used=np.unique(devs),
             mem_rate=np.array([lc.mem_rate for lc in lcs]),
             launch=np.array([lc.launch for lc in lcs]))
         return hit
