@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import itertools
+import weakref
 from functools import lru_cache
 from typing import Callable
 
@@ -17,7 +18,7 @@ import numpy as np
 from ..hardware.efficiency import efficiency
 from ..memory.jit import njit
 
-__all__ = ["LayoutCost", "layout_cost", "copy_cost", "copy_times", "ring_time", "CPU_ADAM_RATE"]
+__all__ = ["LayoutCost", "layout_cost", "copy_cost", "CopyRoutes", "copy_times", "ring_time", "CPU_ADAM_RATE"]
 
 CPU_ADAM_RATE = efficiency("cpu", "cpu_adam_rate")
 """Parameters per second a host's CPU Adam step updates (ZeRO-Offload). CPU Adam is bound by
@@ -54,6 +55,19 @@ def _parts(degrees: tuple[int, int, int]) -> np.ndarray:
 
 Route = Callable[[int, int], list[int]]
 
+# per cluster arrays: each device's position by name (pandas' get_indexer made an Index of
+# the names for every new layout: a third of a new layout's cost on 64 GPUs)
+_POSITIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _device_positions(ca, names) -> np.ndarray:
+    """Positions of the devices ``names`` in ``ca`` (int64; -1 for a name not there, as
+    pandas' ``get_indexer`` gives)."""
+    at = _POSITIONS.get(ca)
+    if at is None:
+        at = _POSITIONS[ca] = {name: i for i, name in enumerate(ca.devices)}
+    return np.array([at.get(name, -1) for name in names], np.int64)
+
 
 def _ring(ca, groups: list[np.ndarray], route: Route) -> tuple[float, float, int]:
     """Bandwidth, latency and size of rings run at once over ``groups`` (device positions)."""
@@ -79,7 +93,7 @@ def layout_cost(ca, key: tuple, route: Route | None = None) -> LayoutCost:
     ``route(a, b)`` (default: the cluster's) gives the link ids between two vertices."""
     route = route or ca.routing.route
     s, p, a, names = key
-    devs = ca.devices.get_indexer(list(names)).astype(np.int64)
+    devs = _device_positions(ca, names)
     f32 = ca.flops_fp32[devs] * ca.compute_efficiency[devs]
     f16 = np.where(np.isnan(ca.flops_fp16[devs]), ca.flops_fp32[devs],
                    ca.flops_fp16[devs]) * ca.compute_efficiency[devs]
@@ -132,20 +146,42 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool, route: Route | None 
     route = route or ca.routing.route
     s1, p1, a1, n1 = src
     s2, p2, a2, n2 = dst
-    d1, d2 = positions if positions is not None else (ca.devices.get_indexer(list(n1)),
-                                                      ca.devices.get_indexer(list(n2)))
+    d1, d2 = positions if positions is not None else (_device_positions(ca, n1),
+                                                      _device_positions(ca, n2))
     src_dev, dst_dev, share = _transfers(s1, p1, a1, np.asarray(d1, np.int64), s2, p2, a2,
                                          np.asarray(d2, np.int64), bool(per_sample),
                                          len(ca.devices))
     flat, lens = _paths(route, src_dev.tolist(), dst_dev.tolist())
-    if not len(flat):
-        return np.zeros(0, np.int64), 0.0, 0.0
-    # each link's share of the tensor, summed in the pairs' order (as a loop over them would)
-    load = np.bincount(flat, weights=np.repeat(share, lens))
-    uniq, first = np.unique(flat, return_index=True)
-    links = uniq[np.argsort(first)]          # by first use
-    per_byte = float(np.max(load[uniq] / ca.link_rate[uniq]))
-    return links, per_byte, _slowest(ca, flat, lens)
+    links, per_byte, latency = _loads(flat, lens, share, ca.link_rate, ca.link_latency)
+    return links, float(per_byte), float(latency)
+
+
+@njit
+def _loads(flat, lens, share, link_rate, link_latency):
+    """The links the routes ``flat`` (:func:`_paths`) cross, by first use, the largest of their
+    loads (each route carrying its ``share``) over their rates, and the slowest route's latency
+    (:func:`_route_latency`): one compiled pass over a copy's routes. A link's load is summed
+    in the routes' order from 0, as ``np.bincount`` with weights adds; no routes: no links, 0."""
+    load = np.zeros(len(link_rate))
+    seen = np.zeros(len(link_rate), np.bool_)
+    links = np.empty(len(flat), np.int64)
+    m = j = 0
+    slowest = 0.0
+    for r in range(len(lens)):
+        if lens[r] > 0:
+            slowest = max(slowest, _route_latency(link_latency, flat, j, lens[r]))
+        for _ in range(lens[r]):
+            link = flat[j]
+            load[link] += share[r]
+            if not seen[link]:
+                seen[link] = True
+                links[m] = link
+                m += 1
+            j += 1
+    per_byte = 0.0
+    for k in range(m):
+        per_byte = max(per_byte, load[links[k]] / link_rate[links[k]])
+    return links[:m], per_byte, slowest
 
 
 @njit
@@ -193,71 +229,179 @@ def _paths(route: Route, src: list[int], dst: list[int]) -> tuple[np.ndarray, np
 
 def _slowest(ca, flat: np.ndarray, lens: np.ndarray) -> float:
     """The largest latency of the routes ``flat`` (:func:`_paths`), each summed along its
-    links in order; 0 for none."""
-    if not len(flat):
-        return 0.0
-    lat = ca.link_latency[flat]
-    # a route's links summed one after another, as np.sum adds fewer than eight
-    starts = np.cumsum(lens) - lens
-    some = lens > 0
-    return float(np.max(np.add.reduceat(lat, starts[some]), initial=0.0))
+    links (:func:`_route_latency`); 0 for none."""
+    return float(_slowest_route(ca.link_latency, flat, lens))
 
 
-def copy_times(keys: tuple, cp, per_sample: np.ndarray, n_devices: int,
-               cost: Callable[[tuple, tuple, bool], tuple[np.ndarray, float, float]],
-               memo: dict | None = None):
+@njit
+def _slowest_route(link_latency, flat, lens):
+    slowest = 0.0
+    j = 0
+    for r in range(len(lens)):
+        if lens[r] > 0:
+            slowest = max(slowest, _route_latency(link_latency, flat, j, lens[r]))
+        j += lens[r]
+    return slowest
+
+
+@njit
+def _route_latency(link_latency, flat, start, n):
+    """The latencies of the links ``flat[start:start + n]`` (n > 0) summed as numpy's
+    ``add.reduceat`` sums a segment, which the routes' latencies were: its first term plus
+    numpy's pairwise sum of the rest (for n > 3 not a left-to-right sum, and not what
+    ``np.sum`` gives either)."""
+    first = link_latency[flat[start]]
+    return first + _pairwise(link_latency, flat, start + 1, n - 1)
+
+
+@njit
+def _pairwise(values, at, lo, n):
+    """``values[at[lo:lo + n]]`` summed as numpy's pairwise summation does: from -0.0 one by
+    one under 8 terms; else 8 running sums over blocks of 8, combined as a tree, then the
+    remainder, for up to 128 terms; halves (a multiple of 8 first) beyond."""
+    if n < 8:
+        res = -0.0
+        for i in range(n):
+            res += values[at[lo + i]]
+        return res
+    if n > 128:
+        half = n // 2
+        half -= half % 8
+        return _pairwise(values, at, lo, half) + _pairwise(values, at, lo + half, n - half)
+    r = np.empty(8)
+    for k in range(8):
+        r[k] = values[at[lo + k]]
+    i = 8
+    while i < n - n % 8:
+        for k in range(8):
+            r[k] += values[at[lo + i + k]]
+        i += 8
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    while i < n:
+        res += values[at[lo + i]]
+        i += 1
+    return res
+
+
+class CopyRoutes:
+    """The copy routes a simulator has met, each asked once: per route (source layout,
+    destination layout, whether the tensor scales with the batch) the seconds per byte of
+    the whole tensor, the latency and the links of :func:`copy_cost`, numbered in the order
+    met and held in flat arrays, so that :func:`copy_times` reads a strategy's copies off
+    them in one compiled pass (a search's moves give units other layouts, and each new list
+    of layouts had asked every route again, one Python call and one array per route).
+
+    ``cost(src, dst, per_sample)`` is :func:`copy_cost` (the simulator's, cached)."""
+
+    def __init__(self, cost: Callable[[tuple, tuple, bool], tuple[np.ndarray, float, float]]):
+        self._cost = cost
+        self._layouts: dict[tuple, int] = {}     # a number per layout met
+        self._numbers: dict[int, int] = {}       # a number per route met, by its code
+        self.per_byte, self.latency = np.empty(64), np.empty(64)
+        self.ptr = np.zeros(65, np.int64)        # CSR over the routes: their links
+        self.links = np.empty(1024, np.int64)
+        self.n = 0
+
+    def numbers(self, keys: tuple, cp, per_sample: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Each copy's route among the distinct ones, and the route numbers of those, forward
+        and back (destination to source)."""
+        layouts = self._layouts
+        ids = np.array([layouts.setdefault(k, len(layouts)) for k in keys], np.int64)
+        inv, src, dst, ps, codes = _distinct(cp.src_layout, cp.dst_layout, per_sample, ids)
+        out = [inv]
+        for d, (x, y) in enumerate(((src, dst), (dst, src))):
+            got = list(map(self._numbers.get, codes[d].tolist()))
+            for i in (i for i, k in enumerate(got) if k is None):
+                got[i] = self._add(int(codes[d, i]), keys[x[i]], keys[y[i]], bool(ps[i]))
+            out.append(np.array(got, np.int64))
+        return tuple(out)
+
+    def _add(self, code: int, src: tuple, dst: tuple, per_sample: bool) -> int:
+        links, per_byte, latency = self._cost(src, dst, per_sample)
+        k = self._numbers[code] = self.n
+        if k + 1 >= len(self.per_byte):
+            self.per_byte, self.latency, self.ptr = (
+                np.resize(x, 2 * len(x)) for x in (self.per_byte, self.latency, self.ptr))
+        end = self.ptr[k] + len(links)
+        if end > len(self.links):
+            self.links = np.resize(self.links, 2 * end)
+        self.per_byte[k], self.latency[k], self.ptr[k + 1] = per_byte, latency, end
+        self.links[self.ptr[k]:end] = links
+        self.n += 1
+        return k
+
+
+def copy_times(keys: tuple, cp, per_sample: np.ndarray, n_devices: int, routes: CopyRoutes,
+               head: tuple[np.ndarray, np.ndarray]):
     """Seconds of each copy ``cp`` (:class:`~memflow.memory.records.Copies`) between the
-    placements ``keys`` and of its gradient's way back, with the channels of each as CSR
-    (link ``l`` is channel ``2 · n_devices + l``). ``cost(src, dst, per_sample)`` is
-    :func:`copy_cost`, asked once per distinct (source, destination, per-sample): a strategy
-    has many copies and few distinct ones; ``memo`` keeps those answers per ``keys`` and
-    distinct routes (a search's moves give units other layouts among the same few, and
-    asking was a Python loop per route). Returns ``(forward, back, forward channels, back
-    channels)``."""
+    placements ``keys`` and of its gradient's way back, and the channel sets as one CSR:
+    ``head``'s rows, then each copy's channels, then each way back's (link ``l`` is channel
+    ``2 · n_devices + l``). ``routes`` (:class:`CopyRoutes`) gives each distinct route's
+    cost: a strategy has many copies and few distinct routes. Returns ``(forward, back,
+    (ptr, idx))``."""
     scale = np.array([k[0] * k[2] for k in keys], np.float64)
-    whole = cp.bytes * np.where(per_sample, scale[cp.dst_layout], 1.0)
-    trip = (cp.src_layout * len(keys) + cp.dst_layout) * 2 + per_sample
-    uniq, inv = np.unique(trip, return_inverse=True)
-    routes = None if memo is None else memo.get((keys, uniq.tobytes()))
-    if routes is None:
-        routes = _route_costs(keys, uniq, cost)
-        if memo is not None:
-            if len(memo) > 4096:        # layouts seen long ago
-                memo.clear()
-            memo[(keys, uniq.tobytes())] = routes
-    out = []
-    for per, lat, lens, flat in routes:
-        first = np.cumsum(lens) - lens
-        n_of = lens[inv]
-        ptr = np.zeros(len(inv) + 1, np.int64)
-        np.cumsum(n_of, out=ptr[1:])
-        at = np.repeat(first[inv] - ptr[:-1], n_of) + np.arange(ptr[-1])
-        out.append((np.where(n_of > 0, whole * per[inv] + lat[inv], 0.0),
-                    (ptr, 2 * n_devices + flat[at])))
-    (fwd, fwd_links), (back, back_links) = out
-    return fwd, back, fwd_links, back_links
+    inv, fwd, back = routes.numbers(keys, cp, per_sample)
+    return _copy_times(cp.bytes, cp.dst_layout, per_sample, scale, inv, fwd, back,
+                       routes.per_byte, routes.latency, routes.ptr, routes.links,
+                       2 * n_devices, head[0], head[1])
 
 
-def _route_costs(keys, uniq: np.ndarray, cost) -> tuple[tuple[np.ndarray, ...], ...]:
-    """Per direction (forward, back), the seconds per byte, latency, number of links and the
-    links, concatenated, of each distinct route ``uniq`` of :func:`copy_times`."""
-    pair, ps = np.divmod(uniq, 2)
-    src, dst = np.divmod(pair, len(keys))
-    fwd = [cost(keys[a], keys[b], bool(c)) for a, b, c in zip(src.tolist(), dst.tolist(),
-                                                               ps.tolist())]
-    back = [cost(keys[b], keys[a], bool(c)) for a, b, c in zip(src.tolist(), dst.tolist(),
-                                                                ps.tolist())]
-    out = []
-    for answers in (fwd, back):
-        per = np.array([x[1] for x in answers], np.float64)
-        lat = np.array([x[2] for x in answers], np.float64)
-        lens = np.array([len(x[0]) for x in answers], np.int64)
-        flat = (np.concatenate([x[0] for x in answers]).astype(np.int64) if answers
-                else np.zeros(0, np.int64))
-        for x in (per, lat, lens, flat):
-            x.flags.writeable = False
-        out.append((per, lat, lens, flat))
-    return tuple(out)
+@njit
+def _distinct(src, dst, per_sample, ids):
+    """The distinct routes (source, destination, per-sample) of the copies between layouts
+    numbered ``ids``, by first use: each copy's among them, their source, destination and
+    per-sample flag, and the codes of each forward and back (:class:`CopyRoutes`)."""
+    n_layouts = len(ids)
+    slot = np.full(2 * n_layouts * n_layouts, -1, np.int64)
+    inv = np.empty(len(src), np.int64)
+    a = np.empty(len(src), np.int64)
+    b = np.empty(len(src), np.int64)
+    ps = np.empty(len(src), np.int64)
+    m = 0
+    for i in range(len(src)):
+        flag = 1 if per_sample[i] else 0
+        t = (src[i] * n_layouts + dst[i]) * 2 + flag
+        if slot[t] < 0:
+            slot[t] = m
+            a[m], b[m], ps[m] = src[i], dst[i], flag
+            m += 1
+        inv[i] = slot[t]
+    codes = np.empty((2, m), np.int64)
+    for k in range(m):
+        codes[0, k] = ((ids[a[k]] << 31) + ids[b[k]]) * 2 + ps[k]
+        codes[1, k] = ((ids[b[k]] << 31) + ids[a[k]]) * 2 + ps[k]
+    return inv, a[:m], b[:m], ps[:m], codes
+
+
+@njit
+def _copy_times(nbytes, dst, per_sample, scale, inv, fwd, back, per_byte, latency, ptr, links,
+                offset, head_ptr, head_idx):
+    """:func:`copy_times` as one pass: a copy of a tensor that scales with the batch moves
+    its bytes times the destination's sample × attribute degree; a route without links
+    takes no time."""
+    n, h = len(inv), len(head_ptr) - 1
+    out = np.empty((2, n))
+    out_ptr = np.empty(h + 2 * n + 1, np.int64)
+    out_ptr[:h + 1] = head_ptr
+    for d in range(2):
+        route = fwd if d == 0 else back
+        for i in range(n):
+            k = route[inv[i]]
+            length = ptr[k + 1] - ptr[k]
+            whole = nbytes[i] * (scale[dst[i]] if per_sample[i] else 1.0)
+            out[d, i] = whole * per_byte[k] + latency[k] if length > 0 else 0.0
+            out_ptr[h + d * n + i + 1] = out_ptr[h + d * n + i] + length
+    idx = np.empty(out_ptr[-1], np.int64)
+    idx[:len(head_idx)] = head_idx
+    j = len(head_idx)
+    for d in range(2):
+        route = fwd if d == 0 else back
+        for i in range(n):
+            k = route[inv[i]]
+            for m in range(ptr[k], ptr[k + 1]):
+                idx[j] = offset + links[m]
+                j += 1
+    return out[0], out[1], (out_ptr, idx)
 
 
 def tied_allreduce(ga, copies: list[tuple[int, int, int]], layout: np.ndarray, keys: list[tuple],

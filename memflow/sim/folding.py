@@ -17,7 +17,7 @@ import numpy as np
 
 from ..memory.jit import njit
 
-__all__ = ["classes", "stack_rows", "rows_of"]
+__all__ = ["classes", "rows_of"]
 
 # a random 64-bit signature per set, drawn once (an item's class key is the sum over its sets)
 _SIG = np.random.default_rng(12345).integers(1, 2 ** 62, size=1 << 12, dtype=np.int64)
@@ -52,32 +52,48 @@ def classes(ptr: np.ndarray, idx: np.ndarray, n_items: int,
 def _classes(ptr, idx, n_items, fold, sig):
     """:func:`classes` as one compiled pass (it runs twice for every new placement of a
     search): an item's key is the wrapping sum of the signatures of the distinct sets that
-    hold it; classes are numbered by their first item."""
+    hold it; classes are numbered by their first item. Only the items some set holds are
+    sorted by key (most of a cluster's links are in no set of a strategy: their key is 0),
+    and a set's few classes are put in order in place."""
     n_sets = len(ptr) - 1
     cls = np.arange(n_items)
     if fold:
         key = np.zeros(n_items, np.uint64)
         mark = np.full(n_items, -1, np.int64)
+        held = np.empty(n_items, np.int64)
+        n_held = 0
         for k in range(n_sets):
             for j in range(ptr[k], ptr[k + 1]):
                 it = idx[j]
                 if mark[it] != k:
+                    if mark[it] < 0:
+                        held[n_held] = it
+                        n_held += 1
                     mark[it] = k
                     key[it] += sig[k]
-        order = np.argsort(key, kind="mergesort")
-        group = np.empty(n_items, np.int64)
+        held = held[:n_held]
+        order = held[np.argsort(key[held])]
+        # equal keys, one group; the items in no set (key 0) join a held item whose sum
+        # wrapped to 0, else make a group of their own
+        group = np.full(n_items, -1, np.int64)
         g = 0
-        for r in range(n_items):
+        zero = -1
+        for r in range(n_held):
             if r > 0 and key[order[r]] != key[order[r - 1]]:
                 g += 1
             group[order[r]] = g
-        number = np.full(n_items, -1, np.int64)
+            if key[order[r]] == 0:
+                zero = g
+        if zero < 0:
+            zero = g + 1
+        number = np.full(n_items + 1, -1, np.int64)
         n_cls = 0
         for it in range(n_items):
-            if number[group[it]] < 0:
-                number[group[it]] = n_cls
+            gi = group[it] if mark[it] >= 0 else zero
+            if number[gi] < 0:
+                number[gi] = n_cls
                 n_cls += 1
-            cls[it] = number[group[it]]
+            cls[it] = number[gi]
     n_cls = cls.max() + 1 if n_items else 0
     out = np.zeros(n_sets + 1, np.int64)
     c_cls = np.empty(len(idx), np.int64)
@@ -89,24 +105,18 @@ def _classes(ptr, idx, n_items, fold, sig):
             c = cls[idx[j]]
             if seen[c] != k:
                 seen[c] = k
-                c_cls[m] = c
+                # in order as it comes (a set's classes are few; many, sorted after)
+                at = m
+                if m - start < 32:
+                    while at > start and c_cls[at - 1] > c:
+                        c_cls[at] = c_cls[at - 1]
+                        at -= 1
+                c_cls[at] = c
                 m += 1
-        c_cls[start:m] = np.sort(c_cls[start:m])
+        if m - start > 32:
+            c_cls[start:m] = np.sort(c_cls[start:m])
         out[k + 1] = m
     return cls, out, c_cls[:m]
-
-
-def stack_rows(*blocks: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """CSR blocks ``(ptr, idx)`` one after the other, as one CSR.
-
-    >>> [a.tolist() for a in stack_rows((np.array([0, 2]), np.array([1, 2])),
-    ...                                 (np.array([0, 0, 1]), np.array([7])))]
-    [[0, 2, 2, 3], [1, 2, 7]]
-    """
-    lens = np.concatenate([np.diff(p) for p, _ in blocks])
-    ptr = np.zeros(len(lens) + 1, np.int64)
-    np.cumsum(lens, out=ptr[1:])
-    return ptr, np.concatenate([np.asarray(i, np.int64) for _, i in blocks])
 
 
 def rows_of(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -116,6 +126,7 @@ def rows_of(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     [[0, 1, 1, 3], [3, 4, 5]]
     """
     ptr = np.zeros(len(arrays) + 1, np.int64)
-    np.cumsum([len(a) for a in arrays], out=ptr[1:])
-    idx = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+    np.cumsum(np.fromiter(map(len, arrays), np.int64, len(arrays)), out=ptr[1:])
+    idx = (np.concatenate(arrays).astype(np.int64, copy=False) if arrays
+           else np.zeros(0, np.int64))
     return ptr, idx

@@ -31,7 +31,7 @@ from ..memory.records import Placed, placements
 from ..memory.states import stage_arrays
 from ..strategy.shard_levels import OPTIMIZERS, PRECISIONS
 from ..strategy.strategy import Strategy
-from .costs import copy_cost, copy_times, layout_cost
+from .costs import CopyRoutes, copy_cost, copy_times, layout_cost
 from .cpu_time import (compress_model, compressed_maps, compression_ratios, cpu_figures,
                        parameter_tensors, saved_tensors, step_ratio)
 from .durations import placement_timing, policy_timing
@@ -39,7 +39,7 @@ from .shapes import unit_kernels
 from .expand import expand
 from .replication import as_run, replicated_arrays, split_degrees
 from .structure import structure, with_states
-from .folding import classes, rows_of, stack_rows
+from .folding import classes, rows_of
 from .ledger import ledger_plan, ledgers
 from .precision import ACTIVATION_WIDTH, activation_arrays
 from .run import ByLayouts, Evaluation, OfLayouts, Placement, Prepared, Run
@@ -110,8 +110,7 @@ class Simulator:
         self._placements: OrderedDict[tuple, Placement] = OrderedDict()
         self._layouts_cache: dict[tuple, ByLayouts] = {}
         self._of_layouts_cache: dict[tuple, OfLayouts] = {}
-        # per layouts and their distinct copy routes: each route's cost and channels
-        self._copy_routes: dict[tuple, tuple] = {}
+        self._copy_routes = CopyRoutes(self._cc)    # each copy route met: cost and channels
         self._compress: tuple | None = None
         self._rates: dict[tuple, float] = {}
         self._prepared_cache: OrderedDict[tuple, Prepared] = OrderedDict()
@@ -248,18 +247,23 @@ class Simulator:
             return hit
         n = len(self.ca.devices)
         lcs = [self._lc(key) for key in keys]
-        dev_cls, lay = classes(*rows_of([lc.devices for lc in lcs]), n, fold)
+        ptr, devs = rows_of([lc.devices for lc in lcs])
+        dev_cls, (cls_ptr, cls) = classes(ptr, devs, n, fold)
+        to_host, from_host = (rows_of([lc.d2h[0] for lc in lcs]),
+                              rows_of([lc.h2d[0] for lc in lcs]))
+        hosts = self.ca.host[devs]
         if len(self._of_layouts_cache) > 4 * self.cache_size:   # layouts seen long ago
             self._of_layouts_cache.clear()
         hit = self._of_layouts_cache[k] = OfLayouts(
             lcs=lcs, rates=np.stack([self._lc_row(key, lc) for key, lc in zip(keys, lcs)]),
             # channel sets: compute, comm, to-host, from-host per layout
-            channels=rows_of([lc.devices for lc in lcs] + [n + lc.devices for lc in lcs]
-                             + [2 * n + lc.d2h[0] for lc in lcs]
-                             + [2 * n + lc.h2d[0] for lc in lcs]),
-            device_class=dev_cls, layout_classes=np.split(lay[1], lay[0][1:-1]),
-            layout_hosts=[self.ca.host[lc.devices] for lc in lcs],
-            devices_used=np.unique(np.concatenate([lc.devices for lc in lcs])),
+            channels=(np.concatenate([ptr, ptr[-1] + ptr[1:], 2 * ptr[-1] + to_host[0][1:],
+                                      2 * ptr[-1] + to_host[0][-1] + from_host[0][1:]]),
+                      np.concatenate([devs, n + devs, 2 * n + to_host[1],
+                                      2 * n + from_host[1]])),
+            device_class=dev_cls, layout_classes=_rows(cls_ptr, cls),
+            layout_hosts=_rows(ptr, hosts),
+            devices_used=np.unique(devs),
             mem_rate=np.array([lc.mem_rate for lc in lcs]),
             launch=np.array([lc.launch for lc in lcs]))
         return hit
@@ -274,11 +278,10 @@ class Simulator:
             return hit
         n = len(self.ca.devices)
         of = self._of_layouts(keys, fold)
-        copy, back, links_fwd, links_back = copy_times(
-            keys, placed.copies, self.arrays(strategy).per_sample[placed.copies.tensor], n,
-            self._cc, self._copy_routes)
         # channel sets: the layouts' own, then copies, copies back
-        raw = stack_rows(of.channels, links_fwd, links_back)
+        copy, back, raw = copy_times(
+            keys, placed.copies, self.arrays(strategy).per_sample[placed.copies.tensor], n,
+            self._copy_routes, of.channels)
         ch_cls, sets = classes(*raw, 2 * n + len(self.ca.link_rate), fold)
         if len(self._layouts_cache) > 4 * self.cache_size:   # layouts seen long ago
             self._layouts_cache.clear()
@@ -382,3 +385,9 @@ class Simulator:
         out = SimResult(self, self.run(strategy, fold=fold))
         out.strategy = strategy     # the one asked for; its run's layouts place the tasks
         return out
+
+
+def _rows(ptr: np.ndarray, idx: np.ndarray) -> list[np.ndarray]:
+    """CSR rows as a list of arrays (views of ``idx``)."""
+    bounds = ptr.tolist()
+    return [idx[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

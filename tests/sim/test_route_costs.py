@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memflow
-from memflow.sim.costs import _parts, copy_cost, layout_cost
+from memflow.sim.costs import _parts, _slowest_route, copy_cost, layout_cost
 
 CLUSTERS = {**{k: memflow.Cluster.preset(k).arrays for k in ("2x4xV100-16GB", "8xV100-32GB")},
             "8x8xA100-80GB": memflow.Cluster.build("A100-80GB", 8, 8).arrays}
@@ -105,3 +105,21 @@ def test_route_costs_equal_the_loops_over_routes(data, name, per_sample):
     for up, got in ((True, lc.d2h), (False, lc.h2d)):
         want = _host_links_loop(ca, devs, up, route)
         assert np.array_equal(got[0], want[0]) and got[1:] == want[1:]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1e-9, 1e6), min_size=1, max_size=40),
+       st.lists(st.integers(0, 300), max_size=8), st.data())
+def test_the_compiled_slowest_route_sums_as_add_reduceat(latency, lens, data):
+    """Routes' latencies summed by the compiled pass are, to the bit, what
+    ``np.add.reduceat`` over the concatenated routes gave (its first term plus numpy's
+    pairwise sum of the rest: not a left-to-right sum for three links or more)."""
+    latency = np.asarray(latency)
+    lens = np.asarray(lens, np.int64)
+    flat = np.asarray(data.draw(st.lists(st.integers(0, len(latency) - 1),
+                                         min_size=int(lens.sum()), max_size=int(lens.sum()))),
+                      np.int64)
+    starts = np.cumsum(lens) - lens
+    want = (float(np.max(np.add.reduceat(latency[flat], starts[lens > 0]), initial=0.0))
+            if len(flat) else 0.0)
+    assert _slowest_route(latency, flat, lens) == want
