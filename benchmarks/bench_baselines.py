@@ -26,6 +26,9 @@ Granularity: resnet50/101 at depth 2 (one unit per bottleneck), gpt2 with ``unit
 (one per transformer block), vgg16 at leaves (one per layer) — units at which recomputation
 decisions are meaningful and the search still takes a few hundred steps per minute.
 
+Every search trains in fp32, the baselines' precision (:meth:`MCMCSearch.pin_precision`): amp
+alone is ~5x on a V100, a change of numerics that would hide what memory and parallelism win.
+
 Run: ``python benchmarks/bench_baselines.py [--seconds 120] [--quick]``.
 """
 from __future__ import annotations
@@ -53,6 +56,7 @@ from _compare import flexflow, no_worse  # noqa: E402
 from _results import table, write_section  # noqa: E402
 
 CLUSTER = "4xV100-16GB"
+PLANNERS = "fp32"      # the precision every baseline trains at
 MODELS = {  # name: (batch, capture options, granularity label)
     "resnet50": (1024, {"units": 2}, "depth 2 (bottlenecks)"),
     "resnet101": (768, {"units": 2}, "depth 2 (bottlenecks)"),
@@ -105,7 +109,8 @@ def bench(model: str, batch: int, capture: dict, seconds: float,
     feasible = [k for k, ev in scored.items() if ev.feasible]
     start = min(feasible, key=lambda k: scored[k].iteration_time) if feasible else "baseline"
     init = rows[start] if feasible else "baseline"
-    search = MCMCSearch(g, cluster, init=init, seed=0).run(seconds=seconds)
+    search = MCMCSearch(g, cluster, init=init, seed=0).pin_precision(PLANNERS).run(
+        seconds=seconds)
     rows["memflow search"] = search.best
     out = pd.DataFrame([row(k, s, sim) for k, s in rows.items()])
     out.insert(0, "model", f"{model} b={batch}")
@@ -125,7 +130,7 @@ def from_each_start(g, cluster, rows: dict[str, Strategy], iterations: int) -> p
     a feasible best once it has seen one, and never a worse one)."""
     out = []
     for name, s in rows.items():
-        search = MCMCSearch(g, cluster, init=s, seed=0)
+        search = MCMCSearch(g, cluster, init=s, seed=0).pin_precision(PLANNERS)
         first = search.best_score
         search.run(iterations=iterations)
         end = search.best_score
