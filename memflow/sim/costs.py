@@ -18,7 +18,8 @@ import numpy as np
 from ..hardware.efficiency import efficiency
 from ..memory.jit import njit
 
-__all__ = ["LayoutCost", "layout_cost", "copy_cost", "CopyRoutes", "copy_times", "ring_time", "CPU_ADAM_RATE"]
+__all__ = ["LayoutCost", "layout_cost", "copy_cost", "CopyRoutes", "copy_times", "ring_time",
+           "CPU_ADAM_RATE"]
 
 CPU_ADAM_RATE = efficiency("cpu", "cpu_adam_rate")
 """Parameters per second a host's CPU Adam step updates (ZeRO-Offload). CPU Adam is bound by
@@ -160,16 +161,13 @@ def copy_cost(ca, src: tuple, dst: tuple, per_sample: bool, route: Route | None 
 def _loads(flat, lens, share, link_rate, link_latency):
     """The links the routes ``flat`` (:func:`_paths`) cross, by first use, the largest of their
     loads (each route carrying its ``share``) over their rates, and the slowest route's latency
-    (:func:`_route_latency`): one compiled pass over a copy's routes. A link's load is summed
+    (:func:`_slowest_route`): one compiled pass over a copy's routes. A link's load is summed
     in the routes' order from 0, as ``np.bincount`` with weights adds; no routes: no links, 0."""
     load = np.zeros(len(link_rate))
     seen = np.zeros(len(link_rate), np.bool_)
     links = np.empty(len(flat), np.int64)
     m = j = 0
-    slowest = 0.0
     for r in range(len(lens)):
-        if lens[r] > 0:
-            slowest = max(slowest, _route_latency(link_latency, flat, j, lens[r]))
         for _ in range(lens[r]):
             link = flat[j]
             load[link] += share[r]
@@ -181,7 +179,7 @@ def _loads(flat, lens, share, link_rate, link_latency):
     per_byte = 0.0
     for k in range(m):
         per_byte = max(per_byte, load[links[k]] / link_rate[links[k]])
-    return links[:m], per_byte, slowest
+    return links[:m], per_byte, _slowest_route(link_latency, flat, lens)
 
 
 @njit
