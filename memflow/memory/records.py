@@ -157,9 +157,9 @@ def placements(ga: GraphArrays, layout: np.ndarray, sa: np.ndarray, p: np.ndarra
             np.asarray(p, np.int64), int(microbatches),
             np.zeros(ga.n, bool) if sequence is None else np.asarray(sequence, bool),
             stage is not None, np.asarray(np.zeros(0) if stage is None else stage, np.int64),
-            block_of(allocator))
+            block_of(allocator), ga.keep_output)
     return Placed(tensor=rec_t, layout=rec_lay, home=rec_home, prod=rec_prod, nbytes=nbytes,
-                  alloc=alloc, fwd_free=fwd_free, kept_output=kept & ga.keep_output,
+                  alloc=alloc, fwd_free=fwd_free, kept_output=kept,
                   received=received, last_xfer=last_xfer, members=members, savers=savers,
                   readers=readers, touched=touched, grad_layout=grad[0], grad_bytes=grad[1],
                   grad_alloc=grad[2], grad_free=grad[3], copies=Copies(*copies), reads=reads,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import replace
+from itertools import chain
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -136,19 +137,25 @@ class Simulator:
         return compression_ratios(strategy, self._half_maps(strategy), ratio_of)
 
     def _placed_of(self, strategy: Strategy) -> Placed:
-        layout, M = strategy.layout_ids, strategy.microbatches
-        degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
-        key = (layout.tobytes(), degrees.tobytes(), M, self.precision_of(strategy),
-               strategy.sequence_parallel.tobytes(), self._scale_key(strategy),
-               strategy.stage.tobytes())
+        # keyed by the placement key's parts but the devices, the layouts' degrees as the
+        # units' (the same partition given the layout ids; a tuple of arrays made from the
+        # layouts cost as much as the records' Python glue)
+        pk = self._placement_key(strategy)
+        key = (pk.layout_ids, strategy.sample.tobytes(), strategy.parameter.tobytes(),
+               strategy.attribute.tobytes(), pk.microbatches, pk.precision, pk.sequence,
+               pk.scale, pk.stage)
         placed = self._placed.get(key)
         if placed is None:
             if len(self._placed) > 4 * self.cache_size:   # placements seen long ago
                 self._placed.clear()
+            layouts = strategy.layouts
+            degrees = np.fromiter(chain.from_iterable([k[:3] for k in layouts]), np.int64,
+                                  3 * len(layouts)).reshape(-1, 3)
             placed = self._placed[key] = placements(
-                self.arrays(strategy), layout, (degrees[layout, 0] * degrees[layout, 2]).astype(np.float64),
-                split_degrees(strategy, degrees), M, sequence=strategy.sequence_parallel,
-                stage=strategy.stage)
+                self.arrays(strategy), strategy.layout_ids,
+                (strategy.sample * strategy.attribute).astype(np.float64),
+                split_degrees(strategy, degrees), strategy.microbatches,
+                sequence=strategy.sequence_parallel, stage=strategy.stage)
         return placed
 
     def precision_of(self, strategy: Strategy) -> str:
