@@ -310,6 +310,8 @@ class SearchSpace:
         """The rules of :meth:`holds_states` that ask this space's graph."""
         if strategy.precision == "amp" and not self.amp:
             return False
+        if not strategy.offload_optimizer.any():
+            return True     # every optimizer on the device: the root group's one place
         root = np.asarray(strategy.shard)[self.root_sharded]
         place = np.asarray(strategy.offload_optimizer)[self.root_sharded][root >= S_GRADIENTS]
         return bool((place == place[:1]).all())

@@ -131,7 +131,9 @@ class Strategy:
             return _frozen(a)
 
         self.policy = arr("policy", policy, KEEP, np.int8)
-        self.error_bound = arr("error_bound", error_bound, np.nan, np.float64)
+        # every NaN (no bound) as the one NaN, so equal strategies give equal bytes (_key)
+        bound = arr("error_bound", error_bound, np.nan, np.float64)
+        self.error_bound = _frozen(np.where(np.isnan(bound), np.nan, bound))
         self.segment_break = _check_breaks(self.units, self.policy,
                                            arr("segment_break", segment_break, False, np.bool_))
         self.sample = arr("sample", sample, 1, np.int64)
@@ -430,15 +432,22 @@ class Strategy:
 
     # ------------------------------------------------------------------ equality, display
     def _key(self) -> tuple:
-        return (self.units, self.policy.tobytes(),
-                # NaN (no bound) as -1, so equal strategies give equal bytes (np.where:
-                # nan_to_num was a tenth of a search's memo lookup)
-                np.where(np.isnan(self.error_bound), -1.0, self.error_bound).tobytes(),
-                self.segment_break.tobytes(), self.sample.tobytes(),
-                self.parameter.tobytes(), self.attribute.tobytes(), self.devices,
+        # built once per strategy (a search looks each proposal up in its memo, hashing the key
+        # once on a hit and twice on a miss); the placements enter as the interned layouts and
+        # each unit's layout id — the same per-unit degrees and devices, as interning is by
+        # first use, and what the simulator derives anyway — since hashing the per-unit devices
+        # (a tuple of 175 tuples on resnet50's leaves) was most of a memo lookup
+        key = self._cache.get("key")
+        if key is None:
+            key = self._cache["key"] = (
+                self.units, self.policy.tobytes(),
+                # one NaN (no bound) bit pattern: __init__'s and parse_policy's
+                self.error_bound.tobytes(),
+                self.segment_break.tobytes(), tuple(self.layouts), self.layout_ids.tobytes(),
                 self.stage.tobytes(), self.shard.tobytes(), self.offload_optimizer.tobytes(),
                 self.sequence_parallel.tobytes(), self.precision, self.microbatches,
                 self.schedule, self.name)
+        return key
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Strategy) and self._key() == other._key()
