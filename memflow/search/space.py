@@ -289,8 +289,9 @@ class SearchSpace:
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
         root = np.asarray(strategy.shard)[self.root_sharded]
-        mixed = parallel_kinds(strategy)[2]
-        return (unrunnable(strategy) is None and pipeline_problem(strategy, self.graph) is None
+        stages, _, mixed = parallel_kinds(strategy)     # no stage above 0: no pipeline problem
+        return (unrunnable(strategy) is None
+                and not (stages and pipeline_problem(strategy, self.graph) is not None)
                 and sequence_problem(strategy, self.graph) is None
                 and not (mixed and sample_problem(strategy, self.graph) is not None)
                 and bool((np.asarray(strategy.parameter) <= self.max_p).all())

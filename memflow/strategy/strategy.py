@@ -11,6 +11,7 @@ tensor parallelism inside a node.
 from __future__ import annotations
 
 import html
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,9 @@ _PLACEMENT_KEYS = frozenset({"pos", "layouts", "layout_ids", "layout_index", "mo
 units, and their positions, until its layouts are derived from that one's)."""
 _PLACEMENT_FIELDS = frozenset({"units", "sample", "parameter", "attribute", "devices"})
 _UNIT_KEYS = frozenset({"pos"})
+_KINDS_FIELDS = frozenset({"stage", "parameter", "sample"})
+"""What :func:`~memflow.strategy.runnable.parallel_kinds` (cached as ``parallel_kinds``) reads:
+a copy that keeps them keeps it (the runnable space's guards ask it of every proposal)."""
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -51,6 +55,8 @@ def _check_breaks(units: Sequence[str], policy: np.ndarray, brk: np.ndarray) -> 
 def _check_sequence(units: Sequence[str], parameter: np.ndarray, seq: np.ndarray) -> np.ndarray:
     """``seq`` if sequence parallelism sits on tensor-parallel units only; else a
     StrategyError naming one."""
+    if not seq.any():       # the common case, found without the units' degrees
+        return seq
     stray = np.flatnonzero(seq & (parameter <= 1))
     if len(stray):
         raise StrategyError(f"unit {units[int(stray[0])]!r}: sequence_parallel on a unit with "
@@ -164,8 +170,8 @@ class Strategy:
     # ------------------------------------------------------------------ copies
     def _replace(self, **fields: Any) -> "Strategy":
         new = object.__new__(Strategy)
-        for slot in _FIELDS:
-            setattr(new, slot, getattr(self, slot))
+        for slot, value in zip(_FIELDS, _field_values(self)):
+            setattr(new, slot, value)
         for slot, value in fields.items():
             setattr(new, slot, value)
         # a copy that keeps the placements keeps what was derived from them (the unit
@@ -173,6 +179,9 @@ class Strategy:
         keep = _PLACEMENT_KEYS if _PLACEMENT_FIELDS.isdisjoint(fields) else \
             frozenset() if "units" in fields else _UNIT_KEYS
         new._cache = {k: v for k, v in self._cache.items() if k in keep}
+        kinds = self._cache.get("parallel_kinds")
+        if kinds is not None and _KINDS_FIELDS.isdisjoint(fields):
+            new._cache["parallel_kinds"] = kinds
         return new
 
     def _positions(self, units: Iterable[str]) -> list[int]:
@@ -207,9 +216,9 @@ class Strategy:
         for i, (u, spec) in zip(pos, items):
             policy[i], bound[i] = parse_policy(u, spec)
         fields = dict(policy=_frozen(policy), error_bound=_frozen(bound))
-        rec = POLICIES.recomputes(policy)
-        if (self.segment_break & ~rec).any():
-            fields["segment_break"] = _frozen(self.segment_break & rec)
+        if self.segment_break.any() and (self.segment_break
+                                         & ~POLICIES.recomputes(policy)).any():
+            fields["segment_break"] = _frozen(self.segment_break & POLICIES.recomputes(policy))
         return self._replace(**fields)
 
     def with_segments(self, breaks: str | Iterable[str]) -> "Strategy":
@@ -266,8 +275,11 @@ class Strategy:
                       devices=devices, stage=stage, sequence_parallel=sequence_parallel)
             items = [(u, kw) for u in ([units] if isinstance(units, str) else units)]
         pos = self._positions(u for u, _ in items)
+        # only the degrees some unit is given are copied (and replaced): a copy that keeps
+        # the others keeps what was derived from them (_KINDS_FIELDS)
         arrays = {k: getattr(self, k).copy() for k in ("sample", "parameter", "attribute",
-                                                       "stage")}
+                                                       "stage")
+                  if any(kw.get(k) is not None for _, kw in items)}
         devs = list(self.devices)
         seq = self.sequence_parallel.copy()
         for i, (_, kw) in zip(pos, items):
@@ -282,7 +294,8 @@ class Strategy:
             if kw.get("devices") is not None:
                 devs[i] = tuple(map(str, kw["devices"]))
         new = self._replace(devices=tuple(devs), sequence_parallel=_frozen(_check_sequence(
-            self.units, arrays["parameter"], seq)), **{k: _frozen(v) for k, v in arrays.items()})
+            self.units, arrays.get("parameter", self.parameter), seq)),
+            **{k: _frozen(v) for k, v in arrays.items()})
         if 2 * len(pos) <= len(self):   # a few units moved: their layouts, the others' kept
             self.layouts        # made here, not along a lineage of strategies never simulated
             new._cache["moved"] = (self, pos)
@@ -480,3 +493,4 @@ class Strategy:
 
 _FIELDS = Strategy.__slots__[:-1]
 """The slots a copy (:meth:`Strategy._replace`) takes over: all but the cache."""
+_field_values = operator.attrgetter(*_FIELDS)
