@@ -32,8 +32,7 @@ units, and their positions, until its layouts are derived from that one's)."""
 _PLACEMENT_FIELDS = frozenset({"units", "sample", "parameter", "attribute", "devices"})
 _UNIT_KEYS = frozenset({"pos"})
 _KINDS_FIELDS = frozenset({"stage", "parameter", "sample"})
-"""What :func:`~memflow.strategy.runnable.parallel_kinds` (cached as ``parallel_kinds``) reads:
-a copy that keeps them keeps it (the runnable space's guards ask it of every proposal)."""
+"""What the cached :func:`~memflow.strategy.runnable.parallel_kinds` reads (a copy keeps it)."""
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -216,9 +215,11 @@ class Strategy:
         for i, (u, spec) in zip(pos, items):
             policy[i], bound[i] = parse_policy(u, spec)
         fields = dict(policy=_frozen(policy), error_bound=_frozen(bound))
-        if self.segment_break.any() and (self.segment_break
-                                         & ~POLICIES.recomputes(policy)).any():
-            fields["segment_break"] = _frozen(self.segment_break & POLICIES.recomputes(policy))
+        brk = self.segment_break
+        if brk.any():       # breaks are rare: most copies need not map the policies
+            rec = POLICIES.recomputes(policy)
+            if (brk & ~rec).any():
+                fields["segment_break"] = _frozen(brk & rec)
         return self._replace(**fields)
 
     def with_segments(self, breaks: str | Iterable[str]) -> "Strategy":
@@ -275,8 +276,7 @@ class Strategy:
                       devices=devices, stage=stage, sequence_parallel=sequence_parallel)
             items = [(u, kw) for u in ([units] if isinstance(units, str) else units)]
         pos = self._positions(u for u, _ in items)
-        # only the degrees some unit is given are copied (and replaced): a copy that keeps
-        # the others keeps what was derived from them (_KINDS_FIELDS)
+        # only the degrees given are replaced: a copy keeps what the others derive
         arrays = {k: getattr(self, k).copy() for k in ("sample", "parameter", "attribute",
                                                        "stage")
                   if any(kw.get(k) is not None for _, kw in items)}
@@ -445,11 +445,9 @@ class Strategy:
 
     # ------------------------------------------------------------------ equality, display
     def _key(self) -> tuple:
-        # built once per strategy (a search looks each proposal up in its memo, hashing the key
-        # once on a hit and twice on a miss); the placements enter as the interned layouts and
-        # each unit's layout id — the same per-unit degrees and devices, as interning is by
-        # first use, and what the simulator derives anyway — since hashing the per-unit devices
-        # (a tuple of 175 tuples on resnet50's leaves) was most of a memo lookup
+        # built once; placements as the interned layouts and layout ids (interned by first
+        # use: the same per-unit degrees and devices): hashing the per-unit devices (175
+        # tuples on resnet50's leaves) was most of a search's memo lookup
         key = self._cache.get("key")
         if key is None:
             key = self._cache["key"] = (
