@@ -91,7 +91,10 @@ class CostModel:
     def score(self, time: float, peak: np.ndarray, fits: bool | None = None) -> Score:
         """The score of a simulated ``time`` and ``peak`` (bytes per device); ``fits`` as the
         evaluator judged it (default: every device within its limit)."""
-        over = self.evaluator.over(peak)
+        return self._scored(time, peak, self.evaluator.over(peak), fits)
+
+    def _scored(self, time: float, peak: np.ndarray, over: float,
+                fits: bool | None) -> Score:
         feasible = over <= 0.0 if fits is None else fits
         cost = time
         if self.memory_aware and not feasible:
@@ -100,7 +103,7 @@ class CostModel:
 
     def _simulate(self, strategy: Strategy) -> Score:
         out = self.evaluator.judge(strategy)
-        return self.score(out.time, out.peaks, out.fits)
+        return self._scored(out.time, out.peaks, out.over, out.fits)   # its over, not again
 
     def __call__(self, strategy: Strategy) -> Score:
         return self._memo.get(strategy, self._simulate)

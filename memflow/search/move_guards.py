@@ -36,8 +36,9 @@ def keeping_pipeline(move: Move) -> Move:
         if prop is None or not space.runnable:
             return prop
         new = prop.strategy
-        if pipeline_problem(new, space.graph) is not None or (
-                parallel_kinds(new)[2] and sample_problem(new, space.graph) is not None):
+        stages, _, mixed = parallel_kinds(new)      # no stage above 0: no pipeline problem
+        if (stages and pipeline_problem(new, space.graph) is not None) or (
+                mixed and sample_problem(new, space.graph) is not None):
             return None
         return prop
     return kept

@@ -106,7 +106,8 @@ def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propos
     layout, stage = s.layout_ids, s.stage
     # units that may not leave a segment: pinned ones, and all where keep is not allowed
     fixed = space.pinned if keep is not None else np.ones(space.n, bool)
-    recomputes = POLICIES.recomputes(s.policy)
+    seg = s.segment     # the chain's strategy was simulated: its segments are known
+    recomputes = seg >= 0       # Strategy.segment: -1 on units that do not recompute
 
     def can_join(j: int, end: int) -> bool:
         return (0 <= j < space.n and not space.pinned[j] and bool(space.may_recompute[j])
@@ -114,7 +115,6 @@ def segment(rng: np.random.Generator, s: Strategy, space: SearchSpace) -> Propos
                 and stage[j] == stage[end])
 
     ops: list[dict[int, int]] = []
-    seg = s.segment
     count = int(seg.max()) + 1      # segment ids number the segments from 0 (Strategy.segment)
     if count:
         members = np.flatnonzero(seg == int(pick(rng, range(count))))

@@ -289,8 +289,9 @@ class SearchSpace:
     def runs(self, strategy) -> bool:
         """Whether export runs ``strategy`` within this space's parameter limits."""
         root = np.asarray(strategy.shard)[self.root_sharded]
-        mixed = parallel_kinds(strategy)[2]
-        return (unrunnable(strategy) is None and pipeline_problem(strategy, self.graph) is None
+        stages, _, mixed = parallel_kinds(strategy)     # no stage above 0: no pipeline problem
+        return (unrunnable(strategy) is None
+                and not (stages and pipeline_problem(strategy, self.graph) is not None)
                 and sequence_problem(strategy, self.graph) is None
                 and not (mixed and sample_problem(strategy, self.graph) is not None)
                 and bool((np.asarray(strategy.parameter) <= self.max_p).all())
@@ -310,6 +311,8 @@ class SearchSpace:
         """The rules of :meth:`holds_states` that ask this space's graph."""
         if strategy.precision == "amp" and not self.amp:
             return False
+        if not strategy.offload_optimizer.any():
+            return True     # every optimizer on the device: the root group's one place
         root = np.asarray(strategy.shard)[self.root_sharded]
         place = np.asarray(strategy.offload_optimizer)[self.root_sharded][root >= S_GRADIENTS]
         return bool((place == place[:1]).all())

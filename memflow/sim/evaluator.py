@@ -103,20 +103,32 @@ class Evaluator:
         self.limits = memory_limits(self.cluster, limit)
         self.simulations = 0
         self._memo: Memo[Outcome] = Memo(cache_size)
+        self._host_sets: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
     def over(self, peaks: np.ndarray) -> float:
         """The worst device's bytes over its limit, as a fraction of that limit (0 within)."""
-        return float(np.max((peaks - self.limits) / self.limits, initial=0.0))
+        # np.max's reduction without its Python wrappers (a search asks once per simulation)
+        return float(np.maximum.reduce((peaks - self.limits) / self.limits, initial=0.0))
+
+    def _hosts(self, devices_used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The hosts of the devices at ``devices_used`` and their memory, found once per set
+        of devices (np.unique was a third of judging a simulated strategy)."""
+        key = devices_used.tobytes()
+        hit = self._host_sets.get(key)
+        if hit is None:
+            ca = self.cluster.arrays
+            hosts = np.unique(ca.host[devices_used])
+            hit = self._host_sets[key] = (hosts, ca.host_memory[hosts])
+        return hit
 
     def judge(self, strategy: Strategy) -> Outcome:
         """Simulate ``strategy`` and judge it (no memory of earlier answers)."""
         run = self.simulator.run(strategy)
         self.simulations += 1
         peaks = np.asarray(run.device.peak[run.device_class], np.float64)
-        ca = self.cluster.arrays
-        hosts = np.unique(ca.host[run.devices_used])
+        hosts, memory = self._hosts(run.devices_used)
         over = self.over(peaks)
-        fits = over <= 0.0 and bool(np.all(run.host.peak[hosts] <= ca.host_memory[hosts]))
+        fits = over <= 0.0 and bool((run.host.peak[hosts] <= memory).all())
         return Outcome(strategy, run.iteration_time, peaks, over, fits)
 
     def __call__(self, strategy: Strategy) -> Outcome:

@@ -87,6 +87,7 @@ True
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -349,6 +350,14 @@ def model_state_problem(strategy, graph=None) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _written(levels: tuple[str, ...]) -> np.ndarray:
+    """Per shard level code, whether it is one of ``levels`` (made once, not per check)."""
+    written = np.array([lv in levels for lv in SHARD_LEVELS])
+    written.flags.writeable = False
+    return written
+
+
 def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
     """The first reason export cannot run ``strategy``, naming the unit and what is valid;
     None when it can. Parameter splits are checked only with the ``graph`` the strategy was
@@ -376,10 +385,11 @@ def unrunnable(strategy, graph=None, rules: Runnable = RUNNABLE) -> str | None:
     if strategy.microbatches > 1 and strategy.schedule not in rules.schedules:
         return (f"schedule {strategy.schedule!r} with {strategy.microbatches} micro-batches: "
                 f"export supports schedule={' or '.join(map(repr, rules.schedules))}")
-    problem = pipeline_problem(strategy, graph)
+    # pipeline_problem finds none without a stage above 0 (parallel_kinds is cached)
+    problem = pipeline_problem(strategy, graph) if parallel_kinds(strategy)[0] else None
     if problem is not None:
         return problem
-    written = np.array([lv in rules.shard_levels for lv in SHARD_LEVELS])   # per level code
+    written = _written(tuple(rules.shard_levels))
     odd = np.flatnonzero(~written[strategy.shard])
     if len(odd):
         levels = strategy.shard_levels

@@ -11,6 +11,7 @@ tensor parallelism inside a node.
 from __future__ import annotations
 
 import html
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,8 @@ _PLACEMENT_KEYS = frozenset({"pos", "layouts", "layout_ids", "layout_index", "mo
 units, and their positions, until its layouts are derived from that one's)."""
 _PLACEMENT_FIELDS = frozenset({"units", "sample", "parameter", "attribute", "devices"})
 _UNIT_KEYS = frozenset({"pos"})
+_KINDS_FIELDS = frozenset({"stage", "parameter", "sample"})
+"""What the cached :func:`~memflow.strategy.runnable.parallel_kinds` reads (a copy keeps it)."""
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -51,6 +54,8 @@ def _check_breaks(units: Sequence[str], policy: np.ndarray, brk: np.ndarray) -> 
 def _check_sequence(units: Sequence[str], parameter: np.ndarray, seq: np.ndarray) -> np.ndarray:
     """``seq`` if sequence parallelism sits on tensor-parallel units only; else a
     StrategyError naming one."""
+    if not seq.any():       # the common case, found without the units' degrees
+        return seq
     stray = np.flatnonzero(seq & (parameter <= 1))
     if len(stray):
         raise StrategyError(f"unit {units[int(stray[0])]!r}: sequence_parallel on a unit with "
@@ -131,7 +136,9 @@ class Strategy:
             return _frozen(a)
 
         self.policy = arr("policy", policy, KEEP, np.int8)
-        self.error_bound = arr("error_bound", error_bound, np.nan, np.float64)
+        # every NaN (no bound) as the one NaN, so equal strategies give equal bytes (_key)
+        bound = arr("error_bound", error_bound, np.nan, np.float64)
+        self.error_bound = _frozen(np.where(np.isnan(bound), np.nan, bound))
         self.segment_break = _check_breaks(self.units, self.policy,
                                            arr("segment_break", segment_break, False, np.bool_))
         self.sample = arr("sample", sample, 1, np.int64)
@@ -162,8 +169,8 @@ class Strategy:
     # ------------------------------------------------------------------ copies
     def _replace(self, **fields: Any) -> "Strategy":
         new = object.__new__(Strategy)
-        for slot in _FIELDS:
-            setattr(new, slot, getattr(self, slot))
+        for slot, value in zip(_FIELDS, _field_values(self)):
+            setattr(new, slot, value)
         for slot, value in fields.items():
             setattr(new, slot, value)
         # a copy that keeps the placements keeps what was derived from them (the unit
@@ -171,6 +178,9 @@ class Strategy:
         keep = _PLACEMENT_KEYS if _PLACEMENT_FIELDS.isdisjoint(fields) else \
             frozenset() if "units" in fields else _UNIT_KEYS
         new._cache = {k: v for k, v in self._cache.items() if k in keep}
+        kinds = self._cache.get("parallel_kinds")
+        if kinds is not None and _KINDS_FIELDS.isdisjoint(fields):
+            new._cache["parallel_kinds"] = kinds
         return new
 
     def _positions(self, units: Iterable[str]) -> list[int]:
@@ -205,9 +215,11 @@ class Strategy:
         for i, (u, spec) in zip(pos, items):
             policy[i], bound[i] = parse_policy(u, spec)
         fields = dict(policy=_frozen(policy), error_bound=_frozen(bound))
-        rec = POLICIES.recomputes(policy)
-        if (self.segment_break & ~rec).any():
-            fields["segment_break"] = _frozen(self.segment_break & rec)
+        brk = self.segment_break
+        if brk.any():       # breaks are rare: most copies need not map the policies
+            rec = POLICIES.recomputes(policy)
+            if (brk & ~rec).any():
+                fields["segment_break"] = _frozen(brk & rec)
         return self._replace(**fields)
 
     def with_segments(self, breaks: str | Iterable[str]) -> "Strategy":
@@ -264,8 +276,10 @@ class Strategy:
                       devices=devices, stage=stage, sequence_parallel=sequence_parallel)
             items = [(u, kw) for u in ([units] if isinstance(units, str) else units)]
         pos = self._positions(u for u, _ in items)
+        # only the degrees given are replaced: a copy keeps what the others derive
         arrays = {k: getattr(self, k).copy() for k in ("sample", "parameter", "attribute",
-                                                       "stage")}
+                                                       "stage")
+                  if any(kw.get(k) is not None for _, kw in items)}
         devs = list(self.devices)
         seq = self.sequence_parallel.copy()
         for i, (_, kw) in zip(pos, items):
@@ -280,7 +294,8 @@ class Strategy:
             if kw.get("devices") is not None:
                 devs[i] = tuple(map(str, kw["devices"]))
         new = self._replace(devices=tuple(devs), sequence_parallel=_frozen(_check_sequence(
-            self.units, arrays["parameter"], seq)), **{k: _frozen(v) for k, v in arrays.items()})
+            self.units, arrays.get("parameter", self.parameter), seq)),
+            **{k: _frozen(v) for k, v in arrays.items()})
         if 2 * len(pos) <= len(self):   # a few units moved: their layouts, the others' kept
             self.layouts        # made here, not along a lineage of strategies never simulated
             new._cache["moved"] = (self, pos)
@@ -430,15 +445,20 @@ class Strategy:
 
     # ------------------------------------------------------------------ equality, display
     def _key(self) -> tuple:
-        return (self.units, self.policy.tobytes(),
-                # NaN (no bound) as -1, so equal strategies give equal bytes (np.where:
-                # nan_to_num was a tenth of a search's memo lookup)
-                np.where(np.isnan(self.error_bound), -1.0, self.error_bound).tobytes(),
-                self.segment_break.tobytes(), self.sample.tobytes(),
-                self.parameter.tobytes(), self.attribute.tobytes(), self.devices,
+        # built once; placements as the interned layouts and layout ids (interned by first
+        # use: the same per-unit degrees and devices): hashing the per-unit devices (175
+        # tuples on resnet50's leaves) was most of a search's memo lookup
+        key = self._cache.get("key")
+        if key is None:
+            key = self._cache["key"] = (
+                self.units, self.policy.tobytes(),
+                # one NaN (no bound) bit pattern: __init__'s and parse_policy's
+                self.error_bound.tobytes(),
+                self.segment_break.tobytes(), tuple(self.layouts), self.layout_ids.tobytes(),
                 self.stage.tobytes(), self.shard.tobytes(), self.offload_optimizer.tobytes(),
                 self.sequence_parallel.tobytes(), self.precision, self.microbatches,
                 self.schedule, self.name)
+        return key
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Strategy) and self._key() == other._key()
@@ -471,3 +491,4 @@ class Strategy:
 
 _FIELDS = Strategy.__slots__[:-1]
 """The slots a copy (:meth:`Strategy._replace`) takes over: all but the cache."""
+_field_values = operator.attrgetter(*_FIELDS)
