@@ -107,7 +107,9 @@ class Simulator:
         self._routes: dict[tuple[int, int], list[int]] = {}
         self._placed: dict[tuple, Placed] = {}
         self._arrays: dict[tuple, GraphArrays] = {}
-        self._states_of: dict[tuple, Placement] = {}   # per placement key but model states
+        # per placement key but model states, the last used last (evicted one at a time:
+        # clearing all at once freed 256 placements in one proposal)
+        self._states_of: OrderedDict[tuple, Placement] = OrderedDict()
         self._placements: OrderedDict[tuple, Placement] = OrderedDict()
         self._layouts_cache: dict[tuple, ByLayouts] = {}
         self._of_layouts_cache: dict[tuple, OfLayouts] = {}
@@ -275,6 +277,8 @@ class Simulator:
         # only where the states decide it, and derived from its last plan by delta
         kin = (key[0][:5], key[0][7:], fold)     # the key but its shard and offload fields
         sibling = self._states_of.get(kin)
+        if sibling is not None:
+            self._states_of.move_to_end(kin)
         if sibling is not None and sibling.placed is placed:
             table = sibling.blocks.with_states(
                 self.arrays(strategy), strategy.layout_ids, degrees, optimizer=self.optimizer,
@@ -299,9 +303,10 @@ class Simulator:
         self._placements[key] = out
         if len(self._placements) > self.cache_size:
             self._placements.popitem(last=False)
-        if len(self._states_of) > self.cache_size:
-            self._states_of.clear()
         self._states_of[kin] = out
+        self._states_of.move_to_end(kin)
+        if len(self._states_of) > self.cache_size:
+            self._states_of.popitem(last=False)
         return out
 
     # ------------------------------------------------------------------ runs
