@@ -12,7 +12,7 @@ from ..memory.blocks import StepBlocks
 from ..memory.states import stage_copies
 from ..strategy.policies import M_COMPRESSED, M_HOST, M_RECOMPUTE, M_SELECTIVE, POLICIES
 from ..strategy.strategy import Strategy
-from .costs import CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, ring_time, tied_allreduce
+from .costs import CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, pairwise_sum, ring_time, tied_allreduce
 from .cpu_time import cpu_compute, cpu_hooks, cpu_optimizer
 from .expand import Timing
 from .layouts import (D2H, DEGREE, FLOPS16, FLOPS32, FLOPS_BF16, H2D, LAUNCH, MEM, PARAM_RING,
@@ -72,34 +72,6 @@ def _unit_durations(L, M, rates, half, bf16, tp_out, tp_in, gather, scatter, fwd
 
 
 @njit
-def _pairwise_sum(a):
-    """``np.sum`` of the contiguous float64 array ``a``, in numpy's order (its pairwise
-    summation: a loop below 8 numbers, 8 running sums up to 128, halves above), so the
-    same bits."""
-    n = len(a)
-    if n < 8:
-        res = 0.0
-        for i in range(n):
-            res += a[i]
-        return res
-    if n <= 128:
-        r = a[:8].copy()
-        i = 8
-        while i < n - n % 8:
-            for j in range(8):
-                r[j] += a[i + j]
-            i += 8
-        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-        while i < n:
-            res += a[i]
-            i += 1
-        return res
-    n2 = n // 2
-    n2 -= n2 % 8
-    return _pairwise_sum(a[:n2]) + _pairwise_sum(a[n2:])
-
-
-@njit
 def _sum_of(values, units, off, offloaded_only, buf):
     """``np.sum`` of ``values`` over ``units`` (ascending), the offloaded ones only if
     ``offloaded_only``."""
@@ -108,7 +80,7 @@ def _sum_of(values, units, off, offloaded_only, buf):
         if off[u] or not offloaded_only:
             buf[k] = values[u]
             k += 1
-    return _pairwise_sum(buf[:k])
+    return pairwise_sum(buf[:k], 0.0)
 
 
 @njit
