@@ -19,7 +19,7 @@ from ..hardware.efficiency import efficiency
 from ..memory.jit import njit
 
 __all__ = ["LayoutCost", "layout_cost", "copy_cost", "CopyRoutes", "copy_times", "ring_time",
-           "CPU_ADAM_RATE"]
+           "pairwise_sum", "CPU_ADAM_RATE"]
 
 CPU_ADAM_RATE = efficiency("cpu", "cpu_adam_rate")
 """Parameters per second a host's CPU Adam step updates (ZeRO-Offload). CPU Adam is bound by
@@ -246,37 +246,43 @@ def _slowest_route(link_latency, flat, lens):
 def _route_latency(link_latency, flat, start, n):
     """The latencies of the links ``flat[start:start + n]`` (n > 0) summed as numpy's
     ``add.reduceat`` sums a segment, which the routes' latencies were: its first term plus
-    numpy's pairwise sum of the rest (for n > 3 not a left-to-right sum, and not what
-    ``np.sum`` gives either)."""
+    numpy's pairwise sum of the rest from -0.0 (for n > 3 not a left-to-right sum, and not
+    what ``np.sum`` gives either)."""
     first = link_latency[flat[start]]
-    return first + _pairwise(link_latency, flat, start + 1, n - 1)
+    return first + pairwise_sum(link_latency[flat[start + 1:start + n]], -0.0)
 
 
 @njit
-def _pairwise(values, at, lo, n):
-    """``values[at[lo:lo + n]]`` summed as numpy's pairwise summation does: from -0.0 one by
-    one under 8 terms; else 8 running sums over blocks of 8, combined as a tree, then the
-    remainder, for up to 128 terms; halves (a multiple of 8 first) beyond."""
+def pairwise_sum(a, start):
+    """The float64 array ``a`` summed as numpy's pairwise summation does, from ``start``:
+    one by one under 8 terms; else 8 running sums over blocks of 8, combined as a tree, then
+    the remainder, for up to 128 terms; halves (a multiple of 8 first) beyond, each from
+    ``start``. ``np.sum`` is this from 0.0, a segment of ``np.add.reduceat`` its first term
+    plus this of the rest from -0.0: the same bits.
+
+    >>> a = np.linspace(0.1, 3.0, 300)
+    >>> float(pairwise_sum(a, 0.0)) == float(np.sum(a))
+    True
+    """
+    n = len(a)
     if n < 8:
-        res = -0.0
+        res = start
         for i in range(n):
-            res += values[at[lo + i]]
+            res += a[i]
         return res
     if n > 128:
         half = n // 2
         half -= half % 8
-        return _pairwise(values, at, lo, half) + _pairwise(values, at, lo + half, n - half)
-    r = np.empty(8)
-    for k in range(8):
-        r[k] = values[at[lo + k]]
+        return pairwise_sum(a[:half], start) + pairwise_sum(a[half:], start)
+    r = a[:8].copy()
     i = 8
     while i < n - n % 8:
         for k in range(8):
-            r[k] += values[at[lo + i + k]]
+            r[k] += a[i + k]
         i += 8
     res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
     while i < n:
-        res += values[at[lo + i]]
+        res += a[i]
         i += 1
     return res
 
@@ -289,34 +295,28 @@ class CopyRoutes:
     them in one compiled pass (a search's moves give units other layouts, and each new list
     of layouts had asked every route again, one Python call and one array per route).
 
+    A route is known by its code, ``((source << 31) + destination) · 2 + per-sample`` over
+    the layouts' numbers (:class:`~memflow.sim.layouts.LayoutTable`); the codes met are kept
+    ascending with their routes' numbers, so that the compiled pass finds them by bisection.
     ``cost(src, dst, per_sample)`` is :func:`copy_cost` (the simulator's, cached)."""
 
     def __init__(self, cost: Callable[[tuple, tuple, bool], tuple[np.ndarray, float, float]]):
         self._cost = cost
-        self._layouts: dict[tuple, int] = {}     # a number per layout met
-        self._numbers: dict[int, int] = {}       # a number per route met, by its code
+        self.codes = np.zeros(0, np.int64)       # the codes met, ascending
+        self.index = np.zeros(0, np.int64)       # the number of each one's route
         self.per_byte, self.latency = np.empty(64), np.empty(64)
         self.ptr = np.zeros(65, np.int64)        # CSR over the routes: their links
         self.links = np.empty(1024, np.int64)
         self.n = 0
 
-    def numbers(self, keys: tuple, cp, per_sample: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Each copy's route among the distinct ones, and the route numbers of those, forward
-        and back (destination to source)."""
-        layouts = self._layouts
-        ids = np.array([layouts.setdefault(k, len(layouts)) for k in keys], np.int64)
-        inv, src, dst, ps, codes = _distinct(cp.src_layout, cp.dst_layout, per_sample, ids)
-        out = [inv]
-        for d, (x, y) in enumerate(((src, dst), (dst, src))):
-            got = list(map(self._numbers.get, codes[d].tolist()))
-            for i in (i for i, k in enumerate(got) if k is None):
-                got[i] = self._add(int(codes[d, i]), keys[x[i]], keys[y[i]], bool(ps[i]))
-            out.append(np.array(got, np.int64))
-        return tuple(out)
-
-    def _add(self, code: int, src: tuple, dst: tuple, per_sample: bool) -> int:
+    def number(self, code: int, src: tuple, dst: tuple, per_sample: bool) -> int:
+        """The number of the route ``code`` from layout ``src`` to ``dst`` (costed and
+        added when new)."""
+        at = int(np.searchsorted(self.codes, code))
+        if at < len(self.codes) and self.codes[at] == code:
+            return int(self.index[at])
         links, per_byte, latency = self._cost(src, dst, per_sample)
-        k = self._numbers[code] = self.n
+        k = self.n
         if k + 1 >= len(self.per_byte):
             self.per_byte, self.latency, self.ptr = (
                 np.resize(x, 2 * len(x)) for x in (self.per_byte, self.latency, self.ptr))
@@ -325,23 +325,62 @@ class CopyRoutes:
             self.links = np.resize(self.links, 2 * end)
         self.per_byte[k], self.latency[k], self.ptr[k + 1] = per_byte, latency, end
         self.links[self.ptr[k]:end] = links
+        self.codes, self.index = np.insert(self.codes, at, code), np.insert(self.index, at, k)
         self.n += 1
         return k
 
 
-def copy_times(keys: tuple, cp, per_sample: np.ndarray, n_devices: int, routes: CopyRoutes,
+def copy_times(keys: tuple, numbers: np.ndarray, cp, per_sample: np.ndarray,
+               scale: np.ndarray, n_devices: int, routes: CopyRoutes,
                head: tuple[np.ndarray, np.ndarray]):
     """Seconds of each copy ``cp`` (:class:`~memflow.memory.records.Copies`) between the
-    placements ``keys`` and of its gradient's way back, and the channel sets as one CSR:
-    ``head``'s rows, then each copy's channels, then each way back's (link ``l`` is channel
-    ``2 · n_devices + l``). ``routes`` (:class:`CopyRoutes`) gives each distinct route's
-    cost: a strategy has many copies and few distinct routes. Returns ``(forward, back,
-    (ptr, idx))``."""
-    scale = np.array([k[0] * k[2] for k in keys], np.float64)
-    inv, fwd, back = routes.numbers(keys, cp, per_sample)
-    return _copy_times(cp.bytes, cp.dst_layout, per_sample, scale, inv, fwd, back,
-                       routes.per_byte, routes.latency, routes.ptr, routes.links,
-                       2 * n_devices, head[0], head[1])
+    placements ``keys`` (numbered ``numbers``) and of its gradient's way back, and the
+    channel sets as one CSR: ``head``'s rows, then each copy's channels, then each way back's
+    (link ``l`` is channel ``2 · n_devices + l``). A copy of tensor ``t`` scales with the
+    batch where ``per_sample[t]``: then it moves its bytes times ``scale`` of its
+    destination (the layout's sample × attribute parts). ``routes`` (:class:`CopyRoutes`)
+    gives each distinct route's cost: a strategy has many copies and few distinct routes.
+    Returns ``(forward, back, (ptr, idx))``."""
+    while True:
+        missing, times, ptr, idx = _copy_pass(
+            cp.bytes, cp.src_layout, cp.dst_layout, cp.tensor, per_sample, numbers, scale,
+            routes.codes, routes.index, routes.per_byte, routes.latency, routes.ptr,
+            routes.links, 2 * n_devices, head[0], head[1])
+        if not len(missing):
+            return times[0], times[1], (ptr, idx)
+        for a, b, ps, code in missing.tolist():        # routes met for the first time
+            routes.number(code, keys[a], keys[b], bool(ps))
+
+
+@njit
+def _copy_pass(nbytes, src, dst, tensor, per_sample, ids, scale, codes, index, per_byte,
+               latency, ptr, links, offset, head_ptr, head_idx):
+    """:func:`copy_times` as one pass: the distinct routes of the copies (:func:`_distinct`),
+    their numbers forward and back among the routes met, then the times (:func:`_times`);
+    the routes not met yet instead, as rows (source, destination, per-sample, code), when
+    there are any."""
+    ps = per_sample[tensor]
+    inv, a, b, flag, route_codes = _distinct(src, dst, ps, ids)
+    m = len(a)
+    numbers = np.empty((2, m), np.int64)
+    missing = np.empty((2 * m, 4), np.int64)
+    n_missing = 0
+    for d in range(2):
+        for k in range(m):
+            code = route_codes[d, k]
+            at = np.searchsorted(codes, code)
+            if at < len(codes) and codes[at] == code:
+                numbers[d, k] = index[at]
+            else:
+                missing[n_missing, 0] = a[k] if d == 0 else b[k]
+                missing[n_missing, 1] = b[k] if d == 0 else a[k]
+                missing[n_missing, 2], missing[n_missing, 3] = flag[k], code
+                n_missing += 1
+    if n_missing:
+        return missing[:n_missing], np.empty((2, 0)), head_ptr[:0], head_idx[:0]
+    times, out_ptr, idx = _times(nbytes, dst, ps, scale, inv, numbers[0], numbers[1],
+                                 per_byte, latency, ptr, links, offset, head_ptr, head_idx)
+    return missing[:0], times, out_ptr, idx
 
 
 @njit
@@ -372,9 +411,9 @@ def _distinct(src, dst, per_sample, ids):
 
 
 @njit
-def _copy_times(nbytes, dst, per_sample, scale, inv, fwd, back, per_byte, latency, ptr, links,
-                offset, head_ptr, head_idx):
-    """:func:`copy_times` as one pass: a copy of a tensor that scales with the batch moves
+def _times(nbytes, dst, per_sample, scale, inv, fwd, back, per_byte, latency, ptr, links,
+           offset, head_ptr, head_idx):
+    """The times of :func:`copy_times`: a copy of a tensor that scales with the batch moves
     its bytes times the destination's sample × attribute degree; a route without links
     takes no time."""
     n, h = len(inv), len(head_ptr) - 1
@@ -399,7 +438,7 @@ def _copy_times(nbytes, dst, per_sample, scale, inv, fwd, back, per_byte, latenc
             for m in range(ptr[k], ptr[k + 1]):
                 idx[j] = offset + links[m]
                 j += 1
-    return out[0], out[1], (out_ptr, idx)
+    return out, out_ptr, idx
 
 
 def tied_allreduce(ga, copies: list[tuple[int, int, int]], layout: np.ndarray, keys: list[tuple],

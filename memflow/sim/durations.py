@@ -12,19 +12,17 @@ from ..memory.blocks import StepBlocks
 from ..memory.states import stage_copies
 from ..strategy.policies import M_COMPRESSED, M_HOST, M_RECOMPUTE, M_SELECTIVE, POLICIES
 from ..strategy.strategy import Strategy
-from .costs import CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, ring_time, tied_allreduce
+from .costs import CPU_ADAM_RATE, OPTIMIZER_LAUNCHES, pairwise_sum, ring_time, tied_allreduce
 from .cpu_time import cpu_compute, cpu_hooks, cpu_optimizer
 from .expand import Timing
+from .layouts import (D2H, DEGREE, FLOPS16, FLOPS32, FLOPS_BF16, H2D, LAUNCH, MEM, PARAM_RING,
+                      REPLICA_RING)
 from .precision import bf16_units
 from .run import ByLayouts, Placement
 from .shapes import shaped_rates
 from .structure import Structure, _by_key
 
 __all__ = ["placement_timing", "policy_timing"]
-
-# columns of a layout's row of rates (Simulator._lc_row)
-_DEGREE, _FLOPS32, _FLOPS16, _MEM, _LAUNCH, _PARAM_RING, _REPLICA_RING, _D2H, _H2D, \
-    _FLOPS_BF16 = 0, 1, 2, 3, 4, 5, 8, 11, 13, 15
 
 
 @njit
@@ -57,10 +55,10 @@ def _unit_durations(L, M, rates, half, bf16, tp_out, tp_in, gather, scatter, fwd
     were ~50 calls on arrays of a few hundred units, a fifth of a new placement."""
     for u in range(len(L)):
         r = rates[L[u]]
-        deg = r[_DEGREE] * M
-        rate = (r[_FLOPS_BF16] if bf16[u] else r[_FLOPS16]) if half[u] else r[_FLOPS32]
-        mem, launch = r[_MEM], r[_LAUNCH]
-        ring, replica = r[_PARAM_RING:_PARAM_RING + 3], r[_REPLICA_RING:_REPLICA_RING + 3]
+        deg = r[DEGREE] * M
+        rate = (r[FLOPS_BF16] if bf16[u] else r[FLOPS16]) if half[u] else r[FLOPS32]
+        mem, launch = r[MEM], r[LAUNCH]
+        ring, replica = r[PARAM_RING:PARAM_RING + 3], r[REPLICA_RING:REPLICA_RING + 3]
         t_out = _ring(tp_out[u], ring[0], ring[1], ring[2])
         out[0, u] = _compute(fwd_flops[u], fwd_moved[u], fwd_ops[u], deg, rate, mem, launch,
                              t_out)
@@ -74,34 +72,6 @@ def _unit_durations(L, M, rates, half, bf16, tp_out, tp_in, gather, scatter, fwd
 
 
 @njit
-def _pairwise_sum(a):
-    """``np.sum`` of the contiguous float64 array ``a``, in numpy's order (its pairwise
-    summation: a loop below 8 numbers, 8 running sums up to 128, halves above), so the
-    same bits."""
-    n = len(a)
-    if n < 8:
-        res = 0.0
-        for i in range(n):
-            res += a[i]
-        return res
-    if n <= 128:
-        r = a[:8].copy()
-        i = 8
-        while i < n - n % 8:
-            for j in range(8):
-                r[j] += a[i + j]
-            i += 8
-        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-        while i < n:
-            res += a[i]
-            i += 1
-        return res
-    n2 = n // 2
-    n2 -= n2 % 8
-    return _pairwise_sum(a[:n2]) + _pairwise_sum(a[n2:])
-
-
-@njit
 def _sum_of(values, units, off, offloaded_only, buf):
     """``np.sum`` of ``values`` over ``units`` (ascending), the offloaded ones only if
     ``offloaded_only``."""
@@ -110,7 +80,7 @@ def _sum_of(values, units, off, offloaded_only, buf):
         if off[u] or not offloaded_only:
             buf[k] = values[u]
             k += 1
-    return _pairwise_sum(buf[:k])
+    return pairwise_sum(buf[:k], 0.0)
 
 
 @njit
@@ -127,14 +97,14 @@ def _layout_durations(L, rates, update, bucket_layout, bucket_bytes, regather, o
     allreduce = np.empty(len(bucket_bytes))
     for b in range(len(bucket_bytes)):
         r = rates[bucket_layout[b]]
-        allreduce[b] = _ring(bucket_bytes[b], r[_REPLICA_RING], r[_REPLICA_RING + 1],
-                             r[_REPLICA_RING + 2])
+        allreduce[b] = _ring(bucket_bytes[b], r[REPLICA_RING], r[REPLICA_RING + 1],
+                             r[REPLICA_RING + 2])
     moved = np.zeros(n_lay)
     for u in range(len(L)):
         moved[L[u]] += update[u]
     optimizer = np.empty(n_lay)
     for i in range(n_lay):
-        optimizer[i] = moved[i] / rates[i, _MEM] + OPTIMIZER_LAUNCHES * rates[i, _LAUNCH]
+        optimizer[i] = moved[i] / rates[i, MEM] + OPTIMIZER_LAUNCHES * rates[i, LAUNCH]
     # the units by layout, ascending within each (the order a mask picks them in)
     ptr, units = _by_key(L, n_lay, np.arange(len(L)))
     regathers = np.zeros(n_lay)
@@ -152,8 +122,8 @@ def _layout_durations(L, rates, update, bucket_layout, bucket_bytes, regather, o
         gathers[i] &= busy
         if gathers[i]:     # ZeRO-1/2: each replica updated its shard, all-gathered after
             r = rates[i]
-            regathers[i] = _ring(_sum_of(regather, mine, off, False, buf), r[_REPLICA_RING],
-                                 r[_REPLICA_RING + 1], r[_REPLICA_RING + 2]) / 2
+            regathers[i] = _ring(_sum_of(regather, mine, off, False, buf), r[REPLICA_RING],
+                                 r[REPLICA_RING + 1], r[REPLICA_RING + 2]) / 2
         if offloads[i]:
             sums[0, i] = _sum_of(gradients, mine, off, True, buf)
             sums[1, i] = _sum_of(host_elements, mine, off, False, buf)
@@ -187,13 +157,13 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
         states.gradients, states.host_elements, states.weights)
     if sim._cpu is not None:              # a CPU measured here: its own time model
         tensors, table = sim._cpu_tensors[0], sim._cpu["kernel_rates"]
-        ring = rates[L, _PARAM_RING:_PARAM_RING + 3]
+        ring = rates[L, PARAM_RING:PARAM_RING + 3]
         # the units' matmuls and convolutions at their shape classes' rates, where measured
         shaped = None if table is None else shaped_rates(sim._cpu_tensors[2], table, deg)
         fwd, cheap, bwd = (t + ring_time(w, ring[:, 0], ring[:, 1], ring[:, 2]) for t, w in
                            zip(cpu_compute(ga, sim._cpu, rate, deg, tensors, shaped),
                                (S.tp_out, S.tp_out, S.tp_in)))
-        mem = rates[:, _MEM]
+        mem = rates[:, MEM]
         optimizer = cpu_optimizer(L, states.update, tensors, mem, sim._cpu)
         # gloo's all-reduce copies and sums on the processes' cores: where they leave no
         # core for its thread, that part of each bucket takes the compute's turn (measured,
@@ -205,7 +175,7 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
         allreduce = allreduce - serial
         # the exported step's loss, averaged over the replicas: one tiny all-reduce
         last = int(L[-1])
-        optimizer[last] += float(ring_time(4.0, *rates[last, _REPLICA_RING:_REPLICA_RING + 3]))
+        optimizer[last] += float(ring_time(4.0, *rates[last, REPLICA_RING:REPLICA_RING + 3]))
     if len(S.final_mb) > 1:               # a pipeline
         whole = graph_arrays(sim.graph)      # the weights as the graph has them, once
         optimizer += tied_allreduce(whole, stage_copies(whole, strategy.stage), L, keys,
@@ -222,7 +192,7 @@ def placement_timing(sim, strategy: Strategy, S: Structure, states,
                              + weights[i] * lc.h2d[1] + lc.d2h[2] + lc.h2d[2])
     return Timing(forward=fwd, backward=bwd, allreduce=allreduce, copy=routes.copy,
                     copy_back=routes.back,
-                    d2h=rates[:, _D2H:_D2H + 2], h2d=rates[:, _H2D:_H2D + 2],
+                    d2h=rates[:, D2H:D2H + 2], h2d=rates[:, H2D:H2D + 2],
                     host_scale=np.ones(ga.n), optimizer=optimizer,
                     compress=np.ones(ga.n), decompress=np.ones(ga.n), gather=gather,
                     scatter=scatter, cheap_forward=cheap)

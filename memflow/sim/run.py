@@ -101,8 +101,9 @@ class OfLayouts:
     """What a list of layouts alone fixes, whichever units take them: their costs, rates,
     channel sets and device classes."""
 
+    numbers: np.ndarray                     # per layout: its number (LayoutTable)
     lcs: list                               # per layout: its LayoutCost
-    rates: np.ndarray                       # per layout: its rates as one row (Simulator._lc_row)
+    rates: np.ndarray                       # per layout: its rates as one row (LayoutTable)
     channels: tuple[np.ndarray, np.ndarray]  # CSR: compute, comm, to-host, from-host sets
     device_class: np.ndarray
     layout_classes: list[np.ndarray]        # per layout: the device classes of its devices
@@ -110,6 +111,7 @@ class OfLayouts:
     devices_used: np.ndarray
     mem_rate: np.ndarray                    # per layout
     launch: np.ndarray
+    n_device_classes: int
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class ByLayouts:
     channel_class: np.ndarray
     sets: tuple[np.ndarray, np.ndarray]
     of: OfLayouts
+    n_channel_classes: int
 
 
 @dataclass

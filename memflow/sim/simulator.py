@@ -40,7 +40,8 @@ from .shapes import unit_kernels
 from .expand import expand
 from .replication import as_run, replicated_arrays, split_degrees
 from .structure import structure, with_states
-from .folding import classes, rows_of
+from .folding import classes
+from .layouts import REGION, LayoutTable
 from .ledger import ledger_plan, ledgers
 from .precision import ACTIVATION_WIDTH, activation_arrays
 from .run import ByLayouts, Evaluation, OfLayouts, Placement, Prepared, Run
@@ -101,13 +102,15 @@ class Simulator:
                                                             saved_tensors(graph),
                                                             unit_kernels(graph),
                                                             compressed_maps(graph))
-        self._layout_cost: dict[tuple, Any] = {}
-        self._rows: dict[tuple, np.ndarray] = {}      # per layout: its rates as one row
+        # each layout met: its cost figures, rates and channels
+        self._layouts = LayoutTable(lambda key: layout_cost(self.ca, key, self._route))
         self._copy_cost: dict[tuple, Any] = {}
         self._routes: dict[tuple[int, int], list[int]] = {}
         self._placed: dict[tuple, Placed] = {}
         self._arrays: dict[tuple, GraphArrays] = {}
-        self._states_of: dict[tuple, Placement] = {}   # per placement key but model states
+        # per placement key but model states, the last used last (evicted one at a time:
+        # clearing all at once freed 256 placements in one proposal)
+        self._states_of: OrderedDict[tuple, Placement] = OrderedDict()
         self._placements: OrderedDict[tuple, Placement] = OrderedDict()
         self._layouts_cache: dict[tuple, ByLayouts] = {}
         self._of_layouts_cache: dict[tuple, OfLayouts] = {}
@@ -217,19 +220,7 @@ class Simulator:
         return table.derive(strategy.policy, strategy.segment, self._ratios(strategy))
 
     def _lc(self, key: tuple):
-        lc = self._layout_cost.get(key)
-        if lc is None:
-            lc = self._layout_cost[key] = layout_cost(self.ca, key, self._route)
-        return lc
-
-    def _lc_row(self, key: tuple, lc) -> np.ndarray:
-        row = self._rows.get(key)
-        if row is None:
-            row = self._rows[key] = np.array(
-                [key[0] * key[1] * key[2], lc.flops32, lc.flops16, lc.mem_rate, lc.launch,
-                 *lc.param_ring, *lc.replica_ring, *lc.d2h[1:], *lc.h2d[1:], lc.flops_bf16],
-                np.float64)
-        return row
+        return self._layouts.lcs[self._layouts.number(key)]
 
     def _cc(self, src: tuple, dst: tuple, per_sample: bool):
         k = (src, dst, per_sample)
@@ -250,29 +241,11 @@ class Simulator:
         move often gives units another of the same layouts, which re-derived all of this)."""
         k = (keys, fold)
         hit = self._of_layouts_cache.get(k)
-        if hit is not None:
-            return hit
-        n = len(self.ca.devices)
-        lcs = [self._lc(key) for key in keys]
-        ptr, devs = rows_of([lc.devices for lc in lcs])
-        dev_cls, (cls_ptr, cls) = classes(ptr, devs, n, fold)
-        to_host, from_host = (rows_of([lc.d2h[0] for lc in lcs]),
-                              rows_of([lc.h2d[0] for lc in lcs]))
-        hosts = self.ca.host[devs]
-        if len(self._of_layouts_cache) > 4 * self.cache_size:   # layouts seen long ago
-            self._of_layouts_cache.clear()
-        hit = self._of_layouts_cache[k] = OfLayouts(
-            lcs=lcs, rates=np.stack([self._lc_row(key, lc) for key, lc in zip(keys, lcs)]),
-            # channel sets: compute, comm, to-host, from-host per layout
-            channels=(np.concatenate([ptr, ptr[-1] + ptr[1:], 2 * ptr[-1] + to_host[0][1:],
-                                      2 * ptr[-1] + to_host[0][-1] + from_host[0][1:]]),
-                      np.concatenate([devs, n + devs, 2 * n + to_host[1],
-                                      2 * n + from_host[1]])),
-            device_class=dev_cls, layout_classes=_rows(cls_ptr, cls),
-            layout_hosts=_rows(ptr, hosts),
-            devices_used=np.unique(devs),
-            mem_rate=np.array([lc.mem_rate for lc in lcs]),
-            launch=np.array([lc.launch for lc in lcs]))
+        if hit is None:
+            if len(self._of_layouts_cache) > 4 * self.cache_size:   # layouts seen long ago
+                self._of_layouts_cache.clear()
+            hit = self._of_layouts_cache[k] = self._layouts.of(
+                self._layouts.numbers(keys), self.ca.host, len(self.ca.devices), fold)
         return hit
 
     def _by_layouts(self, strategy: Strategy, placed: Placed, fold: bool) -> ByLayouts:
@@ -286,14 +259,15 @@ class Simulator:
         n = len(self.ca.devices)
         of = self._of_layouts(keys, fold)
         # channel sets: the layouts' own, then copies, copies back
-        copy, back, raw = copy_times(
-            keys, placed.copies, self.arrays(strategy).per_sample[placed.copies.tensor], n,
-            self._copy_routes, of.channels)
+        copy, back, raw = copy_times(keys, of.numbers, placed.copies,
+                                     self.arrays(strategy).per_sample, of.rates[:, REGION], n,
+                                     self._copy_routes, of.channels)
         ch_cls, sets = classes(*raw, 2 * n + len(self.ca.link_rate), fold)
         if len(self._layouts_cache) > 4 * self.cache_size:   # layouts seen long ago
             self._layouts_cache.clear()
-        self._layouts_cache[key] = ByLayouts(copy, back, raw, ch_cls, sets, of)
-        return self._layouts_cache[key]
+        hit = self._layouts_cache[key] = ByLayouts(copy, back, raw, ch_cls, sets, of,
+                                                   int(ch_cls.max()) + 1)
+        return hit
 
     def placement(self, strategy: Strategy, fold: bool = True) -> Placement:
         """What the placements of ``strategy`` (:func:`~memflow.sim.replication.as_run`)
@@ -308,8 +282,10 @@ class Simulator:
         degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
         # the same layouts with other model states (a shard move): their block table re-made
         # only where the states decide it, and derived from its last plan by delta
-        kin = (key[0]._replace(shard=b"", offload=b""), fold)
+        kin = (key[0][:5], key[0][7:], fold)     # the key but its shard and offload fields
         sibling = self._states_of.get(kin)
+        if sibling is not None:
+            self._states_of.move_to_end(kin)
         if sibling is not None and sibling.placed is placed:
             table = sibling.blocks.with_states(
                 self.arrays(strategy), strategy.layout_ids, degrees, optimizer=self.optimizer,
@@ -326,17 +302,18 @@ class Simulator:
         of = R.of
         out = Placement(
             placed=placed, blocks=table, structure=S, timing=timing, sets=R.sets,
-            raw_sets=R.raw, n_channel_classes=int(R.channel_class.max()) + 1,
+            raw_sets=R.raw, n_channel_classes=R.n_channel_classes,
             channel_class=R.channel_class, device_class=of.device_class,
             layout_classes=of.layout_classes, layout_hosts=of.layout_hosts,
-            n_device_classes=int(of.device_class.max()) + 1, devices_used=of.devices_used,
+            n_device_classes=of.n_device_classes, devices_used=of.devices_used,
             mem_rate=of.mem_rate, launch=of.launch)
         self._placements[key] = out
         if len(self._placements) > self.cache_size:
             self._placements.popitem(last=False)
-        if len(self._states_of) > self.cache_size:
-            self._states_of.clear()
         self._states_of[kin] = out
+        self._states_of.move_to_end(kin)
+        if len(self._states_of) > self.cache_size:
+            self._states_of.popitem(last=False)
         return out
 
     # ------------------------------------------------------------------ runs
@@ -393,8 +370,3 @@ class Simulator:
         out.strategy = strategy     # the one asked for; its run's layouts place the tasks
         return out
 
-
-def _rows(ptr: np.ndarray, idx: np.ndarray) -> list[np.ndarray]:
-    """CSR rows as a list of arrays (views of ``idx``)."""
-    bounds = ptr.tolist()
-    return [idx[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memflow.sim.costs import OPTIMIZER_LAUNCHES, ring_time
-from memflow.sim.durations import _layout_durations, _pairwise_sum, _unit_durations
+from memflow.sim.costs import OPTIMIZER_LAUNCHES, pairwise_sum, ring_time
+from memflow.sim.durations import _layout_durations, _unit_durations
 
 # columns of a layout's row of rates (memflow.sim.durations)
 DEGREE, F32, F16, MEM, LAUNCH, PARAM_RING, REPLICA_RING, BF16 = 0, 1, 2, 3, 4, 5, 8, 15
@@ -93,4 +93,4 @@ def test_compiled_layout_durations_equal_the_numpy_expressions(seed, n, k):
 @given(st.integers(0, 2 ** 32 - 1), st.integers(0, 3000))
 def test_pairwise_sum_is_numpys_sum(seed, n):
     a = np.random.default_rng(seed).lognormal(0.0, 8.0, n) * np.where(np.arange(n) % 3, 1, -1)
-    assert _pairwise_sum(a) == np.sum(a)
+    assert pairwise_sum(a, 0.0) == np.sum(a)
