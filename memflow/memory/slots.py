@@ -2,8 +2,6 @@
 model states, and how anchors are written into them (:mod:`memflow.memory.blocks`)."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..strategy.policies import MECHANISMS
 from ..strategy.shard_levels import OPTIMIZERS
 from .jit import njit
@@ -40,13 +38,6 @@ OPTIMIZER_STATES = {k: n * (w or 4) / 4 for k, (n, w) in OPTIMIZERS.items()}
 ``adam8bit``: 0.5)."""
 NONE = -1           # a record no saver on its placement holds
 N_MECH = len(MECHANISMS)
-
-
-def _anchor(kind, key, edge, k: int) -> np.ndarray:
-    """``k`` anchors ``(kind, key, edge)`` (each a number or an array of ``k``)."""
-    out = np.empty((k, 3), np.int64)
-    out[:, 0], out[:, 1], out[:, 2] = kind, key, edge
-    return out
 
 
 @njit

@@ -63,7 +63,7 @@ bytes per element; None: the graph's own width."""
 
 @dataclass(frozen=True)
 class UnitStates:
-    """Per unit, bytes per part of its placement."""
+    """Per unit, bytes per part of its placement (read-only arrays)."""
 
     weights: np.ndarray          # parameters (the shard) and buffers, on the device
     gradients: np.ndarray        # the gradient block (the shard), backward to optimizer step
@@ -102,14 +102,16 @@ def unit_states(ga, s: np.ndarray, p: np.ndarray, a: np.ndarray, shard: np.ndarr
     array([700.])
     """
     n = ga.n
-    shard = np.zeros(n, np.int64) if shard is None else np.asarray(shard, np.int64)
+    shard = np.zeros(n, np.int8) if shard is None else np.asarray(shard)   # a Strategy's: int8
     offload = np.zeros(n, bool) if offload is None else np.asarray(offload, bool)
     width, master, state = WIDTHS[precision or "fp32"]
     k, state_width = OPTIMIZERS[optimizer]
-    return UnitStates(*_state_arrays(
+    rows = _state_arrays(
         ga.half, ga.param_bytes, ga.trainable_bytes, ga.buffer_bytes, s, p, a, shard, offload,
         _NONE if width is None else width, master, _NONE if state is None else state, k,
-        _NONE if state_width is None else state_width))
+        _NONE if state_width is None else state_width)
+    rows.flags.writeable = False        # its rows, the fields: shared by the tables caching them
+    return UnitStates(*rows)
 
 
 _NONE = -1      # a width :data:`WIDTHS` or :data:`OPTIMIZERS` leaves to the graph (None)

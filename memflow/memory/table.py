@@ -3,7 +3,6 @@ placement and the model states fix made once, the policy-dependent ones re-deriv
 (:func:`memflow.memory.replan.replan`)."""
 from __future__ import annotations
 
-import functools
 import weakref
 
 import numpy as np
@@ -19,7 +18,7 @@ from .segments import holding_segments, segment_starts
 from .slots import (ACTIVATIONS, BWD_TMP, CACHED, CATEGORIES, COMMUNICATION, EVERY_MB,
                     FIRST_MB, FWD_TMP, GATHER_BWD, GATHER_FWD, GATHER_REC, GRADIENTS,
                     HOST_STATE, NM, NS, NU, OPTIMIZER, PARAM_GRAD, PRODUCED, REC_TMP,
-                    RESTORED, STATE_SLOTS, STORED, TRANSIENT, UNSHARDED, WEIGHTS, _anchor, _set)
+                    RESTORED, STATE_SLOTS, STORED, TRANSIENT, UNSHARDED, WEIGHTS, _set)
 from .states import unit_states
 
 __all__ = ["BlockTable"]
@@ -40,35 +39,23 @@ def _per_tensor_adam(sizes: np.ndarray) -> float:
 
 
 
-def _parameter_gradients(ga: GraphArrays, layout: np.ndarray,
-                         gradients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+@njit
+def _gradient_pass(owner, unit, nbytes, layout, gradients):
     """Per unit, the parameter-gradient bytes its backward makes and the unit at whose
-    backward's end they exist. A parameter's gradient appears with the backward of its last
+    backward's end they exist, over the parameters ``owner``, ``unit`` (the last reader) and
+    ``nbytes`` (:class:`GraphArrays`' ``param_owner``, ``param_grad_unit``,
+    ``param_grad_bytes``). A parameter's gradient appears with the backward of its last
     reader (the first to run), on its owner's placement: ``gradients`` (per owner) is shared
     out over its parameters by their bytes and charged to that reader when the reader is on the
     owner's placement, else to the owner at the earliest such backward of its parameters.
+    One compiled pass (as numpy expressions, ~15 calls per new placement of a search): the
+    owners' totals and the shares are summed in parameter order, as ``np.bincount`` and
+    ``np.add.at`` sum them (the same bits).
 
-    >>> import pandas as pd
-    >>> from memflow.graph import OpGraph
-    >>> from memflow.memory.arrays import graph_arrays
-    >>> g = OpGraph(pd.DataFrame({"fwd_flops": [1.0, 1.0], "bwd_flops": [2.0, 2.0],
-    ...                           "param_bytes": [400.0, 0.0], "trainable_bytes": [400.0, 0.0]},
-    ...                          index=["a", "b"]),
-    ...             pd.DataFrame({"bytes": [8], "producer": ["<input>"], "consumers": [["a"]]}))
-    >>> [x.tolist() for x in _parameter_gradients(graph_arrays(g), np.zeros(2, np.int64),
-    ...                                           np.array([400.0, 0.0]))]
+    >>> [x.tolist() for x in _gradient_pass(np.array([0]), np.array([0]), np.array([400.0]),
+    ...                                     np.zeros(2, np.int64), np.array([400.0, 0.0]))]
     [[400.0, 0.0], [0, 1]]
     """
-    return _gradient_pass(ga.param_owner, ga.param_grad_unit, ga.param_grad_bytes,
-                          np.asarray(layout, np.int64), gradients)
-
-
-@njit
-def _gradient_pass(owner, unit, nbytes, layout, gradients):
-    """:func:`_parameter_gradients` as one compiled pass over the parameters (as numpy
-    expressions, ~15 calls per new placement of a search): the owners' totals and the
-    shares are summed in parameter order, as ``np.bincount`` and ``np.add.at`` sum them (the
-    same bits)."""
     n = len(gradients)
     total = np.zeros(n)
     for j in range(len(owner)):
@@ -90,54 +77,22 @@ def _gradient_pass(owner, unit, nbytes, layout, gradients):
     return out, at
 
 
-_ANCHORS: dict[int, tuple[np.ndarray, ...]] = {}
-
-
-def _unit_anchors(ga: GraphArrays) -> tuple[np.ndarray, ...]:
-    """Anchors of the unit rows and the model-state rows that no placement changes (all but
-    the parameter gradients' and those ending at the optimizer step of the unit's layout):
-    ``(unit alloc, unit free, state alloc, state free)``, made once per number of units; a
-    search had rebuilt them for every placement."""
-    hit = _ANCHORS.get(ga.n)
-    if hit is not None:
-        return hit
-    n, units = ga.n, np.arange(ga.n)
-    ua, uf = np.zeros((NU * n, 3), np.int64), np.zeros((NU * n, 3, 3), np.int64)
-    for slot, kind in ((FWD_TMP, A_FWD), (BWD_TMP, A_BWD), (REC_TMP, A_RECOMP)):
-        ua[slot::NU] = _anchor(kind, units, START, n)
-        uf[slot::NU] = _anchor(kind, units, END, n)[:, None, :]
-    ua[CACHED::NU] = _anchor(A_FWD, units, END, n)
-    uf[CACHED::NU] = _anchor(A_RECOMP, units, END, n)[:, None, :]
-    sa, sf = np.zeros((NM * n, 3), np.int64), np.zeros((NM * n, 3, 3), np.int64)
-    for j, kind in ((GATHER_FWD, A_FWD), (GATHER_BWD, A_BWD), (GATHER_REC, A_RECOMP),
-                    (UNSHARDED, A_BWD)):
-        sa[j::NM] = _anchor(kind, units, START, n)
-        sf[j::NM] = _anchor(kind, units, END, n)[:, None, :]
-    sa[HOST_STATE::NM] = _anchor(A_FWD, units, START, n)
-    for x in (ua, uf, sa, sf):
-        x.flags.writeable = False
-    if len(_ANCHORS) > 16:        # unit counts of graphs long gone
-        _ANCHORS.clear()
-    hit = _ANCHORS[n] = (ua, uf, sa, sf)
-    return hit
-
-
-@functools.lru_cache(maxsize=16)
-def _unit_columns(n: int, optimizer_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Category and per-micro-batch columns of the unit rows, the optimizer's rows and the
-    model-state rows of ``n`` units: no placement changes them (a search had tiled them
-    for every placement)."""
-    unit_slots = np.arange(NU)     # parameter gradients: one per step; the rest per micro-batch
-    category = np.concatenate([
-        np.tile(np.select([unit_slots == PARAM_GRAD, unit_slots == CACHED],
-                          [GRADIENTS, ACTIVATIONS], TRANSIENT), n),
-        np.full(optimizer_rows, TRANSIENT),
-        np.tile([c for c, _ in STATE_SLOTS.values()], n)]).astype(np.int64)
-    per_mb = np.concatenate([np.tile(np.where(unit_slots == PARAM_GRAD, FIRST_MB, EVERY_MB), n),
-                             np.full(optimizer_rows, FIRST_MB),
-                             np.tile([m for _, m in STATE_SLOTS.values()], n)]).astype(np.int64)
-    category.flags.writeable = per_mb.flags.writeable = False
-    return category, per_mb
+# per unit slot and per model-state slot, the category and the per-micro-batch flag of its row
+# (parameter gradients: one per step; the unit's other blocks per micro-batch)
+_UNIT_CATEGORY = tuple(GRADIENTS if j == PARAM_GRAD else ACTIVATIONS if j == CACHED
+                       else TRANSIENT for j in range(NU))
+_UNIT_PER_MB = tuple(FIRST_MB if j == PARAM_GRAD else EVERY_MB for j in range(NU))
+_STATE_CATEGORY = tuple(c for c, _ in STATE_SLOTS.values())
+_STATE_PER_MB = tuple(m for _, m in STATE_SLOTS.values())
+# the rows of a unit ``i`` held within its own tasks: ``(slot, kind, edge, until)``, allocated
+# at ``(kind, i, edge)`` and freed at the end of ``(until, i)``: its forward, backward and
+# recomputation temporaries, its cached outputs (from its forward to its recomputation); its
+# parameters gathered around its forward, backward and recomputation, its full gradient in
+# its backward
+_UNIT_ANCHORS = ((FWD_TMP, A_FWD, START, A_FWD), (BWD_TMP, A_BWD, START, A_BWD),
+                 (REC_TMP, A_RECOMP, START, A_RECOMP), (CACHED, A_FWD, END, A_RECOMP))
+_STATE_ANCHORS = ((GATHER_FWD, A_FWD, START, A_FWD), (GATHER_BWD, A_BWD, START, A_BWD),
+                  (GATHER_REC, A_RECOMP, START, A_RECOMP), (UNSHARDED, A_BWD, START, A_BWD))
 
 
 _SAVED: dict[int, tuple] = {}
@@ -169,20 +124,21 @@ def _saved(ga: GraphArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 _STATES: dict[tuple, tuple] = {}
 
 
-def _unit_states(ga: GraphArrays, s: np.ndarray, p: np.ndarray, a: np.ndarray, shard, offload,
+def _unit_states(ga: GraphArrays, unit_degrees: np.ndarray, shard, offload,
                  precision: str | None, optimizer: str):
-    """:func:`~memflow.memory.states.unit_states`, kept per units' degrees and model states:
+    """:func:`~memflow.memory.states.unit_states` of the units' degrees ``unit_degrees``
+    (``(units, 3)``: sample, parameter, attribute), kept per those degrees and model states:
     a search's swap and copy moves re-place units on other devices with the same degrees,
-    and the states read no device."""
-    key = (id(ga), s.tobytes(), p.tobytes(), a.tobytes(),
-           None if shard is None else np.asarray(shard, np.int64).tobytes(),
+    and the states read no device. The shard levels' bytes are those of their own dtype (a
+    Strategy's int8: no conversion), each a code of a few values, so equal bytes of one length
+    are equal levels."""
+    key = (id(ga), unit_degrees.tobytes(), None if shard is None else np.asarray(shard).tobytes(),
            None if offload is None else np.asarray(offload, bool).tobytes(), precision, optimizer)
     hit = _STATES.get(key)
     if hit is not None and hit[0]() is ga:
         return hit[1]
+    s, p, a = np.ascontiguousarray(unit_degrees.T)
     st = unit_states(ga, s, p, a, shard, offload, precision, optimizer)
-    for x in vars(st).values():
-        x.flags.writeable = False
     if len(_STATES) > 256:        # degrees seen long ago
         _STATES.clear()
     _STATES[key] = (weakref.ref(ga), st)
@@ -190,33 +146,64 @@ def _unit_states(ga: GraphArrays, s: np.ndarray, p: np.ndarray, a: np.ndarray, s
 
 
 @njit
+def _anchored(alloc, free, row, kind, key, edge, until, until_key):
+    """Row ``row`` allocated at ``(kind, key, edge)`` and freed at the end of ``(until,
+    until_key)``."""
+    alloc[row, 0], alloc[row, 1], alloc[row, 2] = kind, key, edge
+    for e in range(3):
+        _set(free, row, e, until, until_key, END)
+
+
+@njit
+def _columns(static, row, layout, category, per_mb):
+    """The static columns of the rows from ``row`` on, one per slot of ``category`` and
+    ``per_mb`` (:data:`_UNIT_CATEGORY`...), all of layout ``layout``."""
+    for j in range(len(category)):
+        static[0, row + j], static[1, row + j], static[2, row + j] = layout, category[j], per_mb[j]
+
+
+@njit
 def _fixed_rows(rec_layout, rec_alloc, rec_tensor, grad_layout, grad_bytes, grad_alloc,
                 grad_free, layout, degrees, microbatches, n_opt, fwd_tmp, cached, bwd_tmp,
-                unpack_tmp, unpack_done, expensive, kinds, unit_alloc, unit_free, state_alloc,
-                state_free, unit_category, unit_per_mb):
+                unpack_tmp, unpack_done, expensive, kinds):
     """The rows no policy and no model state decides (:class:`BlockTable`), as one compiled
-    pass of element loops, each element written once (as numpy expressions these were ~60
-    calls per new placement of a search, and as row slices thousands of small copies into
-    zeroed arrays). Returns the static ``layout``, ``category`` and ``per_mb`` columns;
-    ``bytes``, ``host``, ``alloc``, ``free`` with the records', gradients', units' and model
-    states' fixed rows written (the policy's slots 0 until :func:`replan`; the parameter
-    gradients' allocation and the states' bytes are :func:`_state_rows`'); per unit, the
-    rows of its recomputation, cached-output, backward and unpacking bytes per part and
-    micro-batch (:class:`BlockTable`'s ``recompute_tmp``, ``cached``, ``bwd_tmp``,
-    ``unpack_tmp``, ``unpack_done``); per record, whether an expensive op made it, and its
-    map kind."""
+    pass, each element written once and none read but the records' and gradients' own (as
+    numpy expressions these were ~60 calls per new placement of a search, as row slices
+    thousands of small copies into zeroed arrays, and copied from per-graph templates a
+    third slower than written). The records' slots are left to :func:`replan`, whose first
+    pass writes every one (their anchors but the produced storage's allocation, their bytes),
+    and the parameter gradients' allocation to :func:`_state_rows`. Returns the static
+    ``layout``, ``category`` and ``per_mb`` columns as the rows of one array; ``bytes``,
+    ``host``, ``alloc``, ``free`` with the gradients', units' and model states' fixed rows
+    written (the policy's slots 0 until :func:`replan`; the states' bytes are
+    :func:`_state_rows`'); per unit, the rows of its recomputation, cached-output, backward
+    and unpacking bytes per part and micro-batch (:class:`BlockTable`'s ``recompute_tmp``,
+    ``cached``, ``bwd_tmp``, ``unpack_tmp``, ``unpack_done``); per record, whether an
+    expensive op made it, and its map kind."""
     R, G, n = len(rec_layout), len(grad_layout), len(layout)
     u = NS * R + G
     state_row = u + NU * n + n_opt
     k = state_row + NM * n
-    lay = np.empty(k, np.int64)
-    category = np.empty(k, np.int64)
-    per_mb = np.empty(k, np.int64)
+    static = np.empty((3, k), np.int64)      # layout, category, per_mb
     nbytes = np.zeros(k)
     host = np.zeros(k, np.bool_)
     alloc = np.empty((k, 3), np.int64)
     free = np.empty((k, 3, 3), np.int64)
     per_unit = np.empty((5, n))
+    for r in range(R):
+        for j in range(NS):
+            row = NS * r + j
+            static[0, row], static[1, row], static[2, row] = rec_layout[r], ACTIVATIONS, EVERY_MB
+        for c in range(3):
+            alloc[NS * r + PRODUCED, c] = rec_alloc[r, c]
+    for g in range(G):
+        row = NS * R + g
+        static[0, row], static[1, row], static[2, row] = grad_layout[g], TRANSIENT, EVERY_MB
+        nbytes[row] = grad_bytes[g]
+        for c in range(3):
+            alloc[row, c] = grad_alloc[g, c]
+            for e in range(3):
+                free[row, e, c] = grad_free[g, c]
     for i in range(n):
         d = layout[i]
         per = 1.0 / (degrees[d, 0] * degrees[d, 1] * degrees[d, 2]) / microbatches
@@ -225,73 +212,42 @@ def _fixed_rows(rec_layout, rec_alloc, rec_tensor, grad_layout, grad_bytes, grad
         per_unit[2, i] = bwd_tmp[i] * per
         per_unit[3, i] = -1.0 if unpack_tmp[i] < 0 else unpack_tmp[i] * per
         per_unit[4, i] = unpack_done[i] * per
-    for r in range(R):
-        for j in range(NS):
-            row = NS * r + j
-            lay[row], category[row], per_mb[row] = rec_layout[r], ACTIVATIONS, EVERY_MB
-            for c in range(3):
-                alloc[row, c] = rec_alloc[r, c] if j == PRODUCED else 0
-                for e in range(3):
-                    free[row, e, c] = 0
-    for g in range(G):
-        row = NS * R + g
-        lay[row], nbytes[row] = grad_layout[g], grad_bytes[g]
-        category[row], per_mb[row] = TRANSIENT, EVERY_MB
-        for c in range(3):
-            alloc[row, c] = grad_alloc[g, c]
-            for e in range(3):
-                free[row, e, c] = grad_free[g, c]
-    for x in range(k - u):
-        category[u + x], per_mb[u + x] = unit_category[x], unit_per_mb[x]
-    for i in range(n):
-        for j in range(NU):
-            row, x = u + NU * i + j, NU * i + j
-            lay[row] = layout[i]
-            for c in range(3):
-                alloc[row, c] = unit_alloc[x, c]
-            if j == PARAM_GRAD:
-                for e in range(3):
-                    _set(free, row, e, A_OPT, layout[i], END)
-            else:
-                for e in range(3):
-                    for c in range(3):
-                        free[row, e, c] = unit_free[x, e, c]
-        nbytes[u + NU * i + FWD_TMP] = per_unit[0, i]
-        nbytes[u + NU * i + BWD_TMP] = per_unit[2, i]
-        # the model-state rows: their anchors (the host state's to the optimizer step of the
-        # unit's layout); their bytes are the states' (_state_rows)
-        for j in range(NM):
-            row, x = state_row + NM * i + j, NM * i + j
-            lay[row] = layout[i]
-            for c in range(3):
-                alloc[row, c] = state_alloc[x, c]
-                for e in range(3):
-                    free[row, e, c] = state_free[x, e, c]
-        host[state_row + NM * i + HOST_STATE] = True
-        for e in range(3):
-            _set(free, state_row + NM * i + HOST_STATE, e, A_OPT, layout[i], END)
-    for o in range(n_opt):
+        row = u + NU * i
+        _columns(static, row, d, _UNIT_CATEGORY, _UNIT_PER_MB)
+        for slot, kind, edge, until in _UNIT_ANCHORS:
+            _anchored(alloc, free, row + slot, kind, i, edge, until, i)
+        for e in range(3):         # parameter gradients: to the optimizer step of the layout
+            _set(free, row + PARAM_GRAD, e, A_OPT, d, END)
+        nbytes[row + FWD_TMP] = per_unit[0, i]
+        nbytes[row + BWD_TMP] = per_unit[2, i]
+        # the model-state rows (their bytes are the states'); the host state from the forward
+        # to the optimizer step of the unit's layout
+        row = state_row + NM * i
+        _columns(static, row, d, _STATE_CATEGORY, _STATE_PER_MB)
+        for slot, kind, edge, until in _STATE_ANCHORS:
+            _anchored(alloc, free, row + slot, kind, i, edge, until, i)
+        _anchored(alloc, free, row + HOST_STATE, A_FWD, i, START, A_OPT, d)
+        host[row + HOST_STATE] = True
+    for o in range(n_opt):         # the optimizer's temporaries: in its step on each layout
         row = u + NU * n + o
-        lay[row] = o
-        for e in range(3):
-            _set(free, row, e, A_OPT, o, END)
-        alloc[row, 0], alloc[row, 1], alloc[row, 2] = A_OPT, o, START
-    return (lay, category, per_mb, nbytes, host, alloc, free, per_unit, expensive[rec_tensor],
-            kinds[rec_tensor])
+        static[0, row], static[1, row], static[2, row] = o, TRANSIENT, FIRST_MB
+        _anchored(alloc, free, row, A_OPT, o, START, A_OPT, o)
+    return static, nbytes, host, alloc, free, per_unit, expensive[rec_tensor], kinds[rec_tensor]
 
 
 @njit
-def _state_rows(nbytes, alloc, u, r, layout, L, grad_bytes, grad_at, gathered, unsharded,
-                host_bytes, weights, optimizer, bucket):
+def _state_rows(nbytes, alloc, u, r, layout, L, owner, param_unit, param_bytes, gradients,
+                gathered, unsharded, host_bytes, weights, optimizer, bucket):
     """The bytes of the rows the units' model states decide, written into ``nbytes``, and
-    the parameter gradients' allocation at the backward ``grad_at`` into ``alloc``, as one
-    compiled pass (~25 numpy calls per new placement or shard move of a search): gathered
-    parameters around each forward, backward and recomputation of the unit
-    (:meth:`BlockTable.derive` keeps the last where it recomputes), its full gradient during
-    its backward (until the reduce-scatter that ends it), its optimizer state on the host
-    over the step (:func:`_fixed_rows` wrote their anchors). Returns the persistent bytes per
-    layout and category, summed in unit order from 0 (as ``np.bincount`` sums: the same
-    bits)."""
+    the parameter gradients' allocation at their backward (:func:`_gradient_pass` of the
+    parameters ``owner``, ``param_unit``, ``param_bytes``) into ``alloc``, as one compiled
+    pass (~25 numpy calls per new placement or shard move of a search): gathered parameters
+    around each forward, backward and recomputation of the unit (:meth:`BlockTable.derive`
+    keeps the last where it recomputes), its full gradient during its backward (until the
+    reduce-scatter that ends it), its optimizer state on the host over the step
+    (:func:`_fixed_rows` wrote their anchors). Returns the persistent bytes per layout and
+    category, summed in unit order from 0 (as ``np.bincount`` sums: the same bits)."""
+    grad_bytes, grad_at = _gradient_pass(owner, param_unit, param_bytes, layout, gradients)
     persistent = np.zeros((L, len(CATEGORIES)))
     for i in range(len(layout)):
         g = u + NU * i + PARAM_GRAD
@@ -348,7 +304,7 @@ class BlockTable:
                  offload: np.ndarray | None = None, host_is_device: bool = False):
         n, M, P = ga.n, int(microbatches), placed
         R, G, L = len(P.tensor), len(P.grad_bytes), len(degrees)
-        layout = np.asarray(layout, np.int64)
+        layout, degrees = np.asarray(layout, np.int64), np.asarray(degrees, np.int64)
         n_opt = L if optimizer == "adam" else 0
         self.unit_row = NS * R + G
         self.state_row = self.unit_row + NU * n + n_opt
@@ -361,16 +317,17 @@ class BlockTable:
         # that adds it in makes its own), and, for replan, unpacking temporaries (-1: unknown)
         # and what is unpacked before them; per record, expensive and its kind (each record's
         # ratio is its kind's)
-        lay, category, per_mb, self.bytes, self.host, self.alloc, self.free, per_unit, \
-            self.expensive, self.kind = _fixed_rows(
+        static, self.bytes, self.host, self.alloc, self.free, per_unit, self.expensive, \
+            self.kind = _fixed_rows(
                 P.layout, P.alloc, P.tensor, P.grad_layout, P.grad_bytes, P.grad_alloc,
-                P.grad_free, layout, np.asarray(degrees, np.int64), M, n_opt, ga.fwd_tmp,
-                ga.cached, ga.bwd_tmp, ga.unpack_tmp, ga.unpack_done, ga.expensive, kinds,
-                *_unit_anchors(ga), *_unit_columns(n, n_opt))
+                P.grad_free, layout, degrees, M, n_opt, ga.fwd_tmp, ga.cached, ga.bwd_tmp,
+                ga.unpack_tmp, ga.unpack_done, ga.expensive, kinds)
         self.recompute_tmp, self.cached, self.bwd_tmp, self.unpack_tmp, self.unpack_done = per_unit
-        self.static = {"layout": lay, "category": category, "per_mb": per_mb}
-        self.carrier = np.full(R, -1)      # per record: the unit whose task offloads/compresses it
-        self.compress = np.zeros(R, bool)
+        self.static = {"layout": static[0], "category": static[1], "per_mb": static[2]}
+        # per record: the unit whose task offloads/compresses it, whether it is compressed;
+        # replan's first pass writes every record's (derive's first call is by no delta)
+        self.carrier = np.empty(R, np.int64)
+        self.compress = np.empty(R, bool)
         self._mark = np.zeros(R, bool)
         self._key: tuple[np.ndarray, ...] | None = None
         self._set_states(ga, layout, degrees, optimizer, foreach, precision, shard, offload)
@@ -380,22 +337,24 @@ class BlockTable:
                     shard: np.ndarray | None, offload: np.ndarray | None) -> None:
         """The rows and persistent bytes the units' model states decide (parameter gradients,
         the optimizer's temporaries, the model-state rows); no record's rows read them."""
-        n, u, L = self.n, self.unit_row, len(degrees)
+        u, L = self.unit_row, len(degrees)
         layout = np.asarray(layout, np.int64)
-        s, p, a = degrees[layout, 0], degrees[layout, 1], degrees[layout, 2]
-        st = self.states = _unit_states(ga, s, p, a, shard, offload, precision, optimizer)
-        # parameter gradients: their bytes follow the states, the backward they appear at the layout
-        grad_bytes, grad_at = _parameter_gradients(ga, layout, st.gradients)
+        unit_degrees = np.asarray(degrees, np.int64).take(layout, 0)  # degrees[layout]: 4x slower
+        st = self.states = _unit_states(ga, unit_degrees, shard, offload, precision, optimizer)
         # optimizer-step temporaries: Adam's sqrt(v) buffer, all at once (foreach) or per tensor
         if optimizer == "adam":
+            p = unit_degrees[:, 1]
             p_train = ga.param_grad_bytes / p[ga.param_owner] * st.state_factor[ga.param_owner]
             p_lay = layout[ga.param_owner]
-            self.bytes[u + NU * n:self.state_row] = [
+            self.bytes[u + NU * self.n:self.state_row] = [
                 p_train[p_lay == lay].sum() if foreach else _per_tensor_adam(p_train[p_lay == lay])
                 for lay in range(L)]
-        self.persistent = _state_rows(self.bytes, self.alloc, u, self.state_row, layout, L,
-                                      grad_bytes, grad_at, st.gathered, st.unsharded, st.host,
-                                      st.weights, st.optimizer, st.bucket)
+        # parameter gradients: their bytes follow the states, the backward they appear at the
+        # layout
+        self.persistent = _state_rows(
+            self.bytes, self.alloc, u, self.state_row, layout, L, ga.param_owner,
+            ga.param_grad_unit, ga.param_grad_bytes, st.gradients, st.gathered, st.unsharded,
+            st.host, st.weights, st.optimizer, st.bucket)
 
     def with_states(self, ga: GraphArrays, layout: np.ndarray, degrees: np.ndarray, *,
                     optimizer: str = "sgd", foreach: bool = True, precision: str | None = None,

@@ -9,7 +9,6 @@ reduce-scatters (gradients).
 """
 from __future__ import annotations
 
-import copy
 import functools
 import weakref
 from dataclasses import dataclass
@@ -159,16 +158,14 @@ def structure(ga, placed: Placed, layout: np.ndarray, degrees: np.ndarray, stage
     all-reduces (a unit replicated on its group's placement exchanges nothing:
     :mod:`memflow.sim.replication`)."""
     M = int(microbatches)
-    stage = np.maximum(stage, 0)
-    stages = int(stage.max()) + 1
-    op_stage, op_back, op_mb, final_mb = _program(stages, M, schedule)
     # bytes of each unit's outputs and of the gradients of its inputs (tensor parallelism)
     p = degrees[layout, 1] if parameter is None else parameter
     out_bytes, in_grad = block_edge_bytes(ga, layout, p > 1, *_unit_bytes(ga, M), M)
     cp = placed.copies
     st_ptr, st_units, copies_from, copies_back, copy_src, tp_out, tp_in = _placed_fields(
-        stage, stages, ga.producer, cp.tensor, cp.first_reader, cp.grad, p, layout, degrees,
+        stage, ga.producer, cp.tensor, cp.first_reader, cp.grad, p, layout, degrees,
         out_bytes, in_grad)
+    op_stage, op_back, op_mb, final_mb = _program(len(st_ptr) - 1, M, schedule)
     return Structure(
         n_layouts=len(degrees), op_stage=op_stage, op_back=op_back, op_mb=op_mb,
         stage_units=(st_ptr, st_units), final_mb=final_mb, reads=placed.reads,
@@ -195,14 +192,17 @@ def _by_key(key, n_keys, items):
 
 
 @njit
-def _placed_fields(stage, stages, producer, c_tensor, c_first, c_grad, p, layout, degrees,
-                   out_bytes, in_grad):
+def _placed_fields(stage, producer, c_tensor, c_first, c_grad, p, layout, degrees, out_bytes,
+                   in_grad):
     """The fields of a :class:`Structure` its records decide, as one compiled pass (~20
-    numpy calls per new placement of a search): the units per stage, the copies after each
-    unit's forward (from its producer, else its first reader) and the gradient copies after
-    each unit's backward (CSR), whether each copy waits for its producer, and the bytes of
-    each split unit's tensor-parallel all-reduces in forward and backward."""
+    numpy calls per new placement of a search): the units per stage (a unit of stage -1 in
+    stage 0; as many stages as the last), the copies after each unit's forward (from its
+    producer, else its first reader) and the gradient copies after each unit's backward
+    (CSR), whether each copy waits for its producer, and the bytes of each split unit's
+    tensor-parallel all-reduces in forward and backward."""
     n, C = len(stage), len(c_tensor)
+    stage = np.maximum(stage, 0)
+    stages = stage.max() + 1
     src = np.empty(C, np.int64)
     copy_src = np.empty(C, np.bool_)
     n_back = 0
@@ -247,6 +247,6 @@ def with_states(S: Structure, ga, degrees: np.ndarray, states) -> Structure:
     """``S`` (same graph arrays, records, layouts, stages, micro-batches and schedule) with
     other model states: only the buckets and the gathered and scattered bytes re-made (a
     search's shard and optimizer-place moves; :func:`structure` would give the same)."""
-    out = copy.copy(S)        # dataclasses.replace re-checked all 21 fields: a fifth of this
-    vars(out).update(_state_fields(ga, S.layout, degrees, *S.stage_units, states))
+    out = object.__new__(Structure)   # copy.copy went through __reduce_ex__: a fifth of this
+    vars(out).update(vars(S), **_state_fields(ga, S.layout, degrees, *S.stage_units, states))
     return out
