@@ -18,6 +18,7 @@ Work is split by what it depends on, and each part is cached under what it depen
 """
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from dataclasses import replace
 from itertools import chain
@@ -50,6 +51,19 @@ from .schedule import schedule
 __all__ = ["Simulator", "Evaluation", "Run", "Placement", "PRECISIONS"]
 
 
+def _layout_degrees(strategy: Strategy) -> np.ndarray:
+    """``(sample, parameter, attribute)`` of each of ``strategy``'s layouts (read-only; made
+    once per strategy: a new placement reads them three times)."""
+    degrees = strategy._cache.get("layout_degrees")
+    if degrees is None:
+        layouts = strategy.layouts
+        degrees = np.fromiter(chain.from_iterable([k[:3] for k in layouts]), np.int64,
+                              3 * len(layouts)).reshape(-1, 3)
+        degrees.flags.writeable = False
+        strategy._cache["layout_degrees"] = degrees
+    return degrees
+
+
 class _PlacementKey(NamedTuple):
     """What a strategy's placement is cached under (:meth:`Simulator._placement_key`)."""
 
@@ -63,6 +77,12 @@ class _PlacementKey(NamedTuple):
     precision: str
     sequence: bytes
     scale: bytes        # what as_run scales
+
+
+_but_states = operator.itemgetter(*(i for i, f in enumerate(_PlacementKey._fields)
+                                    if f not in ("shard", "offload")))
+"""A placement key's fields but the model states' (shard levels, optimizer places): what a
+shard move's placement shares with its sibling's."""
 
 
 class Simulator:
@@ -151,13 +171,10 @@ class Simulator:
         if placed is None:
             if len(self._placed) > 4 * self.cache_size:   # placements seen long ago
                 self._placed.clear()
-            layouts = strategy.layouts
-            degrees = np.fromiter(chain.from_iterable([k[:3] for k in layouts]), np.int64,
-                                  3 * len(layouts)).reshape(-1, 3)
             placed = self._placed[key] = placements(
                 self.arrays(strategy), strategy.layout_ids,
                 (strategy.sample * strategy.attribute).astype(np.float64),
-                split_degrees(strategy, degrees), strategy.microbatches,
+                split_degrees(strategy, _layout_degrees(strategy)), strategy.microbatches,
                 sequence=strategy.sequence_parallel, stage=strategy.stage)
         return placed
 
@@ -207,7 +224,7 @@ class Simulator:
         return key
 
     def _table(self, strategy: Strategy, placed: Placed, foreach: bool = True) -> BlockTable:
-        degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
+        degrees = _layout_degrees(strategy)
         return BlockTable(self.arrays(strategy), placed, strategy.layout_ids, degrees, strategy.microbatches,
                           optimizer=self.optimizer, foreach=foreach,
                           precision=self.precision_of(strategy), shard=strategy.shard,
@@ -279,10 +296,10 @@ class Simulator:
             self._placements.move_to_end(key)
             return hit
         placed = self._placed_of(strategy)
-        degrees = np.array([k[:3] for k in strategy.layouts], np.int64)
+        degrees = _layout_degrees(strategy)
         # the same layouts with other model states (a shard move): their block table re-made
         # only where the states decide it, and derived from its last plan by delta
-        kin = (key[0][:5], key[0][7:], fold)     # the key but its shard and offload fields
+        kin = (_but_states(key[0]), fold)
         sibling = self._states_of.get(kin)
         if sibling is not None:
             self._states_of.move_to_end(kin)
